@@ -1,0 +1,78 @@
+import { mkdir } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import postgres from 'postgres';
+
+export type Sql = postgres.Sql;
+
+export interface Database {
+  sql: Sql;
+  /** `postgres` for a real server, `pglite` for the embedded one. */
+  kind: 'postgres' | 'pglite';
+  close(): Promise<void>;
+}
+
+export interface OpenOptions {
+  /** A postgres:// URL; `memory` for a throwaway embedded database; unset for embedded on disk. */
+  url: string | undefined;
+  /** Where the embedded database keeps its files (`<dataDir>/pglite`). */
+  dataDir: string;
+  /** Pool size for a real server. The embedded server is always one connection. */
+  max?: number;
+  onNotice?: (notice: unknown) => void;
+}
+
+/**
+ * Opens the system of record. With a URL, a postgres.js pool against that server. Without one,
+ * PGlite (Postgres compiled to WASM) served on a private Unix socket through
+ * `@electric-sql/pglite-socket`, so the same driver and the same SQL run in both cases.
+ * PGlite runs every query through one queue and keeps an open transaction's connection
+ * exclusive, so the embedded pool is one connection: a transaction never waits on another.
+ */
+export async function openDatabase(options: OpenOptions): Promise<Database> {
+  const common = {
+    onnotice: options.onNotice ?? (() => {}),
+    transform: { undefined: null },
+    connection: { application_name: 'svc' },
+  } as const;
+  if (options.url && options.url !== 'memory') {
+    const sql = postgres(options.url, { ...common, max: options.max ?? 10 });
+    return { sql, kind: 'postgres', close: () => sql.end({ timeout: 5 }) };
+  }
+
+  const { PGlite } = await import('@electric-sql/pglite');
+  const { PGLiteSocketServer } = await import('@electric-sql/pglite-socket');
+  const memory = options.url === 'memory';
+  let dataPath: string | undefined;
+  if (!memory) {
+    dataPath = join(options.dataDir, 'pglite');
+    await mkdir(dataPath, { recursive: true });
+  }
+  const db = await PGlite.create(dataPath);
+  // Socket paths are limited to ~107 bytes, so the socket lives in the temp dir.
+  const socketDir = join(tmpdir(), `svc-pglite-${process.pid}-${Math.random().toString(36).slice(2, 8)}`);
+  await mkdir(socketDir, { recursive: true });
+  const socketPath = join(socketDir, '.s.PGSQL.5432');
+  const server = new PGLiteSocketServer({ db, path: socketPath, maxConnections: 1 });
+  await server.start();
+  const sql = postgres({
+    ...common,
+    host: socketDir,
+    port: 5432,
+    path: socketPath,
+    database: 'postgres',
+    username: 'postgres',
+    max: 1,
+    // PGlite answers no cancel requests and knows no prepared-statement cache limits.
+    prepare: false,
+  });
+  return {
+    sql,
+    kind: 'pglite',
+    async close() {
+      await sql.end({ timeout: 5 });
+      await server.stop();
+      await db.close();
+    },
+  };
+}

@@ -1,0 +1,115 @@
+import fastifyCookie from '@fastify/cookie';
+import fastifyCors from '@fastify/cors';
+import fastifyFormbody from '@fastify/formbody';
+import fastifySwagger from '@fastify/swagger';
+import { ApiError } from '@svc/core';
+import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController } from 'fastify';
+import {
+  jsonSchemaTransform,
+  jsonSchemaTransformObject,
+  serializerCompiler,
+  validatorCompiler,
+} from 'fastify-type-provider-zod';
+import { registerAuth } from './auth.ts';
+import type { ApiDeps } from './deps.ts';
+import { sendApiError, toApiError } from './errors.ts';
+import { RouteTable } from './route-table.ts';
+import { accountRoutes } from './routes/account.ts';
+import { auditRoutes } from './routes/audit.ts';
+import { authRoutes } from './routes/auth.ts';
+import { metaRoutes } from './routes/meta.ts';
+
+export interface ApiOptions {
+  /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
+  behindEdge: boolean;
+}
+
+export const CLIENT_IP_HEADER = 'x-svc-client-ip';
+
+/** Builds the api role: every non-streaming route, validated and described by zod schemas. */
+export async function buildApi(deps: ApiDeps, options: ApiOptions) {
+  const app = Fastify({
+    loggerInstance: deps.log.child({ role: 'api' }) as FastifyBaseLogger,
+    // One line per request would dominate the log at load; errors are logged by the error handler.
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: deps.config.BODY_LIMIT_BYTES,
+    trustProxy: false,
+    genReqId: () => Math.random().toString(36).slice(2, 10),
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
+  });
+  app.setValidatorCompiler(validatorCompiler);
+  app.setSerializerCompiler(serializerCompiler);
+
+  const routeTable = new RouteTable();
+  app.addHook('onRoute', (route) => routeTable.add(route));
+
+  // An empty body with a JSON content type is "no body", so a bare POST works from any client.
+  const jsonParser = app.getDefaultJsonParser('error', 'error');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
+    if (body === '' || (typeof body === 'string' && body.trim() === '')) return done(null, undefined);
+    return jsonParser(req, body as string, done);
+  });
+
+  await app.register(fastifyCookie);
+  await app.register(fastifyFormbody);
+  await app.register(fastifyCors, {
+    // Only bearer keys cross an origin: no credentials mode, so cookies are never sent cross-origin.
+    origin: deps.config.API_CORS_ORIGINS.length ? deps.config.API_CORS_ORIGINS : false,
+    credentials: false,
+    methods: ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'],
+    allowedHeaders: ['authorization', 'content-type', 'last-event-id', 'x-svc-parent-conversation-id'],
+    exposedHeaders: ['retry-after'],
+    maxAge: 600,
+  });
+  await app.register(fastifySwagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'Agent sandbox service API',
+        version: '0.1.0',
+        description:
+          'Runs AI coding agents on sandboxes. Every error answers `{error, message}`; branch on `error`. Authenticate with `Authorization: Bearer <API key>`.',
+      },
+      components: {
+        securitySchemes: {
+          bearer: { type: 'http', scheme: 'bearer', description: 'An API key, OAuth-issued key or sandbox token.' },
+          session: { type: 'apiKey', in: 'cookie', name: 'svc_session', description: 'Console session.' },
+        },
+      },
+      security: [{ bearer: [] }, { session: [] }],
+    },
+    transform: jsonSchemaTransform,
+    transformObject: jsonSchemaTransformObject,
+  });
+
+  registerAuth(app, {
+    sql: deps.sql,
+    ownOrigin: () => new URL(deps.publicUrl()).origin,
+    clientIpOf: options.behindEdge
+      ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
+      : (r: FastifyRequest) => r.ip ?? null,
+  });
+
+  app.setErrorHandler((err, request, reply) => {
+    const e = toApiError(err, request);
+    if (e.status >= 500) request.log.error({ err }, 'request failed');
+    return sendApiError(reply, e);
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const allowed = routeTable.methodsFor(request.url.split('?')[0] ?? '/');
+    if (allowed.length && !allowed.includes(request.method)) {
+      reply.header('allow', allowed.join(', '));
+      return sendApiError(reply, new ApiError('method_not_allowed'));
+    }
+    return sendApiError(reply, new ApiError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`));
+  });
+
+  authRoutes(app, deps);
+  accountRoutes(app, deps);
+  auditRoutes(app, deps);
+  await metaRoutes(app, deps, routeTable);
+
+  await app.ready();
+  // Not `return app`: a Fastify instance is thenable, and an async function would await it.
+  return { app, routeTable };
+}

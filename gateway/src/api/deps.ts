@@ -1,0 +1,22 @@
+import type { Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { Config } from '../config.ts';
+import type { Mailer } from '../mail/mail.ts';
+import type { Keyring } from '../secrets/keyring.ts';
+import type { AccountDeps } from '../services/accounts.ts';
+import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
+
+/** What the api role's routes are given by the composition root. */
+export interface ApiDeps {
+  config: Config;
+  sql: Sql;
+  log: Logger;
+  mailer: Mailer;
+  keyring: Keyring;
+  /** The public base URL (known once the edge is bound). */
+  publicUrl: () => string;
+  accounts: AccountDeps;
+  inference: InferenceCheckDeps;
+  /** Whether the payment provider is configured (billing routes; `comped` on identity). */
+  paymentEnabled: boolean;
+}

@@ -1,0 +1,100 @@
+import {
+  AccountDelete,
+  ErrorBody,
+  InferenceCredentialPut,
+  InferenceCredentialStatus,
+  listOf,
+  Onboarding,
+} from '@svc/core';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import * as accounts from '../../services/accounts.ts';
+import * as inference from '../../services/inference-credentials.ts';
+import { requirePrincipal } from '../auth.ts';
+import type { ApiDeps } from '../deps.ts';
+
+const tags = ['account'];
+const ProviderParam = z.object({ provider: z.string().max(100) });
+
+export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+
+  r.get('/api/account/onboarding', {
+    config: { auth: 'user' },
+    schema: { tags, summary: 'Onboarding state', response: { 200: Onboarding, 401: ErrorBody } },
+    handler: async (req) => accounts.onboarding(deps.sql, requirePrincipal(req)),
+  });
+
+  r.post('/api/account/onboarding/complete', {
+    config: { auth: 'user' },
+    schema: { tags, summary: 'Mark onboarding complete; idempotent', response: { 200: Onboarding, 401: ErrorBody } },
+    handler: async (req) => accounts.completeOnboarding(deps.sql, requirePrincipal(req)),
+  });
+
+  r.get('/api/account/inference-credentials', {
+    config: { auth: 'full' },
+    schema: {
+      tags,
+      summary: 'Which inference credentials are set (values are never returned)',
+      response: { 200: listOf(InferenceCredentialStatus), 401: ErrorBody, 403: ErrorBody },
+    },
+    handler: async (req) => ({ data: await inference.listCredentials(deps.sql, requirePrincipal(req).accountId) }),
+  });
+
+  r.put('/api/account/inference-credentials/:provider', {
+    config: { auth: 'full' },
+    schema: {
+      tags,
+      summary: 'Store an inference credential, optionally pinging the provider first',
+      description:
+        'Providers: anthropic_api_key, claude_code_oauth_token, openai_api_key, gemini_api_key. 422 `invalid` when the provider rejects it (`provider_status`), the value is blank or the provider unknown; 502 `network`; 504 `timeout`.',
+      params: ProviderParam,
+      body: InferenceCredentialPut,
+      response: {
+        200: InferenceCredentialStatus,
+        400: ErrorBody,
+        401: ErrorBody,
+        403: ErrorBody,
+        422: ErrorBody,
+        502: ErrorBody,
+        504: ErrorBody,
+      },
+    },
+    handler: async (req) =>
+      inference.putCredential(
+        { sql: deps.sql, keyring: deps.keyring, check: deps.inference },
+        requirePrincipal(req),
+        req.params.provider,
+        req.body,
+      ),
+  });
+
+  r.delete('/api/account/inference-credentials/:provider', {
+    config: { auth: 'full' },
+    schema: {
+      tags,
+      summary: 'Clear an inference credential',
+      params: ProviderParam,
+      response: { 204: z.null(), 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      await inference.deleteCredential(deps.sql, requirePrincipal(req), req.params.provider);
+      return reply.code(204).send(null);
+    },
+  });
+
+  r.delete('/api/account', {
+    config: { auth: 'full' },
+    schema: {
+      tags,
+      summary: 'Delete the account irreversibly: every resource and the tenant encryption key',
+      body: AccountDelete,
+      response: { 204: z.null(), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      await accounts.deleteAccount(deps.accounts, requirePrincipal(req), req.body.confirm);
+      return reply.code(204).send(null);
+    },
+  });
+}

@@ -1,0 +1,69 @@
+import fastifySwaggerUi from '@fastify/swagger-ui';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import type { ApiDeps } from '../deps.ts';
+import { llmsFullTxt, llmsTxt, type OpenApiDoc, skillMd } from '../discovery.ts';
+import type { RouteTable } from '../route-table.ts';
+
+/**
+ * The machine-readable description and what is generated from it. Public: no auth.
+ * Routes the api role does not serve itself (the docs viewer page) are added to the
+ * document here, so it describes everything under `/api/`.
+ */
+export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: RouteTable): Promise<void> {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  let cached: OpenApiDoc | undefined;
+  const doc = (): OpenApiDoc => {
+    if (cached) return cached;
+    const d = structuredClone(app.swagger()) as unknown as OpenApiDoc;
+    d.paths['/api/docs'] = {
+      get: {
+        summary: 'Interactive viewer over this description (assets served locally)',
+        tags: ['meta'],
+        security: [],
+        responses: { '200': { description: 'HTML page' } },
+      },
+    };
+    cached = d;
+    return d;
+  };
+
+  r.get('/api/openapi.json', {
+    config: { auth: 'public' },
+    schema: {
+      tags: ['meta'],
+      summary: 'This OpenAPI 3.1 description, generated from the code',
+      security: [],
+      response: { 200: z.object({ openapi: z.string() }).catchall(z.unknown()) },
+    },
+    handler: async () => doc() as unknown as { openapi: string },
+  });
+
+  const text =
+    (body: (d: OpenApiDoc, base: string) => string, type: string) =>
+    async (_req: unknown, reply: { type(t: string): { send(b: string): unknown } }) =>
+      reply.type(type).send(body(doc(), deps.publicUrl()));
+  app.get(
+    '/llms.txt',
+    { config: { auth: 'public' }, schema: { hide: true } },
+    text(llmsTxt, 'text/plain; charset=utf-8'),
+  );
+  app.get(
+    '/llms-full.txt',
+    { config: { auth: 'public' }, schema: { hide: true } },
+    text(llmsFullTxt, 'text/plain; charset=utf-8'),
+  );
+  app.get(
+    '/skill',
+    { config: { auth: 'public' }, schema: { hide: true } },
+    text(skillMd, 'text/markdown; charset=utf-8'),
+  );
+
+  await app.register(fastifySwaggerUi, {
+    routePrefix: '/api/docs',
+    staticCSP: true,
+    uiConfig: { deepLinking: true },
+    transformSpecification: () => doc() as unknown as Record<string, unknown>,
+  });
+}

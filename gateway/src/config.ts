@@ -1,0 +1,95 @@
+import { z } from 'zod';
+
+const bool = z
+  .enum(['true', 'false', '1', '0', 'on', 'off', 'yes', 'no'])
+  .transform((v) => v === 'true' || v === '1' || v === 'on' || v === 'yes');
+
+const url = z.url({ message: 'must be a URL' });
+
+const csv = z.string().transform((s) =>
+  s
+    .split(',')
+    .map((x) => x.trim())
+    .filter(Boolean),
+);
+
+/**
+ * Every environment variable the service reads, validated at start. README's configuration
+ * table mirrors this list. A bad value stops the process with a message naming the variable.
+ */
+export const ConfigSchema = z.object({
+  PORT: z.coerce.number().int().min(0).max(65535).default(8080),
+  HOST: z.string().default('127.0.0.1'),
+  PUBLIC_URL: url.optional(),
+  DATABASE_URL: z.string().optional(),
+  DATABASE_POOL_MAX: z.coerce.number().int().min(1).max(200).default(10),
+  REDIS_URL: z.string().optional(),
+  REDIS_KEY_PREFIX: z.string().default(''),
+  DATA_DIR: z.string().default('.data'),
+  MASTER_KEY: z
+    .string()
+    .regex(/^([0-9a-fA-F]{64}|[A-Za-z0-9+/]{43}=)$/, 'must be 32 bytes as 64 hex digits or base64')
+    .optional(),
+  MAIL_TRANSPORT: z.enum(['file', 'smtp']).default('file'),
+  MAIL_DIR: z.string().optional(),
+  MAIL_FROM: z.string().default('svc <no-reply@localhost>'),
+  SMTP_URL: z.string().optional(),
+  ADMIN_EMAILS: csv.default([]),
+  OAUTH_CLIENTS: z
+    .string()
+    .default('{}')
+    .transform((s, ctx) => {
+      try {
+        return JSON.parse(s) as unknown;
+      } catch {
+        ctx.addIssue({ code: 'custom', message: 'must be JSON: {"client_id": ["https://app/callback"]}' });
+        return z.NEVER;
+      }
+    })
+    .pipe(z.record(z.string().min(1), z.array(url).min(1))),
+  API_CORS_ORIGINS: csv.default([]),
+  RATE_LIMIT_PER_MINUTE: z.coerce.number().int().min(0).default(600),
+  RATE_LIMIT_EXEMPT: csv.default([]),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  EDGE: bool.default(true),
+  BODY_LIMIT_BYTES: z.coerce
+    .number()
+    .int()
+    .min(1024)
+    .default(8 * 1024 * 1024),
+  ANTHROPIC_BASE_URL: url.default('https://api.anthropic.com'),
+  OPENAI_BASE_URL: url.default('https://api.openai.com'),
+  GEMINI_BASE_URL: url.default('https://generativelanguage.googleapis.com'),
+  PROVIDER_CHECK_TIMEOUT_MS: z.coerce.number().int().min(100).default(10_000),
+  SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).default(10_000),
+});
+
+export type Config = z.infer<typeof ConfigSchema>;
+
+export class ConfigError extends Error {}
+
+/** Parses configuration from an environment; throws ConfigError naming each bad variable. */
+export function loadConfig(env: Record<string, string | undefined>): Config {
+  const input: Record<string, string> = {};
+  for (const key of Object.keys(ConfigSchema.shape)) {
+    const v = env[key];
+    if (v !== undefined && v !== '') input[key] = v;
+  }
+  const parsed = ConfigSchema.safeParse(input);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((i) => `  ${String(i.path[0] ?? '?')}: ${i.message}`);
+    throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  const config = parsed.data;
+  if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
+    throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
+  }
+  return config;
+}
+
+/** The base URL links and redirects are built on. */
+export function publicUrl(config: Config, boundPort: number): string {
+  if (config.PUBLIC_URL) return config.PUBLIC_URL.replace(/\/$/, '');
+  const host = config.HOST === '0.0.0.0' || config.HOST === '::' ? '127.0.0.1' : config.HOST;
+  return `http://${host.includes(':') ? `[${host}]` : host}:${boundPort}`;
+}

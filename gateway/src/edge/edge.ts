@@ -1,0 +1,74 @@
+import uWS from 'uWebSockets.js';
+import { ApiError } from '@svc/core';
+import type { Logger } from 'pino';
+import type { RateLimiter } from '../ratelimit/ratelimit.ts';
+import { canonicalIp, exemptList, isExempt } from './client-ip.ts';
+import type { Forwarder } from './forward.ts';
+
+export interface EdgeOptions {
+  host: string;
+  port: number;
+  limiter: RateLimiter | undefined;
+  rateLimitExempt: readonly string[];
+  forwarder: Forwarder;
+  log: Logger;
+}
+
+export interface Edge {
+  port: number;
+  /** Stops accepting connections, waits for requests under way (up to `graceMs`), then closes. */
+  close(graceMs: number): Promise<void>;
+}
+
+/**
+ * The only public listener. Every path of `/api` is rate limited here, per client IP, before
+ * anything else happens (streams count once, at open). Requests the edge does not serve
+ * itself are forwarded to the api role.
+ */
+export async function startEdge(options: EdgeOptions): Promise<Edge> {
+  const { limiter, forwarder, log } = options;
+  const exempt = exemptList(options.rateLimitExempt);
+
+  const admitFor = (ip: string, path: string) => (): ApiError | undefined | Promise<ApiError | undefined> => {
+    if (!limiter || !path.startsWith('/api') || isExempt(exempt, ip)) return undefined;
+    const refuse = (d: { allowed: boolean; retryAfterS: number }) =>
+      d.allowed ? undefined : new ApiError('rate_limited', undefined, { retryAfter: d.retryAfterS });
+    try {
+      const decision = limiter.take(ip);
+      if (!(decision instanceof Promise)) return refuse(decision);
+      return decision.then(refuse, (err: Error) => {
+        // A limiter outage must not take the API down with it: let the request through.
+        log.warn({ err: { message: err.message } }, 'rate limiter unavailable; request admitted');
+        return undefined;
+      });
+    } catch (err) {
+      log.warn({ err: { message: (err as Error).message } }, 'rate limiter failed; request admitted');
+      return undefined;
+    }
+  };
+
+  const app = uWS.App();
+  app.any('/*', (res, req) => {
+    const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+    forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()));
+  });
+
+  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
+    app.listen(options.host, options.port, (socket) => {
+      if (socket) resolve(socket);
+      else reject(new Error(`the edge could not listen on ${options.host}:${options.port}`));
+    });
+  });
+  const port = uWS.us_socket_local_port(listenSocket);
+
+  return {
+    port,
+    async close(graceMs: number) {
+      uWS.us_listen_socket_close(listenSocket);
+      const deadline = Date.now() + graceMs;
+      while (forwarder.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      // Present at run time in this build though missing from its typings: closes every socket.
+      (app as unknown as { close(): void }).close();
+    },
+  };
+}

@@ -1,0 +1,15 @@
+import nodemailer from 'nodemailer';
+import type { Mailer, MailMessage } from './mail.ts';
+
+/** Sends through an SMTP server given as `smtp://user:pass@host:port` (or `smtps://`). */
+export function smtpMailer(smtpUrl: string, from: string): Mailer & { close(): void } {
+  const transport = nodemailer.createTransport(smtpUrl);
+  const host = new URL(smtpUrl).host;
+  return {
+    describe: `smtp ${host}`,
+    async send(message: MailMessage) {
+      await transport.sendMail({ from, ...message });
+    },
+    close: () => transport.close(),
+  };
+}

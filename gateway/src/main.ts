@@ -1,0 +1,249 @@
+import { randomBytes } from 'node:crypto';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { type Database, migrate, openDatabase } from '@svc/db';
+import { Redis } from 'ioredis';
+import pino, { type Logger } from 'pino';
+import { buildApi } from './api/app.ts';
+import type { ApiDeps } from './api/deps.ts';
+import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
+import { startEdge } from './edge/edge.ts';
+import { createForwarder } from './edge/forward.ts';
+import { fileMailer } from './mail/mail.file.ts';
+import { smtpMailer } from './mail/mail.smtp.ts';
+import type { Mailer } from './mail/mail.ts';
+import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
+import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
+import type { RateLimiter } from './ratelimit/ratelimit.ts';
+import { Keyring, parseMasterKey } from './secrets/keyring.ts';
+
+/** pino with every credential-bearing path redacted (CONVENTIONS 8). */
+export function createLogger(level: Config['LOG_LEVEL']): Logger {
+  return pino({
+    level,
+    redact: {
+      paths: [
+        'req.headers.authorization',
+        'req.headers.cookie',
+        'headers.authorization',
+        'headers.cookie',
+        '*.password',
+        '*.token',
+        '*.value',
+        '*.secret',
+        '*.key',
+        'password',
+        'token',
+        'value',
+        'secret',
+      ],
+      censor: '[REDACTED]',
+    },
+  });
+}
+
+/**
+ * MASTER_KEY wraps every tenant data key. When unset on an embedded start, one is generated
+ * into DATA_DIR/master.key (mode 0600) and reused on later starts.
+ */
+async function masterKey(config: Config, log: Logger): Promise<Buffer> {
+  if (config.MASTER_KEY) return parseMasterKey(config.MASTER_KEY);
+  if (config.DATABASE_URL && config.DATABASE_URL !== 'memory') {
+    throw new ConfigError('invalid configuration:\n  MASTER_KEY: required when DATABASE_URL names a server');
+  }
+  if (config.DATABASE_URL === 'memory') return randomBytes(32);
+  const file = join(config.DATA_DIR, 'master.key');
+  try {
+    return parseMasterKey(await readFile(file, 'utf8'));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  await mkdir(config.DATA_DIR, { recursive: true });
+  const key = randomBytes(32);
+  await writeFile(file, `${key.toString('hex')}\n`, { mode: 0o600, flag: 'wx' });
+  log.info({ file: resolve(file) }, 'generated a master key; back it up with the data directory');
+  return key;
+}
+
+export interface Service {
+  url: string;
+  port: number;
+  config: Config;
+  db: Database;
+  mailer: Mailer;
+  keyring: Keyring;
+  log: Logger;
+  /** Every route the api role registered (for the OpenAPI coverage test). */
+  routes: readonly { method: string; url: string; hidden: boolean }[];
+  close(): Promise<void>;
+}
+
+/**
+ * The composition root: chooses adapters from configuration (Postgres or PGlite, Redis or
+ * memory, SMTP or file mail), builds the api role, and puts the edge in front of it. Every
+ * role runs in this one process.
+ */
+export async function startService(config: Config, log: Logger = createLogger(config.LOG_LEVEL)): Promise<Service> {
+  const cleanups: (() => Promise<unknown> | unknown)[] = [];
+  const closeAll = async () => {
+    for (const fn of cleanups.reverse()) await fn();
+  };
+  try {
+    const keyring = new Keyring(await masterKey(config, log));
+    const db = await openDatabase({
+      url: config.DATABASE_URL,
+      dataDir: config.DATA_DIR,
+      max: config.DATABASE_POOL_MAX,
+    });
+    cleanups.push(() => db.close());
+    const applied = await migrate(db.sql);
+    if (applied.length) log.info({ applied }, 'migrations applied');
+
+    let redis: Redis | undefined;
+    if (config.REDIS_URL) {
+      redis = new Redis(config.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 2 });
+      await redis.connect();
+      cleanups.push(() => redis?.quit());
+    }
+
+    let mailer: Mailer;
+    if (config.MAIL_TRANSPORT === 'smtp') {
+      const smtp = smtpMailer(config.SMTP_URL as string, config.MAIL_FROM);
+      cleanups.push(() => smtp.close());
+      mailer = smtp;
+    } else {
+      mailer = fileMailer(config.MAIL_DIR ?? join(config.DATA_DIR, 'mail'));
+    }
+
+    let limiter: RateLimiter | undefined;
+    if (config.RATE_LIMIT_PER_MINUTE > 0) {
+      const opts = { perMinute: config.RATE_LIMIT_PER_MINUTE, burst: config.RATE_LIMIT_PER_MINUTE };
+      limiter = redis ? redisRateLimiter(redis, opts, config.REDIS_KEY_PREFIX) : memoryRateLimiter(opts);
+    }
+
+    let boundPort = config.PORT;
+    const base = () => publicUrl(config, boundPort);
+    const deps: ApiDeps = {
+      config,
+      sql: db.sql,
+      log,
+      mailer,
+      keyring,
+      publicUrl: base,
+      accounts: {
+        sql: db.sql,
+        mailer,
+        keyring,
+        log,
+        publicUrl: base,
+        adminEmails: config.ADMIN_EMAILS.map((e) => e.toLowerCase()),
+      },
+      inference: {
+        baseUrls: {
+          anthropic: config.ANTHROPIC_BASE_URL,
+          openai: config.OPENAI_BASE_URL,
+          gemini: config.GEMINI_BASE_URL,
+        },
+        timeoutMs: config.PROVIDER_CHECK_TIMEOUT_MS,
+      },
+      paymentEnabled: false,
+    };
+
+    const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });
+    cleanups.push(() => api.close());
+    if (!config.EDGE) {
+      await api.listen({ host: config.HOST, port: config.PORT });
+      const addr = api.server.address();
+      boundPort = typeof addr === 'object' && addr ? addr.port : config.PORT;
+    } else {
+      // The api role listens on a private Unix socket only the edge reaches, so the client
+      // address header the edge sets cannot be forged from outside.
+      const socketDir = join(tmpdir(), `svc-${process.pid}-${randomBytes(4).toString('hex')}`);
+      await mkdir(socketDir, { recursive: true, mode: 0o700 });
+      const socketPath = join(socketDir, 'api.sock');
+      cleanups.push(() => rm(socketDir, { recursive: true, force: true }));
+      await api.listen({ path: socketPath });
+      const forwarder = createForwarder({ socketPath }, log.child({ role: 'edge' }));
+      cleanups.push(() => forwarder.close());
+      const edge = await startEdge({
+        host: config.HOST,
+        port: config.PORT,
+        limiter,
+        rateLimitExempt: config.RATE_LIMIT_EXEMPT,
+        forwarder,
+        log: log.child({ role: 'edge' }),
+      });
+      cleanups.push(() => edge.close(config.SHUTDOWN_GRACE_MS));
+      boundPort = edge.port;
+    }
+
+    return {
+      url: base(),
+      port: boundPort,
+      config,
+      db,
+      mailer,
+      keyring,
+      log,
+      routes: routeTable.entries,
+      close: closeAll,
+    };
+  } catch (err) {
+    await closeAll().catch(() => {});
+    throw err;
+  }
+}
+
+/** `npm start`: configuration from the environment, a banner, and graceful shutdown on signals. */
+export async function runFromEnv(): Promise<void> {
+  let config: Config;
+  try {
+    config = loadConfig(process.env);
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${err.message}\n`);
+      process.exit(78);
+    }
+    throw err;
+  }
+  const log = createLogger(config.LOG_LEVEL);
+  let service: Service;
+  try {
+    service = await startService(config, log);
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${err.message}\n`);
+      process.exit(78);
+    }
+    log.fatal({ err }, 'could not start');
+    process.exit(1);
+  }
+  const storage = config.DATABASE_URL ? 'Postgres' : `embedded PGlite in ${resolve(config.DATA_DIR, 'pglite')}`;
+  process.stdout.write(
+    [
+      '',
+      `  svc is listening on ${service.url}`,
+      `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? 'Redis' : 'in memory'}`,
+      `  mail goes to: ${service.mailer.describe}`,
+      `  API reference: ${service.url}/api/docs (OpenAPI at ${service.url}/api/openapi.json)`,
+      '',
+      '  Next: register, then open the verification link from the mail folder:',
+      `    curl -X POST ${service.url}/api/auth/register -H 'content-type: application/json' \\`,
+      `      -d '{"email":"you@example.com","password":"a long password"}'`,
+      '',
+    ].join('\n'),
+  );
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, 'shutting down: draining requests');
+    const timer = setTimeout(() => process.exit(1), config.SHUTDOWN_GRACE_MS + 5000);
+    timer.unref();
+    await service.close().catch((err) => log.error({ err }, 'shutdown error'));
+    process.exit(0);
+  };
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+}

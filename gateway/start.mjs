@@ -1,0 +1,17 @@
+// `npm start`: installs dependencies when they are missing, then runs every role in one
+// process on the embedded defaults (see README). Plain JavaScript so it runs before install.
+import { execSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+if (!existsSync(join(root, 'node_modules', 'tsx')) || !existsSync(join(root, 'node_modules', 'uWebSockets.js'))) {
+  process.stdout.write('Installing dependencies (npm ci)...\n');
+  execSync('npm ci --no-audit --no-fund', { cwd: root, stdio: 'inherit' });
+}
+process.chdir(root);
+const { register } = await import('tsx/esm/api');
+register();
+const { runFromEnv } = await import('./src/main.ts');
+await runFromEnv();

@@ -1,0 +1,236 @@
+// `npm test`: installs dependencies when missing, starts throwaway Redis and Postgres servers
+// (installing Debian's redis-server and postgresql when absent and we are root), runs the
+// whole suite against them and against the embedded defaults, stops them, and ends with the
+// plain line `N passed, N failed` (test points). REDIS_URL / DATABASE_URL, when given, are
+// used instead of starting servers. Arguments are passed to tap (e.g. a file to run alone).
+// Plain JavaScript: it must run before dependencies exist.
+import { execFileSync, execSync, spawn } from 'node:child_process';
+import { chmodSync, chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const log = (msg) => process.stdout.write(`[test] ${msg}\n`);
+const isRoot = process.getuid?.() === 0;
+const children = [];
+const scratch = [];
+
+function haveCommand(cmd) {
+  try {
+    execSync(`command -v ${cmd}`, { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+let aptUpdated = false;
+function aptInstall(pkgs) {
+  if (!isRoot || !haveCommand('apt-get')) {
+    throw new Error(`missing ${pkgs.join(', ')}: install them, or set REDIS_URL and DATABASE_URL`);
+  }
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  if (!aptUpdated) {
+    log('apt-get update');
+    execSync('apt-get update -qq', { stdio: 'inherit', env });
+    aptUpdated = true;
+  }
+  log(`apt-get install ${pkgs.join(' ')}`);
+  execSync(`apt-get install -y -qq --no-install-recommends ${pkgs.join(' ')}`, { stdio: 'inherit', env });
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+    srv.on('error', reject);
+  });
+}
+
+async function waitFor(check, what, timeoutMs = 30_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      if (check()) return;
+    } catch {}
+    if (Date.now() > deadline) throw new Error(`${what} did not start within ${timeoutMs / 1000}s`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+function ensureDependencies() {
+  if (existsSync(join(root, 'node_modules', 'tap')) && existsSync(join(root, 'node_modules', 'tsx'))) return;
+  log('installing dependencies (npm ci)');
+  execSync('npm ci --no-audit --no-fund', { cwd: root, stdio: 'inherit' });
+}
+
+async function startRedis() {
+  if (!haveCommand('redis-server')) aptInstall(['redis-server']);
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'svc-test-redis-'));
+  scratch.push(dir);
+  const child = spawn(
+    'redis-server',
+    [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--save',
+      '',
+      '--appendonly',
+      'no',
+      '--dir',
+      dir,
+      '--maxmemory-policy',
+      'noeviction',
+    ],
+    { stdio: 'ignore' },
+  );
+  children.push(child);
+  await waitFor(() => {
+    execFileSync('redis-cli', ['-p', String(port), 'ping'], { stdio: 'pipe' });
+    return true;
+  }, 'redis-server');
+  log(`redis-server on port ${port}`);
+  return `redis://127.0.0.1:${port}`;
+}
+
+function postgresBin() {
+  const base = '/usr/lib/postgresql';
+  if (!existsSync(base)) return undefined;
+  const versions = readdirSync(base)
+    .filter((v) => existsSync(join(base, v, 'bin', 'initdb')))
+    .sort((a, b) => Number(b) - Number(a));
+  return versions[0] ? join(base, versions[0], 'bin') : undefined;
+}
+
+async function startPostgres() {
+  let bin = postgresBin();
+  if (!bin) {
+    aptInstall(['postgresql']);
+    bin = postgresBin();
+    if (!bin) throw new Error('postgresql installed but initdb not found under /usr/lib/postgresql');
+  }
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'svc-test-pg-'));
+  scratch.push(dir);
+  chmodSync(dir, 0o700);
+  // PostgreSQL refuses to run as root: run it as the postgres user.
+  const asUser = isRoot ? ['runuser', '-u', 'postgres', '--'] : [];
+  if (isRoot) {
+    const uid = Number(execSync('id -u postgres').toString());
+    const gid = Number(execSync('id -g postgres').toString());
+    chownSync(dir, uid, gid);
+  }
+  const run = (cmd, args, opts = {}) =>
+    asUser.length ? execFileSync(asUser[0], [...asUser.slice(1), cmd, ...args], opts) : execFileSync(cmd, args, opts);
+  run(join(bin, 'initdb'), ['-D', join(dir, 'data'), '-U', 'svc', '--auth=trust', '-E', 'UTF8', '--no-sync'], {
+    stdio: 'pipe',
+  });
+  const args = [
+    '-D',
+    join(dir, 'data'),
+    '-p',
+    String(port),
+    '-k',
+    dir,
+    '-c',
+    'listen_addresses=127.0.0.1',
+    '-c',
+    'fsync=off',
+    '-c',
+    'synchronous_commit=off',
+    '-c',
+    'full_page_writes=off',
+    '-c',
+    'max_connections=300',
+  ];
+  const child = asUser.length
+    ? spawn(asUser[0], [...asUser.slice(1), join(bin, 'postgres'), ...args], { stdio: 'ignore' })
+    : spawn(join(bin, 'postgres'), args, { stdio: 'ignore' });
+  children.push(child);
+  await waitFor(() => {
+    execFileSync(join(bin, 'pg_isready'), ['-h', '127.0.0.1', '-p', String(port), '-U', 'svc'], { stdio: 'pipe' });
+    return true;
+  }, 'postgres');
+  log(`postgres (${bin.split('/').at(-2)}) on port ${port}`);
+  return `postgres://svc@127.0.0.1:${port}/postgres`;
+}
+
+function stopAll() {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGTERM');
+  for (const d of scratch) rmSync(d, { recursive: true, force: true });
+}
+
+async function runTap(env) {
+  const { Parser } = await import('tap-parser');
+  let passed = 0;
+  let failed = 0;
+  const failures = [];
+  // Count leaf test points: an assert that is not the summary of a subtest.
+  const parser = new Parser({ bail: false }, () => {});
+  const watch = (p, path) => {
+    const parents = new Set();
+    p.on('child', (child) => {
+      parents.add(child.name);
+      watch(child, [...path, child.name]);
+    });
+    p.on('assert', (res) => {
+      if (res.skip || res.todo || parents.has(res.name)) return;
+      if (res.ok) passed++;
+      else {
+        failed++;
+        failures.push({ ...res, fullname: [...path, res.name].join(' > ') });
+      }
+    });
+  };
+  watch(parser, []);
+  const tapArgs = process.argv.slice(2);
+  const child = spawn(
+    process.execPath,
+    [join(root, 'node_modules', 'tap', 'dist', 'esm', 'run.mjs'), '--reporter=tap', ...tapArgs],
+    {
+      cwd: root,
+      env,
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
+  child.stdout.on('data', (chunk) => {
+    parser.write(chunk);
+    for (const line of chunk.toString().split('\n')) {
+      if (/^(not )?ok \d+ - /.test(line)) process.stdout.write(`${line}\n`);
+    }
+  });
+  const code = await new Promise((resolve) => child.on('close', resolve));
+  parser.end();
+  for (const f of failures) {
+    process.stdout.write(`\nFAILED: ${f.fullname ?? f.name}\n${f.diag ? JSON.stringify(f.diag, null, 2) : ''}\n`);
+  }
+  return { passed, failed, code };
+}
+
+const started = Date.now();
+let result = { passed: 0, failed: 1, code: 1 };
+try {
+  ensureDependencies();
+  const env = { ...process.env, NODE_ENV: 'test' };
+  env.TEST_REDIS_URL = process.env.REDIS_URL || (await startRedis());
+  env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());
+  delete env.REDIS_URL;
+  delete env.DATABASE_URL;
+  result = await runTap(env);
+} catch (err) {
+  process.stdout.write(`\n[test] ${err.stack ?? err}\n`);
+} finally {
+  stopAll();
+}
+log(`wall time ${((Date.now() - started) / 1000).toFixed(1)}s`);
+if (result.code !== 0 && result.failed === 0) result.failed = 1;
+process.stdout.write(`${result.passed} passed, ${result.failed} failed\n`);
+process.exit(result.failed === 0 && result.code === 0 ? 0 : 1);
