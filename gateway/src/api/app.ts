@@ -2,8 +2,8 @@ import fastifyCookie from '@fastify/cookie';
 import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
-import { ApiError } from '@svc/core';
-import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController } from 'fastify';
+import { ApiError, ErrorBody } from '@svc/core';
+import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController, type RouteOptions } from 'fastify';
 import {
   jsonSchemaTransform,
   jsonSchemaTransformObject,
@@ -26,6 +26,27 @@ export interface ApiOptions {
 
 export const CLIENT_IP_HEADER = 'x-svc-client-ip';
 
+/**
+ * Answers every route can give are described on every route: 401 and 403 where it needs
+ * credentials, 400 where it takes input, 429 everywhere (the edge's rate limit).
+ */
+function documentCommonErrors(route: RouteOptions): void {
+  const schema = route.schema as { response?: Record<string, unknown>; hide?: boolean } | undefined;
+  if (!schema || schema.hide) return;
+  schema.response ??= {};
+  const add = (code: number) => {
+    schema.response![code] ??= ErrorBody;
+  };
+  const auth = (route.config as { auth?: string } | undefined)?.auth;
+  if (auth && auth !== 'public') {
+    add(401);
+    add(403);
+  }
+  const s = route.schema as { body?: unknown; querystring?: unknown; params?: unknown };
+  if (s.body || s.querystring || s.params) add(400);
+  add(429);
+}
+
 /** Builds the api role: every non-streaming route, validated and described by zod schemas. */
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
@@ -41,7 +62,10 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   app.setSerializerCompiler(serializerCompiler);
 
   const routeTable = new RouteTable();
-  app.addHook('onRoute', (route) => routeTable.add(route));
+  app.addHook('onRoute', (route) => {
+    documentCommonErrors(route);
+    routeTable.add(route);
+  });
 
   // An empty body with a JSON content type is "no body", so a bare POST works from any client.
   const jsonParser = app.getDefaultJsonParser('error', 'error');

@@ -172,6 +172,19 @@ function relayResponse(
   const lengthHeader = headers['content-length'];
   const length = typeof lengthHeader === 'string' ? Number(lengthHeader) : undefined;
   const noBody = method === 'HEAD' || statusCode === 204 || statusCode === 304;
+  let ended = false;
+  const end = () => {
+    if (!ended) {
+      ended = true;
+      finish();
+    }
+  };
+  // Destroying an undici body emits an abort error; a failure mid-body cuts the connection so
+  // the client sees a truncated response, never a silently short one.
+  body.on('error', () => {
+    if (!isAborted() && !ended) res.cork(() => res.close());
+    end();
+  });
 
   res.cork(() => {
     res.writeStatus(`${statusCode} ${STATUS_CODES[statusCode] ?? ''}`);
@@ -182,19 +195,11 @@ function relayResponse(
     }
     if (noBody) {
       res.endWithoutBody(method === 'HEAD' ? length : undefined);
+      end();
       body.destroy();
-      finish();
     }
   });
   if (noBody) return;
-
-  let ended = false;
-  const end = () => {
-    if (!ended) {
-      ended = true;
-      finish();
-    }
-  };
 
   if (length !== undefined && Number.isFinite(length)) {
     // Known length: tryEnd streams with Content-Length; on backpressure keep the unsent tail
@@ -247,8 +252,4 @@ function relayResponse(
       end();
     });
   }
-  body.on('error', () => {
-    if (!isAborted() && !ended) res.cork(() => res.close());
-    end();
-  });
 }
