@@ -18,6 +18,7 @@ import { accountRoutes } from './routes/account.ts';
 import { auditRoutes } from './routes/audit.ts';
 import { authRoutes } from './routes/auth.ts';
 import { metaRoutes } from './routes/meta.ts';
+import { oauthRoutes } from './routes/oauth.ts';
 
 export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
@@ -131,6 +132,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   authRoutes(app, deps);
   accountRoutes(app, deps);
   auditRoutes(app, deps);
+  oauthRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();
