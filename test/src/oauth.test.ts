@@ -106,7 +106,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
         insecure,
       );
       t.equal(replay.status, 400);
-      const body = await replay.json();
+      const body = (await replay.json()) as { error: string; error_description: string; message: string };
       t.equal(body.error, 'invalid_grant');
       t.type(body.error_description, 'string');
       t.type(body.message, 'string');
@@ -159,7 +159,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
       insecure,
     );
     t.equal(res.status, 400);
-    t.equal((await res.json()).error, 'invalid_grant');
+    t.equal(((await res.json()) as { error: string }).error, 'invalid_grant');
   });
 
   t.test('an expired code is invalid_grant', async (t) => {
@@ -186,7 +186,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
       insecure,
     );
     t.equal(res.status, 400);
-    t.equal((await res.json()).error, 'invalid_grant');
+    t.equal(((await res.json()) as { error: string }).error, 'invalid_grant');
   });
 
   t.test('deny sends access_denied back with the state', async (t) => {
