@@ -203,11 +203,12 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
 
   t.test('an unknown client or unregistered redirect renders an error page and never redirects', async (t) => {
     const challenge = await oauth.calculatePKCECodeChallenge(oauth.generateRandomCodeVerifier());
-    for (const overrides of [
+    const cases: Record<string, string>[] = [
       { client_id: 'stranger' },
       { redirect_uri: 'https://evil.example/cb' },
       { redirect_uri: `${REDIRECT}/x` },
-    ]) {
+    ];
+    for (const overrides of cases) {
       const res = await fetch(await authorizeUrl(challenge, 's', overrides), { redirect: 'manual' });
       t.equal(res.status, 400, JSON.stringify(overrides));
       t.equal(res.headers.get('location'), null);
