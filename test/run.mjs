@@ -210,7 +210,11 @@ async function runTap(env) {
   const code = await new Promise((resolve) => child.on('close', resolve));
   parser.end();
   for (const f of failures) {
-    process.stdout.write(`\nFAILED: ${f.fullname ?? f.name}\n${f.diag ? JSON.stringify(f.diag, null, 2) : ''}\n`);
+    const { source: _source, ...diag } = f.diag ?? {};
+    const text = Object.keys(diag).length ? JSON.stringify(diag, null, 2) : '';
+    process.stdout.write(
+      `\nFAILED: ${f.fullname ?? f.name}\n${text.length > 3000 ? `${text.slice(0, 3000)}...` : text}\n`,
+    );
   }
   return { passed, failed, code };
 }

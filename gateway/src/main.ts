@@ -86,8 +86,13 @@ export interface Service {
  */
 export async function startService(config: Config, log: Logger = createLogger(config.LOG_LEVEL)): Promise<Service> {
   const cleanups: (() => Promise<unknown> | unknown)[] = [];
-  const closeAll = async () => {
-    for (const fn of cleanups.reverse()) await fn();
+  let closing: Promise<void> | undefined;
+  // Idempotent: a second call waits for the first shutdown instead of closing twice.
+  const closeAll = () => {
+    closing ??= (async () => {
+      for (const fn of cleanups.reverse()) await fn();
+    })();
+    return closing;
   };
   try {
     const keyring = new Keyring(await masterKey(config, log));
