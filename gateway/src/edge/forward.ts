@@ -196,7 +196,8 @@ function relayResponse(
     if (noBody) {
       res.endWithoutBody(method === 'HEAD' ? length : undefined);
       end();
-      body.destroy();
+      // dump(), not destroy(): destroying an undici body builds an abort error with a stack.
+      void body.dump().catch(() => {});
     }
   });
   if (noBody) return;
@@ -210,15 +211,14 @@ function relayResponse(
         const startOffset = res.getWriteOffset();
         const [ok, responded] = res.tryEnd(chunk, length);
         if (responded) {
-          end();
-          body.destroy();
+          end(); // the whole announced length is out; the body ends by itself
         } else if (!ok) {
           body.pause();
           res.onWritable((offset) => {
             const [ok2, responded2] = res.tryEnd(chunk.subarray(offset - startOffset), length);
             if (responded2) {
               end();
-              body.destroy();
+              body.resume();
             } else if (ok2) {
               body.resume();
             }

@@ -40,6 +40,17 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     handler: async () => doc() as unknown as { openapi: string },
   });
 
+  r.get('/api/health', {
+    config: { auth: 'public' },
+    schema: {
+      tags: ['meta'],
+      summary: 'Liveness: answers while the api role can serve requests',
+      security: [],
+      response: { 200: z.object({ status: z.literal('ok') }) },
+    },
+    handler: async () => ({ status: 'ok' as const }),
+  });
+
   const text =
     (body: (d: OpenApiDoc, base: string) => string, type: string) =>
     async (_req: unknown, reply: { type(t: string): { send(b: string): unknown } }) =>
