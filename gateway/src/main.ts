@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { type Database, migrate, openDatabase } from '@svc/db';
+import { accounts, type Database, migrate, openDatabase } from '@svc/db';
 import { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
@@ -66,6 +66,24 @@ async function masterKey(config: Config, log: Logger): Promise<Buffer> {
   return key;
 }
 
+/**
+ * The log and bus need Redis 7.0 or newer (sharded pub/sub, XADD options) and must never have
+ * keys evicted; refuse to start otherwise, naming the setting.
+ */
+async function checkRedis(redis: Redis): Promise<void> {
+  const version = /redis_version:(\d+)\.(\d+)/.exec(await redis.info('server'));
+  if (!version || Number(version[1]) < 7) {
+    const found = version ? `${version[1]}.${version[2]}` : 'unknown';
+    throw new ConfigError(`invalid configuration:\n  REDIS_URL: Redis 7.0 or newer is required (found ${found})`);
+  }
+  const policy = /maxmemory_policy:(\S+)/.exec(await redis.info('memory'))?.[1];
+  if (policy !== 'noeviction') {
+    throw new ConfigError(
+      `invalid configuration:\n  REDIS_URL: the server must run with maxmemory-policy noeviction (it has ${policy ?? 'unknown'})`,
+    );
+  }
+}
+
 export interface Service {
   url: string;
   port: number;
@@ -104,12 +122,15 @@ export async function startService(config: Config, log: Logger = createLogger(co
     cleanups.push(() => db.close());
     const applied = await migrate(db.sql);
     if (applied.length) log.info({ applied }, 'migrations applied');
+    const promoted = await accounts.promoteAdmins(db.sql, config.ADMIN_EMAILS);
+    if (promoted.length) log.info({ accounts: promoted }, 'ADMIN_EMAILS: existing accounts made admin');
 
     let redis: Redis | undefined;
     if (config.REDIS_URL) {
       redis = new Redis(config.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 2 });
       await redis.connect();
       cleanups.push(() => redis?.quit());
+      await checkRedis(redis);
     }
 
     let mailer: Mailer;

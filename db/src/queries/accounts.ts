@@ -77,8 +77,13 @@ export async function completeOnboarding(sql: Sql, id: string): Promise<AccountR
   return rows[0] as AccountRow;
 }
 
-export async function setRole(sql: Sql, id: string, role: 'user' | 'admin'): Promise<void> {
-  await sql`UPDATE accounts SET role = ${role}, updated_at = now() WHERE id = ${id}`;
+/** Promotes existing accounts whose address is listed (ADMIN_EMAILS); returns their ids. */
+export async function promoteAdmins(sql: Sql, emails: readonly string[]): Promise<string[]> {
+  if (emails.length === 0) return [];
+  const rows = await sql<{ id: string }[]>`
+    UPDATE accounts SET role = 'admin', updated_at = now()
+    WHERE lower(email) = ANY(${emails.map((e) => e.toLowerCase())}) AND role <> 'admin' RETURNING id`;
+  return rows.map((r) => r.id);
 }
 
 /**

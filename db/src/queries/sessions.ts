@@ -26,8 +26,14 @@ export async function findLiveSession(sql: Sql, tokenHash: Uint8Array): Promise<
   return rows[0];
 }
 
-export async function deleteSession(sql: Sql, tokenHash: Uint8Array): Promise<void> {
-  await sql`DELETE FROM sessions WHERE token_hash = ${tokenHash}`;
+/** Deletes the session with this hash; answers which one it was, if any. */
+export async function deleteSession(
+  sql: Sql,
+  tokenHash: Uint8Array,
+): Promise<{ id: string; account_id: string } | undefined> {
+  const rows = await sql<{ id: string; account_id: string }[]>`
+    DELETE FROM sessions WHERE token_hash = ${tokenHash} RETURNING id, account_id`;
+  return rows[0];
 }
 
 /** Signs out every browser session of the account; returns how many were live. */

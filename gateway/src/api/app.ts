@@ -19,6 +19,7 @@ import { auditRoutes } from './routes/audit.ts';
 import { authRoutes } from './routes/auth.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
+import { linkPages } from './routes/pages.ts';
 
 export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
@@ -29,7 +30,8 @@ export const CLIENT_IP_HEADER = 'x-svc-client-ip';
 
 /**
  * Answers every route can give are described on every route: 401 and 403 where it needs
- * credentials, 400 where it takes input, 429 everywhere (the edge's rate limit).
+ * credentials, 400 where it takes input, 413 where it takes a body, 429 everywhere (the edge's
+ * rate limit).
  */
 function documentCommonErrors(route: RouteOptions): void {
   const schema = route.schema as { response?: Record<string, unknown>; hide?: boolean } | undefined;
@@ -45,6 +47,7 @@ function documentCommonErrors(route: RouteOptions): void {
   }
   const s = route.schema as { body?: unknown; querystring?: unknown; params?: unknown };
   if (s.body || s.querystring || s.params) add(400);
+  if (s.body) add(413);
   add(429);
 }
 
@@ -133,6 +136,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   accountRoutes(app, deps);
   auditRoutes(app, deps);
   oauthRoutes(app, deps);
+  linkPages(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();

@@ -164,7 +164,7 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
 function relayResponse(
   res: HttpResponse,
   method: string,
-  upstream: { statusCode: number; headers: Record<string, string | string[] | undefined>; body: Readable },
+  upstream: Dispatcher.ResponseData,
   isAborted: () => boolean,
   finish: () => void,
 ): void {

@@ -138,13 +138,31 @@ export async function authenticateSession(sql: Sql, secret: string, ip: string |
   };
 }
 
-export async function endSession(sql: Sql, secret: string): Promise<void> {
-  await sessions.deleteSession(sql, hashSecret(secret));
+export async function endSession(sql: Sql, secret: string, ip: string | null): Promise<void> {
+  const ended = await sessions.deleteSession(sql, hashSecret(secret));
+  if (ended) {
+    await recordAudit(sql, { accountId: ended.account_id, actor: 'ui', ip }, 'session.ended', {
+      type: 'session',
+      id: ended.id,
+    });
+  }
 }
 
 /** RFC 7009 revoke of the presented key (API or OAuth); sandbox tokens end with their conversation. */
-export async function revokePresentedKey(sql: Sql, secret: string): Promise<void> {
-  if (secret.startsWith(SECRET_PREFIX.sandbox))
+export async function revokePresentedKey(sql: Sql, secret: string, ip: string | null): Promise<void> {
+  if (secret.startsWith(SECRET_PREFIX.sandbox)) {
     throw new ApiError('forbidden', 'A sandbox token cannot be revoked here.');
-  await credentials.revokeCredentialByHash(sql, hashSecret(secret));
+  }
+  const row = await credentials.revokeCredentialByHash(sql, hashSecret(secret));
+  if (row) {
+    await recordAudit(
+      sql,
+      { accountId: row.account_id, actor: 'api', ip },
+      'api_key.revoked',
+      { type: 'api_key', id: row.id },
+      {
+        via: 'oauth_revoke',
+      },
+    );
+  }
 }

@@ -103,7 +103,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: { tags, summary: 'End the browser session', response: { 204: z.null() } },
     handler: async (req, reply) => {
       const cookie = req.cookies[SESSION_COOKIE];
-      if (cookie) await creds.endSession(deps.sql, cookie);
+      if (cookie) await creds.endSession(deps.sql, cookie, req.clientIp);
       reply.clearCookie(SESSION_COOKIE, { path: '/' });
       return reply.code(204).send(null);
     },

@@ -8,6 +8,7 @@ import { authenticateBearer, authenticateSession, revokePresentedKey } from '../
 import { type AuthorizeParams, checkAuthorizeRequest, exchangeCode, issueCode } from '../../services/oauth.ts';
 import { SESSION_COOKIE } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
+import { esc, page } from '../html.ts';
 
 const tags = ['oauth'];
 
@@ -43,29 +44,8 @@ const TokenResponse = z.object({
 
 const OAuthError = ErrorBody.extend({ error_description: z.string().optional() });
 
-const esc = (s: string) =>
-  s.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c] as string);
-
 /** The consent form's CSRF value is bound to the session cookie: a page on another site cannot compute it. */
 const csrfFor = (cookie: string) => createHash('sha256').update(`csrf:${cookie}`).digest('base64url');
-
-function page(reply: FastifyReply, status: number, title: string, body: string, formTarget?: string) {
-  const formAction = formTarget ? `'self' ${new URL(formTarget).origin}` : "'self'";
-  return reply
-    .code(status)
-    .header('content-type', 'text/html; charset=utf-8')
-    .header('cache-control', 'no-store')
-    .header('x-frame-options', 'DENY')
-    .header(
-      'content-security-policy',
-      `default-src 'none'; style-src 'unsafe-inline'; form-action ${formAction}; frame-ancestors 'none'`,
-    )
-    .send(`<!doctype html><html><head><meta charset="utf-8"><title>${esc(title)}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>body{font:16px system-ui,sans-serif;max-width:28rem;margin:4rem auto;padding:0 1rem}
-input{display:block;width:100%;margin:.3rem 0 1rem;padding:.5rem}button{padding:.5rem 1rem;margin-right:.5rem}</style>
-</head><body><h1>${esc(title)}</h1>${body}</body></html>`);
-}
 
 function redirectWith(reply: FastifyReply, redirectUri: string, params: Record<string, string | undefined>) {
   const url = new URL(redirectUri);
@@ -239,7 +219,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
         }
         token = m[1];
       }
-      await revokePresentedKey(deps.sql, token);
+      await revokePresentedKey(deps.sql, token, req.clientIp);
       return { revoked: true as const };
     },
   });
