@@ -21,6 +21,8 @@ const HOP_BY_HOP = new Set([
   CLIENT_IP_HEADER,
 ]);
 
+export type Admission = ApiError | undefined | Promise<ApiError | undefined>;
+
 export interface Forwarder {
   /**
    * Forwards one request to the api role, streaming both bodies with backpressure: the
@@ -29,35 +31,21 @@ export interface Forwarder {
    * reads the request, which uWS frees on return). `admit` decides, possibly asynchronously,
    * whether the request may go on; a refusal is answered as the ApiError it resolves to.
    */
-  forward(
-    res: HttpResponse,
-    req: HttpRequest,
-    clientIp: string,
-    admit: () => ApiError | undefined | Promise<ApiError | undefined>,
-  ): void;
+  forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission): void;
   /** Requests under way (for draining on shutdown). */
   readonly inFlight: number;
   close(): Promise<void>;
 }
 
 export function createForwarder(upstream: { socketPath: string } | { origin: string }, log: Logger): Forwarder {
+  const options = { connections: 512, pipelining: 1, keepAliveTimeout: 30_000 };
   const pool =
     'socketPath' in upstream
-      ? new Pool('http://api.internal', {
-          connect: { socketPath: upstream.socketPath },
-          connections: 512,
-          pipelining: 1,
-          keepAliveTimeout: 30_000,
-        })
-      : new Pool(upstream.origin, { connections: 512, pipelining: 1, keepAliveTimeout: 30_000 });
+      ? new Pool('http://api.internal', { ...options, connect: { socketPath: upstream.socketPath } })
+      : new Pool(upstream.origin, options);
   let inFlight = 0;
 
-  function forward(
-    res: HttpResponse,
-    req: HttpRequest,
-    clientIp: string,
-    admit: () => ApiError | undefined | Promise<ApiError | undefined>,
-  ) {
+  function forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission) {
     const method = req.getCaseSensitiveMethod().toUpperCase();
     const query = req.getQuery();
     const path = query ? `${req.getUrl()}?${query}` : req.getUrl();
@@ -73,83 +61,41 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
     });
     headers.push(CLIENT_IP_HEADER, clientIp);
 
+    const exchange = new Exchange(res, method, () => {
+      inFlight--;
+    });
     inFlight++;
-    let done = false;
-    let aborted = false;
-    const finish = () => {
-      if (!done) {
-        done = true;
-        inFlight--;
-      }
-    };
-    const abort = new AbortController();
-    res.onAborted(() => {
-      aborted = true;
-      abort.abort();
-      finish();
-    });
+    res.onAborted(() => exchange.clientGone());
+    const body = hasBody ? exchange.uploadStream() : null;
 
-    let body: Readable | undefined;
-    if (hasBody) {
-      let paused = false;
-      body = new Readable({
-        read() {
-          if (paused && !aborted) {
-            paused = false;
-            res.resume();
-          }
-        },
-      });
-      const upload = body;
-      res.onData((chunk, isLast) => {
-        // uWS frees the ArrayBuffer after this callback returns, so copy it out.
-        if (chunk.byteLength > 0 && !upload.push(Buffer.from(chunk.slice(0))) && !isLast) {
-          paused = true;
-          res.pause();
-        }
-        if (isLast) upload.push(null);
-      });
+    const dispatch = () => {
+      if (exchange.aborted) return;
+      pool.dispatch(
+        { path, method: method as Dispatcher.HttpMethod, headers, body, headersTimeout: 0, bodyTimeout: 0 },
+        exchange,
+      );
+    };
+    const refuse = (e: ApiError) => {
+      body?.destroy();
+      exchange.answer(e);
+    };
+    let decision: Admission;
+    try {
+      decision = admit();
+    } catch (err) {
+      log.warn({ err: { message: (err as Error).message } }, 'admission failed; request admitted');
+      decision = undefined;
     }
-
-    const go = async () => {
-      const refusal = await admit();
-      if (aborted) return;
-      if (refusal) {
-        res.cork(() => writeError(res, refusal));
-        body?.destroy();
-        return finish();
-      }
-      let upstreamRes: Dispatcher.ResponseData;
-      try {
-        upstreamRes = await pool.request({
-          path,
-          method: method as 'GET',
-          headers,
-          body: body ?? null,
-          signal: abort.signal,
-          headersTimeout: 0,
-          bodyTimeout: 0,
-        });
-      } catch (err) {
-        if (aborted) return;
-        log.error(
-          { err: { message: (err as Error).message, code: (err as { code?: string }).code } },
-          'api role unreachable',
-        );
-        res.cork(() => writeError(res, new ApiError('api_unavailable')));
-        return finish();
-      }
-      if (aborted) {
-        upstreamRes.body.destroy();
-        return;
-      }
-      relayResponse(res, method, upstreamRes, () => aborted, finish);
+    if (decision instanceof Promise) {
+      decision.then(
+        (e) => (e ? refuse(e) : dispatch()),
+        () => dispatch(),
+      );
+    } else if (decision) refuse(decision);
+    else dispatch();
+    exchange.onUpstreamFailure = (err) => {
+      log.error({ err: { message: err.message, code: (err as { code?: string }).code } }, 'api role unreachable');
     };
-    go().catch((err) => {
-      log.error({ err }, 'forwarding failed');
-      if (!aborted && !done) res.cork(() => res.close());
-      finish();
-    });
   }
 
   return {
@@ -161,95 +107,185 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
   };
 }
 
-function relayResponse(
-  res: HttpResponse,
-  method: string,
-  upstream: Dispatcher.ResponseData,
-  isAborted: () => boolean,
-  finish: () => void,
-): void {
-  const { statusCode, headers, body } = upstream;
-  const lengthHeader = headers['content-length'];
-  const length = typeof lengthHeader === 'string' ? Number(lengthHeader) : undefined;
-  const noBody = method === 'HEAD' || statusCode === 204 || statusCode === 304;
-  let ended = false;
-  const end = () => {
-    if (!ended) {
-      ended = true;
-      finish();
-    }
-  };
-  // Destroying an undici body emits an abort error; a failure mid-body cuts the connection so
-  // the client sees a truncated response, never a silently short one.
-  body.on('error', () => {
-    if (!isAborted() && !ended) res.cork(() => res.close());
-    end();
-  });
+/**
+ * One request's trip: the uWS response on one side, an undici dispatch handler on the other.
+ * Responses with a Content-Length are written with `tryEnd` (uWS sends that length); others
+ * chunked with `write`. When uWS reports backpressure the undici side is paused until the
+ * socket drains.
+ */
+class Exchange implements Dispatcher.DispatchHandler {
+  aborted = false;
+  private done = false;
+  private started = false;
+  private length: number | undefined;
+  private controller: Dispatcher.DispatchController | undefined;
+  private paused = false;
+  private status = 0;
+  private headers: Record<string, string | string[] | undefined> = {};
+  private headWritten = false;
+  onUpstreamFailure: (err: Error) => void = () => {};
 
-  res.cork(() => {
-    res.writeStatus(`${statusCode} ${STATUS_CODES[statusCode] ?? ''}`);
-    for (const [name, value] of Object.entries(headers)) {
+  constructor(
+    private readonly res: HttpResponse,
+    private readonly method: string,
+    private readonly onFinish: () => void,
+  ) {}
+
+  private finish(): void {
+    if (!this.done) {
+      this.done = true;
+      this.onFinish();
+    }
+  }
+
+  clientGone(): void {
+    this.aborted = true;
+    this.controller?.abort(new Error('client went away'));
+    this.upload?.destroy();
+    this.finish();
+  }
+
+  private upload: Readable | undefined;
+
+  /** The client's request body as a stream that pauses the client while nobody reads it. */
+  uploadStream(): Readable {
+    let paused = false;
+    const res = this.res;
+    const upload = new Readable({
+      read: () => {
+        if (paused && !this.aborted) {
+          paused = false;
+          res.resume();
+        }
+      },
+    });
+    this.upload = upload;
+    res.onData((chunk, isLast) => {
+      // uWS frees the ArrayBuffer after this callback returns, so copy it out.
+      if (chunk.byteLength > 0 && !upload.push(Buffer.from(chunk.slice(0))) && !isLast) {
+        paused = true;
+        res.pause();
+      }
+      if (isLast) upload.push(null);
+    });
+    return upload;
+  }
+
+  answer(e: ApiError): void {
+    if (this.aborted || this.done) return;
+    this.res.cork(() => writeError(this.res, e));
+    this.finish();
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.aborted) controller.abort(new Error('client went away'));
+  }
+
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: Record<string, string | string[] | undefined>,
+  ): void {
+    if (this.aborted || statusCode < 200) return;
+    this.started = true;
+    this.status = statusCode;
+    this.headers = headers;
+    const lengthHeader = headers['content-length'];
+    this.length = typeof lengthHeader === 'string' ? Number(lengthHeader) : undefined;
+    if (this.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
+      this.res.cork(() => {
+        this.writeHead();
+        this.res.endWithoutBody(this.method === 'HEAD' ? this.length : undefined);
+      });
+      this.finish();
+    }
+  }
+
+  /**
+   * Status and headers wait for the first body bytes (or the end), so a small answer leaves in
+   * one write: every cork outside a uWS callback is a send() of its own.
+   */
+  private writeHead(): void {
+    if (this.headWritten) return;
+    this.headWritten = true;
+    const res = this.res;
+    res.writeStatus(`${this.status} ${STATUS_CODES[this.status] ?? ''}`);
+    const headers = this.headers;
+    for (const name in headers) {
+      const value = headers[name];
       if (value === undefined || name === 'content-length' || name === 'date' || HOP_BY_HOP.has(name)) continue;
-      if (Array.isArray(value)) for (const v of value) res.writeHeader(name, v);
-      else res.writeHeader(name, value);
+      if (typeof value === 'string') res.writeHeader(name, value);
+      else for (const v of value) res.writeHeader(name, v);
     }
-    if (noBody) {
-      res.endWithoutBody(method === 'HEAD' ? length : undefined);
-      end();
-      // dump(), not destroy(): destroying an undici body builds an abort error with a stack.
-      void body.dump().catch(() => {});
-    }
-  });
-  if (noBody) return;
+  }
 
-  if (length !== undefined && Number.isFinite(length)) {
-    // Known length: tryEnd streams with Content-Length; on backpressure keep the unsent tail
-    // and pause the api's body until uWS reports the socket writable again.
-    body.on('data', (chunk: Buffer) => {
-      if (isAborted() || ended) return;
-      res.cork(() => {
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.aborted || this.done) return;
+    const res = this.res;
+    res.cork(() => {
+      this.writeHead();
+      if (this.length !== undefined) {
         const startOffset = res.getWriteOffset();
-        const [ok, responded] = res.tryEnd(chunk, length);
-        if (responded) {
-          end(); // the whole announced length is out; the body ends by itself
-        } else if (!ok) {
-          body.pause();
+        const [ok, responded] = res.tryEnd(chunk, this.length);
+        if (responded) return this.finish();
+        if (!ok) {
+          this.pause(controller);
           res.onWritable((offset) => {
-            const [ok2, responded2] = res.tryEnd(chunk.subarray(offset - startOffset), length);
-            if (responded2) {
-              end();
-              body.resume();
-            } else if (ok2) {
-              body.resume();
-            }
+            const [ok2, responded2] = res.tryEnd(chunk.subarray(offset - startOffset), this.length as number);
+            if (responded2) this.finish();
+            else if (ok2) this.resume(controller);
             return ok2;
           });
         }
-      });
+      } else if (!res.write(chunk)) {
+        this.pause(controller);
+        res.onWritable(() => {
+          this.resume(controller);
+          return true;
+        });
+      }
     });
-    body.on('end', () => {
-      if (isAborted() || ended) return;
-      // Zero-length body, or the api sent less than it announced.
-      res.cork(() => (length === 0 ? res.end() : res.close()));
-      end();
+  }
+
+  private pause(controller: Dispatcher.DispatchController): void {
+    this.paused = true;
+    controller.pause();
+  }
+
+  private resume(controller: Dispatcher.DispatchController): void {
+    if (this.paused) {
+      this.paused = false;
+      controller.resume();
+    }
+  }
+
+  onResponseEnd(): void {
+    if (this.aborted || this.done) return;
+    // With a known length, a chunk still waiting for the socket holds the rest of the body:
+    // its onWritable handler completes the answer.
+    if (this.length !== undefined && this.paused) return;
+    // A zero-length body; or less than announced, which must not pass for a complete answer.
+    this.res.cork(() => {
+      if (this.length === undefined || this.length === 0) {
+        this.writeHead();
+        this.res.end();
+      } else {
+        this.res.close();
+      }
     });
-  } else {
-    body.on('data', (chunk: Buffer) => {
-      if (isAborted() || ended) return;
-      res.cork(() => {
-        if (!res.write(chunk)) {
-          body.pause();
-          res.onWritable(() => {
-            body.resume();
-            return true;
-          });
-        }
-      });
-    });
-    body.on('end', () => {
-      if (isAborted() || ended) return;
-      res.cork(() => res.end());
-      end();
-    });
+    this.finish();
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
+    if (this.aborted || this.done) return;
+    if (!this.started) {
+      this.onUpstreamFailure(err);
+      this.res.cork(() => writeError(this.res, new ApiError('api_unavailable')));
+    } else {
+      // Mid-body: cut the connection so the client sees a truncated answer, not a short one.
+      this.res.cork(() => this.res.close());
+    }
+    this.finish();
   }
 }
