@@ -43,6 +43,25 @@ for (const backend of backends()) {
       t.equal(me.body.comped, null, 'comped is null while payment is off');
     });
 
+    t.test('resend-verification mails a fresh link and retires the old one; it never reveals an address', async (t) => {
+      const email = uniqueEmail();
+      await http.post('/api/auth/register', { body: { email, password: PASSWORD } });
+      const first = tokenFrom(await waitForMail(svc.mailDir, email, /verify/i));
+      const resent = await http.post('/api/auth/resend-verification', { body: { email } });
+      const unknown = await http.post('/api/auth/resend-verification', { body: { email: uniqueEmail('nobody') } });
+      t.equal(resent.status, 200);
+      t.same(resent.body, unknown.body, 'same answer for an unknown address');
+      let second = first;
+      for (let i = 0; i < 100 && second === first; i++) {
+        second = tokenFrom(await waitForMail(svc.mailDir, email, /verify/i));
+        if (second === first) await new Promise((r) => setTimeout(r, 50));
+      }
+      t.not(second, first, 'a new link was mailed');
+      const old = await http.post('/api/auth/verify', { body: { token: first } });
+      t.equal(old.status, 422, 'the older link no longer works');
+      t.equal((await http.post('/api/auth/verify', { body: { token: second } })).status, 200);
+    });
+
     t.test('registering a taken address answers the same and mails the owner instead', async (t) => {
       const { email } = await signUp(svc);
       const reg = await http.post('/api/auth/register', { body: { email: email.toUpperCase(), password: PASSWORD } });

@@ -174,9 +174,15 @@ export async function login(deps: AccountDeps, email: string, password: string, 
   return session;
 }
 
-export async function forgotPassword(deps: AccountDeps, email: string) {
+export async function forgotPassword(deps: AccountDeps, email: string, ip: string | null) {
   const account = await accounts.findAccountByEmail(deps.sql, email);
-  if (account && !account.suspended) await mailToken(deps, account, 'reset', account.email);
+  if (account && !account.suspended) {
+    await mailToken(deps, account, 'reset', account.email);
+    await recordAudit(deps.sql, { accountId: account.id, actor: 'system', ip }, 'account.password_reset_requested', {
+      type: 'account',
+      id: account.id,
+    });
+  }
   return NEUTRAL.forgot;
 }
 

@@ -168,7 +168,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       body: ForgotBody,
       response: { 200: Accepted, 400: ErrorBody, 422: ErrorBody },
     },
-    handler: async (req) => accounts.forgotPassword(deps.accounts, req.body.email),
+    handler: async (req) => accounts.forgotPassword(deps.accounts, req.body.email, req.clientIp),
   });
 
   r.post('/api/auth/reset', {
