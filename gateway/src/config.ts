@@ -61,6 +61,10 @@ export const ConfigSchema = z.object({
   OPENAI_BASE_URL: url.default('https://api.openai.com'),
   GEMINI_BASE_URL: url.default('https://generativelanguage.googleapis.com'),
   PROVIDER_CHECK_TIMEOUT_MS: z.coerce.number().int().min(100).default(10_000),
+  AVATAR_IMAGE_MODEL: z.string().default('gpt-image-1'),
+  AVATAR_TIMEOUT_MS: z.coerce.number().int().min(100).default(120_000),
+  APP_CONVERSATIONS_URL: url.optional(),
+  APP_TEAM_URL: url.optional(),
   SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).default(10_000),
 });
 

@@ -17,6 +17,7 @@ import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
+import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -102,7 +103,16 @@ export interface Service {
  * memory, SMTP or file mail), builds the api role, and puts the edge in front of it. Every
  * role runs in this one process.
  */
-export async function startService(config: Config, log: Logger = createLogger(config.LOG_LEVEL)): Promise<Service> {
+/** Seams a test may replace; production passes none. */
+export interface ServiceOverrides {
+  retireSandboxes?: RetireSandboxesBuiltOn;
+}
+
+export async function startService(
+  config: Config,
+  log: Logger = createLogger(config.LOG_LEVEL),
+  overrides: ServiceOverrides = {},
+): Promise<Service> {
   const cleanups: (() => Promise<unknown> | unknown)[] = [];
   let closing: Promise<void> | undefined;
   // Idempotent: a second call waits for the first shutdown instead of closing twice.
@@ -174,6 +184,7 @@ export async function startService(config: Config, log: Logger = createLogger(co
         timeoutMs: config.PROVIDER_CHECK_TIMEOUT_MS,
       },
       paymentEnabled: false,
+      retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
     };
 
     const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });

@@ -15,11 +15,16 @@ import type { ApiDeps } from './deps.ts';
 import { sendApiError, toApiError } from './errors.ts';
 import { RouteTable } from './route-table.ts';
 import { accountRoutes } from './routes/account.ts';
+import { agentRoutes } from './routes/agents.ts';
+import { applyRoutes } from './routes/apply.ts';
 import { auditRoutes } from './routes/audit.ts';
 import { authRoutes } from './routes/auth.ts';
+import { catalogRoutes } from './routes/catalog.ts';
+import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { linkPages } from './routes/pages.ts';
+import { vaultRoutes } from './routes/vaults.ts';
 
 export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
@@ -137,6 +142,11 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   auditRoutes(app, deps);
   oauthRoutes(app, deps);
   linkPages(app, deps);
+  environmentRoutes(app, deps);
+  vaultRoutes(app, deps);
+  await agentRoutes(app, deps);
+  catalogRoutes(app, deps);
+  applyRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();

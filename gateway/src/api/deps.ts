@@ -5,6 +5,7 @@ import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
+import type { RetireSandboxesBuiltOn } from '../services/sandboxes.ts';
 
 /** What the api role's routes are given by the composition root. */
 export interface ApiDeps {
@@ -19,4 +20,6 @@ export interface ApiDeps {
   inference: InferenceCheckDeps;
   /** Whether the payment provider is configured (billing routes; `comped` on identity). */
   paymentEnabled: boolean;
+  /** The seam that retires sandboxes whose identity changed (filled in by the sandbox issue). */
+  retireSandboxes: RetireSandboxesBuiltOn;
 }

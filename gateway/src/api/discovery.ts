@@ -8,8 +8,8 @@ interface Operation {
   description?: string;
   tags?: string[];
   parameters?: { name: string; in: string; required?: boolean; description?: string }[];
-  requestBody?: { content?: Record<string, { schema?: JsonSchema }> };
-  responses?: Record<string, { description?: string }>;
+  requestBody?: { required?: boolean; content?: Record<string, { schema?: JsonSchema }> };
+  responses?: Record<string, { description?: string; content?: Record<string, { schema?: unknown }> }>;
   security?: unknown[];
 }
 interface JsonSchema {

@@ -1,4 +1,5 @@
 import fastifySwaggerUi from '@fastify/swagger-ui';
+import { AVATAR_TYPES } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
@@ -25,6 +26,7 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
         responses: { '200': { description: 'HTML page' } },
       },
     };
+    describeBinaryBodies(d);
     cached = d;
     return d;
   };
@@ -77,4 +79,37 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     uiConfig: { deepLinking: true },
     transformSpecification: () => doc() as unknown as Record<string, unknown>,
   });
+}
+
+/**
+ * Bodies that are not JSON cannot come from zod schemas; they are described here: the
+ * avatar's image bytes, both ways.
+ */
+function describeBinaryBodies(d: OpenApiDoc): void {
+  const images = Object.fromEntries(AVATAR_TYPES.map((t) => [t, { schema: { type: 'string', contentMediaType: t } }]));
+  const avatar = d.paths['/api/agents/{id}/avatar'];
+  if (avatar?.get?.responses) {
+    avatar.get.responses['200'] = {
+      description: 'The image bytes with the stored media type',
+      content: images,
+    } as never;
+  }
+  if (avatar?.put) {
+    avatar.put.requestBody = {
+      required: true,
+      content: {
+        ...images,
+        'application/json': {
+          schema: {
+            type: 'object',
+            required: ['data', 'media_type'],
+            properties: {
+              data: { type: 'string', contentEncoding: 'base64' },
+              media_type: { type: 'string', enum: [...AVATAR_TYPES] },
+            },
+          },
+        },
+      },
+    } as never;
+  }
 }

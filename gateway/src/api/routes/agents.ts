@@ -1,0 +1,161 @@
+import {
+  Agent,
+  AgentCreate,
+  AgentPatch,
+  AgentQuery,
+  ApiError,
+  AVATAR_MAX_BYTES,
+  AvatarJson,
+  ErrorBody,
+  IdParam,
+  listOf,
+  validationFailed,
+} from '@svc/core';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import * as agents from '../../services/agents.ts';
+import { actorOf } from '../../services/principal.ts';
+import { requirePrincipal } from '../auth.ts';
+import type { ApiDeps } from '../deps.ts';
+
+const tags = ['agents'];
+
+export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<void> {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  const config = { auth: 'user' as const };
+
+  r.get('/api/agents', {
+    config,
+    schema: { tags, summary: 'List agents', querystring: AgentQuery, response: { 200: listOf(Agent) } },
+    handler: async (req) => ({
+      data: (await agents.listAgents(deps.sql, requirePrincipal(req).accountId, req.query)).map(agents.shapeAgent),
+    }),
+  });
+
+  r.post('/api/agents', {
+    config,
+    schema: {
+      tags,
+      summary: 'Create an agent',
+      description:
+        "The provider of `model` must belong to the runtime (claude: anthropic, codex: openai, gemini: google, opencode: any catalog provider); the model itself is never checked against a list. Referenced environments and vaults must be the caller's (404 otherwise).",
+      body: AgentCreate,
+      response: { 201: Agent, 404: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req, reply) =>
+      reply
+        .code(201)
+        .send(agents.shapeAgent(await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body))),
+  });
+
+  r.get('/api/agents/:id', {
+    config,
+    schema: { tags, summary: 'One agent', params: IdParam, response: { 200: Agent, 404: ErrorBody } },
+    handler: async (req) =>
+      agents.shapeAgent(await agents.getAgent(deps.sql, requirePrincipal(req).accountId, req.params.id)),
+  });
+
+  for (const method of ['PUT', 'PATCH'] as const) {
+    r.route({
+      method,
+      url: '/api/agents/:id',
+      config,
+      schema: {
+        tags,
+        summary: 'Update an agent (the fields present)',
+        description: 'A new `environment_id` retires the sandboxes built for the agent on the old environment.',
+        params: IdParam,
+        body: AgentPatch,
+        response: { 200: Agent, 404: ErrorBody, 422: ErrorBody },
+      },
+      handler: async (req) =>
+        agents.shapeAgent(
+          await agents.updateAgent(
+            deps.sql,
+            actorOf(requirePrincipal(req)),
+            req.params.id,
+            req.body,
+            deps.retireSandboxes,
+          ),
+        ),
+    });
+  }
+
+  r.delete('/api/agents/:id', {
+    config,
+    schema: { tags, summary: 'Delete an agent', params: IdParam, response: { 204: z.null(), 404: ErrorBody } },
+    handler: async (req, reply) => {
+      await agents.deleteAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
+      return reply.code(204).send(null);
+    },
+  });
+
+  r.get('/api/agents/:id/avatar', {
+    config,
+    schema: {
+      tags,
+      summary: 'The avatar image bytes, served with nosniff and a sandboxing CSP',
+      params: IdParam,
+      response: { 404: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const avatar = await agents.getAvatar(deps.sql, requirePrincipal(req).accountId, req.params.id);
+      return (
+        reply
+          .type(avatar.media_type)
+          .header('x-content-type-options', 'nosniff')
+          .header('content-security-policy', "default-src 'none'; sandbox")
+          .header('cache-control', 'private, max-age=60')
+          // Bytes, not JSON: the response schema describes only errors, so the type is widened here.
+          .send(Buffer.from(avatar.bytes) as never)
+      );
+    },
+  });
+
+  // Raw image bodies: any content type reaches the handler as bytes, read up to 5 MB and no
+  // further (413 beyond); the handler judges the type by the bytes' signature (415).
+  await app.register(async (scope) => {
+    scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: AVATAR_MAX_BYTES }, (_req, body, done) =>
+      done(null, body),
+    );
+    scope.withTypeProvider<ZodTypeProvider>().put('/api/agents/:id/avatar', {
+      config,
+      schema: {
+        tags,
+        summary: 'Set the avatar: raw bytes with an image content type, or JSON {data: base64, media_type}',
+        description:
+          'png, jpeg, gif or webp, judged by the bytes; at most 5 MB. 415 for another type, 413 when larger.',
+        params: IdParam,
+        response: { 200: Agent, 404: ErrorBody, 413: ErrorBody, 415: ErrorBody, 422: ErrorBody },
+      },
+      handler: async (req) => {
+        const who = actorOf(requirePrincipal(req));
+        const type = req.headers['content-type'] ?? '';
+        let bytes: Buffer;
+        let mediaType: string;
+        if (Buffer.isBuffer(req.body)) {
+          bytes = req.body;
+          mediaType = type;
+        } else {
+          const parsed = AvatarJson.safeParse(req.body);
+          if (!parsed.success) throw validationFailed({ data: ['send {data: base64, media_type} or raw image bytes'] });
+          if (!/^[A-Za-z0-9+/]*={0,2}$/.test(parsed.data.data)) throw validationFailed({ data: ['must be base64'] });
+          bytes = Buffer.from(parsed.data.data, 'base64');
+          mediaType = parsed.data.media_type;
+        }
+        if (bytes.length === 0) throw new ApiError('unsupported_media_type', 'The body is empty.');
+        return agents.shapeAgent(await agents.putAvatar(deps.sql, who, req.params.id, mediaType, bytes));
+      },
+    });
+  });
+
+  r.delete('/api/agents/:id/avatar', {
+    config,
+    schema: { tags, summary: 'Remove the avatar', params: IdParam, response: { 204: z.null(), 404: ErrorBody } },
+    handler: async (req, reply) => {
+      await agents.deleteAvatar(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
+      return reply.code(204).send(null);
+    },
+  });
+}

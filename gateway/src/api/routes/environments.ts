@@ -1,0 +1,145 @@
+import {
+  Environment,
+  EnvironmentCreate,
+  EnvironmentPatch,
+  EnvironmentSecret,
+  ErrorBody,
+  IdParam,
+  listOf,
+  SecretUpsert,
+} from '@svc/core';
+import { environments as rows } from '@svc/db';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import * as envs from '../../services/environments.ts';
+import { actorOf } from '../../services/principal.ts';
+import * as secrets from '../../services/secrets.ts';
+import { requirePrincipal } from '../auth.ts';
+import type { ApiDeps } from '../deps.ts';
+
+const tags = ['environments'];
+const KeyParam = IdParam.extend({ key: z.string().max(128) });
+
+export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  const config = { auth: 'user' as const };
+
+  r.get('/api/environments', {
+    config,
+    schema: { tags, summary: 'List environments', response: { 200: listOf(Environment) } },
+    handler: async (req) => ({
+      data: (await rows.listEnvironments(deps.sql, requirePrincipal(req).accountId)).map(envs.shapeEnvironment),
+    }),
+  });
+
+  r.post('/api/environments', {
+    config,
+    schema: {
+      tags,
+      summary: 'Create an environment',
+      description:
+        'packages: `apt` and `npm` are lists of package names (installed); other keys are stored and ignored. A networking_config makes networking_type `limited` unless given.',
+      body: EnvironmentCreate,
+      response: { 201: Environment, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const row = await envs.createEnvironment(deps.sql, actorOf(requirePrincipal(req)), req.body);
+      return reply.code(201).send(envs.shapeEnvironment(row));
+    },
+  });
+
+  r.get('/api/environments/:id', {
+    config,
+    schema: { tags, summary: 'One environment', params: IdParam, response: { 200: Environment, 404: ErrorBody } },
+    handler: async (req) =>
+      envs.shapeEnvironment(await envs.getEnvironment(deps.sql, requirePrincipal(req).accountId, req.params.id)),
+  });
+
+  for (const method of ['PUT', 'PATCH'] as const) {
+    r.route({
+      method,
+      url: '/api/environments/:id',
+      config,
+      schema: {
+        tags,
+        summary: 'Update an environment (the fields present)',
+        params: IdParam,
+        body: EnvironmentPatch,
+        response: { 200: Environment, 404: ErrorBody, 422: ErrorBody },
+      },
+      handler: async (req) =>
+        envs.shapeEnvironment(
+          await envs.updateEnvironment(deps.sql, actorOf(requirePrincipal(req)), req.params.id, req.body),
+        ),
+    });
+  }
+
+  r.delete('/api/environments/:id', {
+    config,
+    schema: {
+      tags,
+      summary: 'Delete an environment; retires persistent sandboxes built on it',
+      description: '409 `environment_in_use` while agents use it.',
+      params: IdParam,
+      response: { 204: z.null(), 404: ErrorBody, 409: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      await envs.deleteEnvironment(deps.sql, actorOf(requirePrincipal(req)), req.params.id, deps.retireSandboxes);
+      return reply.code(204).send(null);
+    },
+  });
+
+  r.get('/api/environments/:id/secrets', {
+    config,
+    schema: {
+      tags,
+      summary: 'Secret keys of an environment (values are never returned)',
+      params: IdParam,
+      response: { 200: listOf(EnvironmentSecret), 404: ErrorBody },
+    },
+    handler: async (req) => {
+      const p = requirePrincipal(req);
+      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
+      return {
+        data: (await secrets.listSecrets(deps.sql, 'environment', p.accountId, req.params.id)) as z.infer<
+          typeof EnvironmentSecret
+        >[],
+      };
+    },
+  });
+
+  r.post('/api/environments/:id/secrets', {
+    config,
+    schema: {
+      tags,
+      summary: 'Set a secret (upsert by key); the value is write-only',
+      params: IdParam,
+      body: SecretUpsert,
+      response: { 200: EnvironmentSecret, 201: EnvironmentSecret, 404: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const p = requirePrincipal(req);
+      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
+      const [w] = await secrets.writeSecrets(
+        { sql: deps.sql, keyring: deps.keyring },
+        actorOf(p),
+        'environment',
+        req.params.id,
+        [{ key: req.body.key, value: req.body.value }],
+      );
+      return reply.code(w?.outcome === 'created' ? 201 : 200).send(secrets.shapeSecret('environment', w?.row as never));
+    },
+  });
+
+  r.delete('/api/environments/:id/secrets/:key', {
+    config,
+    schema: { tags, summary: 'Delete a secret', params: KeyParam, response: { 204: z.null(), 404: ErrorBody } },
+    handler: async (req, reply) => {
+      const p = requirePrincipal(req);
+      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
+      await secrets.deleteSecret(deps.sql, actorOf(p), 'environment', req.params.id, req.params.key);
+      return reply.code(204).send(null);
+    },
+  });
+}

@@ -1,0 +1,226 @@
+import {
+  type AgentCreate,
+  type AgentPatch,
+  ApiError,
+  AVATAR_MAX_BYTES,
+  AVATAR_TYPES,
+  modelProblem,
+  newId,
+  type Runtime,
+  sniffImage,
+  validationFailed,
+} from '@svc/core';
+import { agents, type Sql, vaults } from '@svc/db';
+import type { z } from 'zod';
+import { recordAudit } from './audit.ts';
+import { definedOnly } from './environments.ts';
+import type { ActorRef } from './principal.ts';
+import type { RetireSandboxesBuiltOn } from './sandboxes.ts';
+
+type Create = z.infer<typeof AgentCreate>;
+type Patch = z.infer<typeof AgentPatch>;
+
+export function shapeAgent(row: agents.AgentRow) {
+  return {
+    id: row.id,
+    name: row.name,
+    description: row.description,
+    system: row.system,
+    runtime: row.runtime as Runtime,
+    model: row.model,
+    environment_id: row.environment_id,
+    skills: row.skills as ({ source: string; ref?: string } | { name: string; content: string })[],
+    mcp_servers: row.mcp_servers,
+    sandbox_provider: row.sandbox_provider as 'sprites' | 'e2b' | 'daytona' | 'runner' | null,
+    sandbox_mode: row.sandbox_mode as 'ephemeral' | 'persistent',
+    allowed_vault_ids: row.allowed_vault_ids,
+    allowed_environment_ids: row.allowed_environment_ids,
+    permission_policy: row.permission_policy as { default: 'auto_allow' | 'ask'; ask: string[] },
+    avatar_media_type: row.avatar_media_type,
+    conversation_count: row.conversation_count,
+    created_at: row.created_at.toISOString(),
+    updated_at: row.updated_at.toISOString(),
+  };
+}
+
+/** The stored values of a new agent: given fields over defaults. */
+export function agentValues(input: Create): agents.AgentValues {
+  return {
+    name: input.name,
+    description: input.description ?? '',
+    system: input.system ?? '',
+    runtime: input.runtime,
+    model: input.model,
+    environment_id: input.environment_id,
+    skills: input.skills ?? [],
+    mcp_servers: input.mcp_servers ?? {},
+    sandbox_provider: input.sandbox_provider ?? null,
+    sandbox_mode: input.sandbox_mode ?? 'ephemeral',
+    allowed_vault_ids: input.allowed_vault_ids === undefined ? null : dedupe(input.allowed_vault_ids),
+    allowed_environment_ids: input.allowed_environment_ids === undefined ? null : dedupe(input.allowed_environment_ids),
+    permission_policy: input.permission_policy ?? { default: 'auto_allow', ask: [] },
+  };
+}
+
+function dedupe(ids: string[] | null): string[] | null {
+  return ids === null ? null : [...new Set(ids)];
+}
+
+/**
+ * Rules across fields and rows: the model's provider belongs to the runtime (422), and every
+ * referenced environment and vault is the caller's (404 otherwise, so ids cannot be probed).
+ */
+async function checkReferences(sql: Sql, accountId: string, v: agents.AgentValues): Promise<void> {
+  const problem = modelProblem(v.runtime as Runtime, v.model);
+  if (problem) throw validationFailed({ model: [problem] });
+  const envIds = [v.environment_id, ...(v.allowed_environment_ids ?? [])];
+  const foundEnvs = await agents.existingEnvironmentIds(sql, accountId, envIds);
+  if (!foundEnvs.has(v.environment_id)) throw new ApiError('not_found', `Environment ${v.environment_id} not found.`);
+  const missingEnv = (v.allowed_environment_ids ?? []).find((id) => !foundEnvs.has(id));
+  if (missingEnv) throw new ApiError('not_found', `Environment ${missingEnv} not found.`);
+  const vaultIds = v.allowed_vault_ids ?? [];
+  const foundVaults = await vaults.existingVaultIds(sql, accountId, vaultIds);
+  const missingVault = vaultIds.find((id) => !foundVaults.has(id));
+  if (missingVault) throw new ApiError('not_found', `Vault ${missingVault} not found.`);
+}
+
+const nameTaken = () => validationFailed({ name: ['is already used by another agent of this account'] });
+
+export async function getAgent(sql: Sql, accountId: string, id: string) {
+  const row = await agents.getAgent(sql, accountId, id);
+  if (!row) throw new ApiError('not_found', 'Agent not found.');
+  return row;
+}
+
+export async function createAgent(sql: Sql, who: ActorRef, input: Create) {
+  const values = agentValues(input);
+  await checkReferences(sql, who.accountId, values);
+  const row = await agents.insertAgent(sql, who.accountId, newId('agt'), values);
+  if (!row) throw nameTaken();
+  await recordAudit(
+    sql,
+    who,
+    'agent.created',
+    { type: 'agent', id: row.id },
+    { runtime: row.runtime, model: row.model },
+  );
+  return row;
+}
+
+/**
+ * Writes the given fields over the stored agent (PUT and PATCH both update the fields present;
+ * `replace` resets the others to their defaults, as bulk apply does). A new environment_id
+ * retires the sandboxes built for the agent on its old environment.
+ */
+export async function updateAgent(
+  sql: Sql,
+  who: ActorRef,
+  id: string,
+  patch: Patch,
+  retire: RetireSandboxesBuiltOn,
+  replace = false,
+) {
+  const current = await getAgent(sql, who.accountId, id);
+  const values: agents.AgentValues = replace
+    ? agentValues({
+        ...patch,
+        name: patch.name ?? current.name,
+        runtime: patch.runtime ?? (current.runtime as Runtime),
+        model: patch.model ?? current.model,
+        environment_id: patch.environment_id ?? current.environment_id,
+      })
+    : { ...currentValues(current), ...definedOnly(patch) };
+  await checkReferences(sql, who.accountId, values);
+  const row = await agents.updateAgent(sql, who.accountId, id, values);
+  if (row === 'conflict') throw nameTaken();
+  if (!row) throw new ApiError('not_found', 'Agent not found.');
+  if (values.environment_id !== current.environment_id) {
+    await retire({
+      accountId: who.accountId,
+      agentId: id,
+      environmentId: current.environment_id,
+      reason: 'agent_environment_changed',
+    });
+  }
+  await recordAudit(sql, who, 'agent.updated', { type: 'agent', id }, { fields: Object.keys(patch) });
+  return row;
+}
+
+function currentValues(row: agents.AgentRow): agents.AgentValues {
+  const { id: _id, avatar_media_type: _a, conversation_count: _c, created_at: _cr, updated_at: _u, ...values } = row;
+  return values;
+}
+
+export async function deleteAgent(sql: Sql, who: ActorRef, id: string) {
+  const current = await getAgent(sql, who.accountId, id);
+  if (!(await agents.deleteAgent(sql, who.accountId, id))) throw new ApiError('not_found', 'Agent not found.');
+  await recordAudit(sql, who, 'agent.deleted', { type: 'agent', id }, { name: current.name });
+}
+
+export interface AgentListQuery {
+  search?: string | undefined;
+  runtime?: string | undefined;
+  environment_id?: string | undefined;
+  has_skills?: 'true' | 'false' | undefined;
+  has_mcp?: 'true' | 'false' | undefined;
+}
+
+export async function listAgents(sql: Sql, accountId: string, q: AgentListQuery) {
+  const flag = (v: 'true' | 'false' | undefined) => (v === undefined ? undefined : v === 'true');
+  return agents.listAgents(sql, accountId, {
+    search: q.search,
+    runtime: q.runtime,
+    environmentId: q.environment_id,
+    hasSkills: flag(q.has_skills),
+    hasMcp: flag(q.has_mcp),
+  });
+}
+
+/**
+ * Stores an avatar after checking the bytes themselves: their signature must be png, jpeg, gif
+ * or webp and agree with the declared type (415 otherwise), and they must fit in 5 MB (413).
+ */
+export async function putAvatar(sql: Sql, who: ActorRef, agentId: string, declaredType: string, bytes: Uint8Array) {
+  await getAgent(sql, who.accountId, agentId);
+  const declared = declaredType.split(';')[0]?.trim().toLowerCase() ?? '';
+  if (!(AVATAR_TYPES as readonly string[]).includes(declared)) {
+    throw new ApiError('unsupported_media_type', `Avatars are ${AVATAR_TYPES.join(', ')}.`);
+  }
+  if (bytes.length > AVATAR_MAX_BYTES) throw new ApiError('payload_too_large', 'Avatars are at most 5 MB.');
+  const sniffed = sniffImage(bytes);
+  if (sniffed !== declared) {
+    throw new ApiError(
+      'unsupported_media_type',
+      sniffed ? `The bytes are ${sniffed}, not ${declared}.` : 'The bytes are not an image.',
+    );
+  }
+  await agents.putAvatar(sql, who.accountId, agentId, sniffed, bytes);
+  await recordAudit(
+    sql,
+    who,
+    'agent.avatar.updated',
+    { type: 'agent', id: agentId },
+    { media_type: sniffed, bytes: bytes.length },
+  );
+  return getAgent(sql, who.accountId, agentId);
+}
+
+/** The stored avatar, re-checked: a stored type that is not (or no longer matches) an image is 404. */
+export async function getAvatar(sql: Sql, accountId: string, agentId: string) {
+  const avatar = await agents.getAvatar(sql, accountId, agentId);
+  if (
+    !avatar ||
+    !(AVATAR_TYPES as readonly string[]).includes(avatar.media_type) ||
+    sniffImage(avatar.bytes) !== avatar.media_type
+  ) {
+    throw new ApiError('not_found', 'No avatar.');
+  }
+  return avatar;
+}
+
+export async function deleteAvatar(sql: Sql, who: ActorRef, agentId: string) {
+  await getAgent(sql, who.accountId, agentId);
+  if (await agents.deleteAvatar(sql, who.accountId, agentId)) {
+    await recordAudit(sql, who, 'agent.avatar.deleted', { type: 'agent', id: agentId });
+  }
+}
