@@ -1,2 +1,2 @@
 export { type Config, ConfigError, loadConfig } from './config.ts';
-export { createLogger, runFromEnv, type Service, startService } from './main.ts';
+export { createLogger, runFromEnv, type Service, type ServiceOverrides, startService } from './main.ts';

@@ -252,3 +252,28 @@ t.test('a client that disconnects mid-response does not leak the request', async
   t.ok(closed, 'the upstream request was aborted');
   t.equal(forwarder.inFlight, 0);
 });
+
+t.test('an answer given before the upload ends is delivered, and the connection is not reused', async (t) => {
+  const { upstream, port } = await setup(t);
+  upstream.handler = (req, res) => {
+    if (req.url === '/small') return res.end('fine');
+    // Answer at once without reading the body, as a body-size limit does.
+    res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
+    res.end('{"error":"payload_too_large","message":"too big"}');
+  };
+  const sock = await rawClient(port);
+  let got = '';
+  sock.on('data', (d) => {
+    got += d.toString();
+  });
+  const closed = new Promise((r) => sock.on('close', r));
+  sock.on('error', () => {});
+  sock.write(`PUT /big HTTP/1.1\r\nhost: x\r\ncontent-length: ${8 * MB}\r\n\r\n`);
+  sock.write(Buffer.alloc(256 * 1024));
+  await closed;
+  t.match(got, /^HTTP\/1\.1 413/, 'the early answer arrived');
+  t.match(got, /connection: close/i, 'and told the client not to reuse the connection');
+  t.match(got, /payload_too_large/);
+  const next = await fetch(`http://127.0.0.1:${port}/small`);
+  t.equal(await next.text(), 'fine', 'the edge serves the next connection normally');
+});

@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type Config, loadConfig, type Service, startService } from '@svc/gateway';
+import { type Config, createLogger, loadConfig, type Service, type ServiceOverrides, startService } from '@svc/gateway';
 import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
 import postgres from 'postgres';
@@ -56,7 +56,7 @@ export interface TestService extends Service {
 /** Starts the whole service for one test, torn down with it. `env` overrides configuration. */
 export async function startTestService(
   t: Test,
-  options: { backend?: Backend; env?: Record<string, string> } = {},
+  options: { backend?: Backend; env?: Record<string, string>; overrides?: ServiceOverrides } = {},
 ): Promise<TestService> {
   const backend = options.backend ?? primaryBackend();
   const dataDir = await mkdtemp(join(tmpdir(), 'svc-test-data-'));
@@ -80,7 +80,7 @@ export async function startTestService(
     ...options.env,
   };
   const config: Config = loadConfig(env);
-  const service = await startService(config);
+  const service = await startService(config, createLogger(config.LOG_LEVEL), options.overrides);
   t.teardown(async () => {
     await service.close();
     await rm(dataDir, { recursive: true, force: true });

@@ -21,6 +21,9 @@ const HOP_BY_HOP = new Set([
   CLIENT_IP_HEADER,
 ]);
 
+/** The largest answer held back while a client is still uploading (error bodies are small). */
+const EARLY_ANSWER_MAX = 1024 * 1024;
+
 export type Admission = ApiError | undefined | Promise<ApiError | undefined>;
 
 export interface Forwarder {
@@ -123,6 +126,14 @@ class Exchange implements Dispatcher.DispatchHandler {
   private status = 0;
   private headers: Record<string, string | string[] | undefined> = {};
   private headWritten = false;
+  /** True while the client's body is still arriving. */
+  private uploading = false;
+  /**
+   * An answer that starts before the client finished its upload (an early 413, say) is
+   * buffered and sent with `Connection: close`: the rest of the upload would otherwise be read
+   * as the next request on a reused connection.
+   */
+  private early: { chunks: Buffer[]; size: number } | undefined;
   onUpstreamFailure: (err: Error) => void = () => {};
 
   constructor(
@@ -134,6 +145,9 @@ class Exchange implements Dispatcher.DispatchHandler {
   private finish(): void {
     if (!this.done) {
       this.done = true;
+      // The answer is out (or the client gone): the HttpResponse is dead from here on, so
+      // whatever of the upload is still arriving is dropped, and undici stops sending it.
+      this.upload?.destroy();
       this.onFinish();
     }
   }
@@ -141,7 +155,6 @@ class Exchange implements Dispatcher.DispatchHandler {
   clientGone(): void {
     this.aborted = true;
     this.controller?.abort(new Error('client went away'));
-    this.upload?.destroy();
     this.finish();
   }
 
@@ -153,14 +166,17 @@ class Exchange implements Dispatcher.DispatchHandler {
     const res = this.res;
     const upload = new Readable({
       read: () => {
-        if (paused && !this.aborted) {
+        if (paused && !this.aborted && !this.done) {
           paused = false;
           res.resume();
         }
       },
     });
     this.upload = upload;
+    this.uploading = true;
     res.onData((chunk, isLast) => {
+      if (isLast) this.uploading = false;
+      if (this.done || upload.destroyed) return;
       // uWS frees the ArrayBuffer after this callback returns, so copy it out.
       if (chunk.byteLength > 0 && !upload.push(Buffer.from(chunk.slice(0))) && !isLast) {
         paused = true;
@@ -191,6 +207,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.started = true;
     this.status = statusCode;
     this.headers = headers;
+    if (this.uploading) this.early = { chunks: [], size: 0 };
     const lengthHeader = headers['content-length'];
     this.length = typeof lengthHeader === 'string' ? Number(lengthHeader) : undefined;
     if (this.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
@@ -218,10 +235,20 @@ class Exchange implements Dispatcher.DispatchHandler {
       if (typeof value === 'string') res.writeHeader(name, value);
       else for (const v of value) res.writeHeader(name, v);
     }
+    if (this.early) res.writeHeader('connection', 'close');
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.aborted || this.done) return;
+    if (this.early) {
+      this.early.chunks.push(chunk);
+      this.early.size += chunk.length;
+      if (this.early.size > EARLY_ANSWER_MAX) {
+        this.res.cork(() => this.res.close());
+        this.finish();
+      }
+      return;
+    }
     const res = this.res;
     res.cork(() => {
       this.writeHead();
@@ -262,6 +289,14 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   onResponseEnd(): void {
     if (this.aborted || this.done) return;
+    if (this.early) {
+      const body = Buffer.concat(this.early.chunks);
+      this.res.cork(() => {
+        this.writeHead();
+        this.res.end(body, true);
+      });
+      return this.finish();
+    }
     // With a known length, a chunk still waiting for the socket holds the rest of the body:
     // its onWritable handler completes the answer.
     if (this.length !== undefined && this.paused) return;

@@ -134,8 +134,9 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
         const type = req.headers['content-type'] ?? '';
         let bytes: Buffer;
         let mediaType: string;
-        if (Buffer.isBuffer(req.body)) {
-          bytes = req.body;
+        if (Buffer.isBuffer(req.body) || typeof req.body === 'string') {
+          // text/plain has its own parser and arrives as a string; it is no image either way.
+          bytes = Buffer.isBuffer(req.body) ? req.body : Buffer.from(req.body);
           mediaType = type;
         } else {
           const parsed = AvatarJson.safeParse(req.body);
