@@ -35,8 +35,8 @@ export const CLIENT_IP_HEADER = 'x-svc-client-ip';
 
 /**
  * Answers every route can give are described on every route: 401 and 403 where it needs
- * credentials, 400 where it takes input, 413 where it takes a body, 429 everywhere (the edge's
- * rate limit).
+ * credentials, 400 where it takes input, 413 and 422 where it takes a body, 429 everywhere (the
+ * edge's rate limit).
  */
 function documentCommonErrors(route: RouteOptions): void {
   const schema = route.schema as { response?: Record<string, unknown>; hide?: boolean } | undefined;
@@ -52,7 +52,10 @@ function documentCommonErrors(route: RouteOptions): void {
   }
   const s = route.schema as { body?: unknown; querystring?: unknown; params?: unknown };
   if (s.body || s.querystring || s.params) add(400);
-  if (s.body) add(413);
+  if (s.body) {
+    add(413);
+    add(422);
+  }
   add(429);
 }
 
