@@ -295,7 +295,8 @@ class Exchange implements Dispatcher.DispatchHandler {
         this.writeHead();
         this.res.end(body, true);
       });
-      return this.finish();
+      this.finish();
+      return;
     }
     // With a known length, a chunk still waiting for the socket holds the rest of the body:
     // its onWritable handler completes the answer.
