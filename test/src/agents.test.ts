@@ -1,21 +1,16 @@
 import t from 'tap';
-import type { RetireTarget } from '../../gateway/src/services/sandboxes.ts';
 import { BMP, bigPng, GIF, JPEG, PNG, WEBP } from '../fixtures/images.ts';
 import { startFakeImages } from './fakes/openai-images.ts';
-import { signUp, startTestService } from './harness.ts';
+import { retireSpy, signUp, startTestService } from './harness.ts';
 
 t.test('agents', async (t) => {
   const images = await startFakeImages();
   t.teardown(() => images.close());
-  const retired: RetireTarget[] = [];
+  const spy = retireSpy();
+  const retired = spy.calls;
   const svc = await startTestService(t, {
     env: { OPENAI_BASE_URL: images.url, APP_CONVERSATIONS_URL: 'https://app.example/c', BODY_LIMIT_BYTES: '9000000' },
-    overrides: {
-      retireSandboxes: async (target) => {
-        retired.push(target);
-        return 0;
-      },
-    },
+    overrides: { retireSandboxes: spy.retireSandboxes },
   });
   const { http } = svc;
   const me = await signUp(svc);

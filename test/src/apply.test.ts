@@ -1,10 +1,10 @@
 import t from 'tap';
-import type { RetireTarget } from '../../gateway/src/services/sandboxes.ts';
-import { backends, signUp, startTestService } from './harness.ts';
+import { backends, retireSpy, signUp, startTestService } from './harness.ts';
 
 for (const backend of backends()) {
   t.test(`bulk apply on ${backend}`, async (t) => {
-    const retired: RetireTarget[] = [];
+    const spy = retireSpy();
+    const retired = spy.calls;
     const svc = await startTestService(t, {
       backend,
       overrides: {

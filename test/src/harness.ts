@@ -13,6 +13,7 @@ import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
 import postgres from 'postgres';
 import type { Test } from 'tap';
+import type { RetireTarget } from '../../gateway/src/services/sandboxes.ts';
 
 export type Backend = 'postgres+redis' | 'embedded';
 
@@ -281,4 +282,16 @@ export async function signUp(
   if (tok.status !== 201) throw new Error(`token answered ${tok.status}: ${tok.text}`);
   const me = await svc.http.get('/api/auth/me', { token: tok.body.key });
   return { email, key: tok.body.key as string, accountId: me.body.id as string };
+}
+
+/** A stand-in for the retire-sandboxes seam that records every call (pass as `overrides`). */
+export function retireSpy(): { calls: RetireTarget[]; retireSandboxes: (target: RetireTarget) => Promise<number> } {
+  const calls: RetireTarget[] = [];
+  return {
+    calls,
+    retireSandboxes: async (target) => {
+      calls.push(target);
+      return 0;
+    },
+  };
 }

@@ -54,6 +54,25 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
     return url;
   }
 
+  /** Signs in on the consent page with email and password; answers the callback parameters. */
+  async function authorizeWithPassword(email: string) {
+    const verifier = oauth.generateRandomCodeVerifier();
+    const state = oauth.generateRandomState();
+    const { location } = await consent(
+      svc.url,
+      await authorizeUrl(await oauth.calculatePKCECodeChallenge(verifier), state),
+      {
+        decision: 'allow',
+        email,
+        password: PASSWORD,
+      },
+    );
+    return { verifier, params: oauth.validateAuthResponse(as, client, new URL(location as string), state) };
+  }
+
+  const exchange = (params: URLSearchParams, verifier: string) =>
+    oauth.authorizationCodeGrantRequest(as, client, oauth.None(), params, REDIRECT, verifier, insecure);
+
   t.test('a signed-in user consents; the code buys a 30-day full-scope key listed as oauth:console', async (t) => {
     const login = await http.post('/api/auth/login', { body: { email: user.email, password: PASSWORD } });
     const cookie = (login.headers.get('set-cookie') ?? '').split(';')[0] as string;
@@ -137,54 +156,16 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
   });
 
   t.test('a wrong PKCE verifier is invalid_grant', async (t) => {
-    const verifier = oauth.generateRandomCodeVerifier();
-    const state = oauth.generateRandomState();
-    const { location } = await consent(
-      svc.url,
-      await authorizeUrl(await oauth.calculatePKCECodeChallenge(verifier), state),
-      {
-        decision: 'allow',
-        email: user.email,
-        password: PASSWORD,
-      },
-    );
-    const params = oauth.validateAuthResponse(as, client, new URL(location as string), state);
-    const res = await oauth.authorizationCodeGrantRequest(
-      as,
-      client,
-      oauth.None(),
-      params,
-      REDIRECT,
-      oauth.generateRandomCodeVerifier(),
-      insecure,
-    );
+    const { params } = await authorizeWithPassword(user.email);
+    const res = await exchange(params, oauth.generateRandomCodeVerifier());
     t.equal(res.status, 400);
     t.equal(((await res.json()) as { error: string }).error, 'invalid_grant');
   });
 
   t.test('an expired code is invalid_grant', async (t) => {
-    const verifier = oauth.generateRandomCodeVerifier();
-    const state = oauth.generateRandomState();
-    const { location } = await consent(
-      svc.url,
-      await authorizeUrl(await oauth.calculatePKCECodeChallenge(verifier), state),
-      {
-        decision: 'allow',
-        email: user.email,
-        password: PASSWORD,
-      },
-    );
+    const { params, verifier } = await authorizeWithPassword(user.email);
     await svc.db.sql`UPDATE oauth_codes SET expires_at = now() - interval '1 second' WHERE used_at IS NULL`;
-    const params = oauth.validateAuthResponse(as, client, new URL(location as string), state);
-    const res = await oauth.authorizationCodeGrantRequest(
-      as,
-      client,
-      oauth.None(),
-      params,
-      REDIRECT,
-      verifier,
-      insecure,
-    );
+    const res = await exchange(params, verifier);
     t.equal(res.status, 400);
     t.equal(((await res.json()) as { error: string }).error, 'invalid_grant');
   });
@@ -233,23 +214,8 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
 
   t.test('a password reset signs out OAuth-issued keys but not plain API keys', async (t) => {
     const other = await signUp(svc);
-    const verifier = oauth.generateRandomCodeVerifier();
-    const state = oauth.generateRandomState();
-    const { location } = await consent(
-      svc.url,
-      await authorizeUrl(await oauth.calculatePKCECodeChallenge(verifier), state),
-      {
-        decision: 'allow',
-        email: other.email,
-        password: PASSWORD,
-      },
-    );
-    const params = oauth.validateAuthResponse(as, client, new URL(location as string), state);
-    const tokens = await oauth.processAuthorizationCodeResponse(
-      as,
-      client,
-      await oauth.authorizationCodeGrantRequest(as, client, oauth.None(), params, REDIRECT, verifier, insecure),
-    );
+    const { params, verifier } = await authorizeWithPassword(other.email);
+    const tokens = await oauth.processAuthorizationCodeResponse(as, client, await exchange(params, verifier));
     t.equal((await http.get('/api/auth/me', { token: tokens.access_token })).status, 200);
     await svc.db.sql`UPDATE accounts SET session_version = session_version + 1 WHERE id = ${other.accountId}`;
     t.equal((await http.get('/api/auth/me', { token: tokens.access_token })).status, 401);

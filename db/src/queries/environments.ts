@@ -1,21 +1,6 @@
 import type postgres from 'postgres';
 import type { Sql } from '../connect.ts';
 
-export interface EnvironmentRow {
-  id: string;
-  name: string;
-  packages: Record<string, unknown>;
-  env_vars: Record<string, string>;
-  repositories: { url: string; mount_path: string }[];
-  setup_script: string;
-  networking_type: string;
-  networking_config: { allowed_hosts: string[] } | null;
-  secret_count: number;
-  agent_count: number;
-  created_at: Date;
-  updated_at: Date;
-}
-
 export interface EnvironmentValues {
   name: string;
   packages: Record<string, unknown>;
@@ -24,6 +9,14 @@ export interface EnvironmentValues {
   setup_script: string;
   networking_type: string;
   networking_config: { allowed_hosts: string[] } | null;
+}
+
+export interface EnvironmentRow extends EnvironmentValues {
+  id: string;
+  secret_count: number;
+  agent_count: number;
+  created_at: Date;
+  updated_at: Date;
 }
 
 const json = (sql: Sql, v: unknown) => sql.json(v as postgres.JSONValue);

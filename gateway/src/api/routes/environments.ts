@@ -1,25 +1,15 @@
-import {
-  Environment,
-  EnvironmentCreate,
-  EnvironmentPatch,
-  EnvironmentSecret,
-  ErrorBody,
-  IdParam,
-  listOf,
-  SecretUpsert,
-} from '@svc/core';
+import { Environment, EnvironmentCreate, EnvironmentPatch, ErrorBody, IdParam, listOf } from '@svc/core';
 import { environments as rows } from '@svc/db';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import * as envs from '../../services/environments.ts';
 import { actorOf } from '../../services/principal.ts';
-import * as secrets from '../../services/secrets.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
+import { secretRoutes } from './secrets.ts';
 
 const tags = ['environments'];
-const KeyParam = IdParam.extend({ key: z.string().max(128) });
 
 export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
@@ -90,56 +80,5 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
   });
 
-  r.get('/api/environments/:id/secrets', {
-    config,
-    schema: {
-      tags,
-      summary: 'Secret keys of an environment (values are never returned)',
-      params: IdParam,
-      response: { 200: listOf(EnvironmentSecret), 404: ErrorBody },
-    },
-    handler: async (req) => {
-      const p = requirePrincipal(req);
-      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
-      return {
-        data: (await secrets.listSecrets(deps.sql, 'environment', p.accountId, req.params.id)) as z.infer<
-          typeof EnvironmentSecret
-        >[],
-      };
-    },
-  });
-
-  r.post('/api/environments/:id/secrets', {
-    config,
-    schema: {
-      tags,
-      summary: 'Set a secret (upsert by key); the value is write-only',
-      params: IdParam,
-      body: SecretUpsert,
-      response: { 200: EnvironmentSecret, 201: EnvironmentSecret, 404: ErrorBody, 422: ErrorBody },
-    },
-    handler: async (req, reply) => {
-      const p = requirePrincipal(req);
-      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
-      const [w] = await secrets.writeSecrets(
-        { sql: deps.sql, keyring: deps.keyring },
-        actorOf(p),
-        'environment',
-        req.params.id,
-        [{ key: req.body.key, value: req.body.value }],
-      );
-      return reply.code(w?.outcome === 'created' ? 201 : 200).send(secrets.shapeSecret('environment', w?.row as never));
-    },
-  });
-
-  r.delete('/api/environments/:id/secrets/:key', {
-    config,
-    schema: { tags, summary: 'Delete a secret', params: KeyParam, response: { 204: z.null(), 404: ErrorBody } },
-    handler: async (req, reply) => {
-      const p = requirePrincipal(req);
-      await envs.getEnvironment(deps.sql, p.accountId, req.params.id);
-      await secrets.deleteSecret(deps.sql, actorOf(p), 'environment', req.params.id, req.params.key);
-      return reply.code(204).send(null);
-    },
-  });
+  secretRoutes(app, deps, 'environment');
 }

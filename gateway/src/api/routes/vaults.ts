@@ -1,16 +1,15 @@
-import { ErrorBody, IdParam, listOf, Vault, VaultFields, VaultSecret, VaultSecretUpsert } from '@svc/core';
+import { ErrorBody, IdParam, listOf, Vault, VaultFields } from '@svc/core';
 import { vaults as rows } from '@svc/db';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf } from '../../services/principal.ts';
-import * as secrets from '../../services/secrets.ts';
 import * as vaults from '../../services/vaults.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
+import { secretRoutes } from './secrets.ts';
 
 const tags = ['vaults'];
-const KeyParam = IdParam.extend({ key: z.string().max(128) });
 
 export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
@@ -69,59 +68,5 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
   });
 
-  r.get('/api/vaults/:id/secrets', {
-    config,
-    schema: {
-      tags,
-      summary: 'Secret keys of a vault with their expiry (values are never returned)',
-      params: IdParam,
-      response: { 200: listOf(VaultSecret), 404: ErrorBody },
-    },
-    handler: async (req) => {
-      const p = requirePrincipal(req);
-      await vaults.getVault(deps.sql, p.accountId, req.params.id);
-      return {
-        data: (await secrets.listSecrets(deps.sql, 'vault', p.accountId, req.params.id)) as z.infer<
-          typeof VaultSecret
-        >[],
-      };
-    },
-  });
-
-  r.post('/api/vaults/:id/secrets', {
-    config,
-    schema: {
-      tags,
-      summary: 'Set a secret (upsert by key), optionally expiring; the value is write-only',
-      params: IdParam,
-      body: VaultSecretUpsert,
-      response: { 200: VaultSecret, 201: VaultSecret, 404: ErrorBody, 422: ErrorBody },
-    },
-    handler: async (req, reply) => {
-      const p = requirePrincipal(req);
-      await vaults.getVault(deps.sql, p.accountId, req.params.id);
-      const expiresAt = req.body.expires_at ? new Date(req.body.expires_at) : null;
-      const [w] = await secrets.writeSecrets(
-        { sql: deps.sql, keyring: deps.keyring },
-        actorOf(p),
-        'vault',
-        req.params.id,
-        [{ key: req.body.key, value: req.body.value, expiresAt }],
-      );
-      return reply
-        .code(w?.outcome === 'created' ? 201 : 200)
-        .send(secrets.shapeSecret('vault', w?.row as never) as never);
-    },
-  });
-
-  r.delete('/api/vaults/:id/secrets/:key', {
-    config,
-    schema: { tags, summary: 'Delete a secret', params: KeyParam, response: { 204: z.null(), 404: ErrorBody } },
-    handler: async (req, reply) => {
-      const p = requirePrincipal(req);
-      await vaults.getVault(deps.sql, p.accountId, req.params.id);
-      await secrets.deleteSecret(deps.sql, actorOf(p), 'vault', req.params.id, req.params.key);
-      return reply.code(204).send(null);
-    },
-  });
+  secretRoutes(app, deps, 'vault');
 }
