@@ -135,6 +135,19 @@ t.test('agents', async (t) => {
     }
   });
 
+  t.test("an environment the agent's own allowlist leaves out is 422", async (t) => {
+    const base = { name: 'allow', runtime: 'claude', model: 'anthropic/x', environment_id: env.id };
+    const res = await http.post('/api/agents', { token, body: { ...base, allowed_environment_ids: [env2.id] } });
+    t.equal(res.status, 422);
+    t.ok(res.body.details.environment_id);
+    const both = await http.post('/api/agents', {
+      token,
+      body: { ...base, allowed_environment_ids: [env.id, env2.id] },
+    });
+    t.equal(both.status, 201);
+    t.equal((await http.delete(`/api/agents/${both.body.id}`, { token })).status, 204);
+  });
+
   t.test('filters: search, runtime, environment_id, has_skills, has_mcp', async (t) => {
     const names = async (q: string) =>
       (await http.get(`/api/agents?${q}`, { token })).body.data.map((a: { name: string }) => a.name).sort();

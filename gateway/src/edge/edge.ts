@@ -3,7 +3,7 @@ import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import { canonicalIp, exemptList, isExempt } from './client-ip.ts';
-import type { Forwarder } from './forward.ts';
+import type { Admission, Forwarder } from './forward.ts';
 
 export interface EdgeOptions {
   host: string;
@@ -29,7 +29,7 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
   const { limiter, forwarder, log } = options;
   const exempt = exemptList(options.rateLimitExempt);
 
-  const admitFor = (ip: string, path: string) => (): ApiError | undefined | Promise<ApiError | undefined> => {
+  const admitFor = (ip: string, path: string) => (): Admission => {
     if (!limiter || !path.startsWith('/api') || isExempt(exempt, ip)) return undefined;
     const refuse = (d: { allowed: boolean; retryAfterS: number }) =>
       d.allowed ? undefined : new ApiError('rate_limited', undefined, { retryAfter: d.retryAfterS });

@@ -64,7 +64,7 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
     });
     headers.push(CLIENT_IP_HEADER, clientIp);
 
-    const exchange = new Exchange(res, method, () => {
+    const exchange = new Exchange(res, method, log, () => {
       inFlight--;
     });
     inFlight++;
@@ -82,23 +82,11 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
       body?.destroy();
       exchange.answer(e);
     };
-    let decision: Admission;
-    try {
-      decision = admit();
-    } catch (err) {
-      log.warn({ err: { message: (err as Error).message } }, 'admission failed; request admitted');
-      decision = undefined;
-    }
-    if (decision instanceof Promise) {
-      decision.then(
-        (e) => (e ? refuse(e) : dispatch()),
-        () => dispatch(),
-      );
-    } else if (decision) refuse(decision);
+    // admit() never throws and its promise never rejects: the edge admits on limiter failure.
+    const decision = admit();
+    if (decision instanceof Promise) decision.then((e) => (e ? refuse(e) : dispatch()));
+    else if (decision) refuse(decision);
     else dispatch();
-    exchange.onUpstreamFailure = (err) => {
-      log.error({ err: { message: err.message, code: (err as { code?: string }).code } }, 'api role unreachable');
-    };
   }
 
   return {
@@ -134,11 +122,11 @@ class Exchange implements Dispatcher.DispatchHandler {
    * as the next request on a reused connection.
    */
   private early: { chunks: Buffer[]; size: number } | undefined;
-  onUpstreamFailure: (err: Error) => void = () => {};
 
   constructor(
     private readonly res: HttpResponse,
     private readonly method: string,
+    private readonly log: Logger,
     private readonly onFinish: () => void,
   ) {}
 
@@ -316,7 +304,8 @@ class Exchange implements Dispatcher.DispatchHandler {
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
     if (this.aborted || this.done) return;
     if (!this.started) {
-      this.onUpstreamFailure(err);
+      const code = (err as { code?: string }).code;
+      this.log.error({ err: { message: err.message, code } }, 'api role unreachable');
       this.res.cork(() => writeError(this.res, new ApiError('api_unavailable')));
     } else {
       // Mid-body: cut the connection so the client sees a truncated answer, not a short one.

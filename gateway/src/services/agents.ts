@@ -67,8 +67,9 @@ function dedupe(ids: string[] | null): string[] | null {
 }
 
 /**
- * Rules across fields and rows: the model's provider belongs to the runtime (422), and every
- * referenced environment and vault is the caller's (404 otherwise, so ids cannot be probed).
+ * Rules across fields and rows: the model's provider belongs to the runtime (422), the agent's
+ * environment is one its allowlist permits (422), and every referenced environment and vault
+ * is the caller's (404 otherwise, so ids cannot be probed).
  */
 async function checkReferences(sql: Sql, accountId: string, v: agents.AgentValues): Promise<void> {
   const problem = modelProblem(v.runtime as Runtime, v.model);
@@ -82,6 +83,12 @@ async function checkReferences(sql: Sql, accountId: string, v: agents.AgentValue
   const foundVaults = await vaults.existingVaultIds(sql, accountId, vaultIds);
   const missingVault = vaultIds.find((id) => !foundVaults.has(id));
   if (missingVault) throw new ApiError('not_found', `Vault ${missingVault} not found.`);
+  // An allowlist names the environments the agent may run under; a non-empty one that leaves
+  // out the agent's own environment would forbid its default launch. ([] means no other one.)
+  const allowed = v.allowed_environment_ids;
+  if (allowed && allowed.length > 0 && !allowed.includes(v.environment_id)) {
+    throw validationFailed({ environment_id: ['is not among allowed_environment_ids'] });
+  }
 }
 
 const nameTaken = () => validationFailed({ name: ['is already used by another agent of this account'] });
