@@ -201,7 +201,7 @@ export async function startService(
       const socketPath = join(socketDir, 'api.sock');
       cleanups.push(() => rm(socketDir, { recursive: true, force: true }));
       await api.listen({ path: socketPath });
-      const forwarder = createForwarder({ socketPath }, log.child({ role: 'edge' }));
+      const forwarder = createForwarder({ socketPath }, log.child({ role: 'edge' }), config.BODY_LIMIT_BYTES);
       cleanups.push(() => forwarder.close());
       const edge = await startEdge({
         host: config.HOST,

@@ -20,13 +20,13 @@ interface Upstream {
   handler: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
-async function setup(t: Test) {
+async function setup(t: Test, bodyLimit?: number) {
   const upstream: Upstream = { handler: (_q, s) => s.end('unset') };
   const socketPath = join(tmpdir(), `svc-edge-test-${process.pid}-${randomBytes(3).toString('hex')}.sock`);
   const server = createServer((q, s) => upstream.handler(q, s));
   await new Promise<void>((r) => server.listen(socketPath, r));
   const log = createLogger('silent');
-  const forwarder = createForwarder({ socketPath }, log);
+  const forwarder = createForwarder({ socketPath }, log, bodyLimit);
   const edge = await startEdge({ host: '127.0.0.1', port: 0, limiter: undefined, rateLimitExempt: [], forwarder, log });
   t.teardown(async () => {
     await edge.close(100);
@@ -276,4 +276,19 @@ t.test('an answer given before the upload ends is delivered, and the connection 
   t.match(got, /payload_too_large/);
   const next = await fetch(`http://127.0.0.1:${port}/small`);
   t.equal(await next.text(), 'fine', 'the edge serves the next connection normally');
+});
+
+t.test('a body announced larger than the limit is 413 at the edge, never forwarded', async (t) => {
+  const { upstream, port } = await setup(t, MB);
+  let reached = false;
+  upstream.handler = (_req, res) => {
+    reached = true;
+    res.end('no');
+  };
+  const res = await fetch(`http://127.0.0.1:${port}/api/upload`, { method: 'POST', body: Buffer.alloc(MB + 1) });
+  t.equal(res.status, 413);
+  t.same(await res.json(), { error: 'payload_too_large', message: 'The request body is too large.' });
+  t.notOk(reached, 'the api never saw it');
+  const ok = await fetch(`http://127.0.0.1:${port}/api/upload`, { method: 'POST', body: Buffer.alloc(MB) });
+  t.equal(await ok.text(), 'no', 'a body at the limit is forwarded');
 });

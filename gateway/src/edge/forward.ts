@@ -40,7 +40,16 @@ export interface Forwarder {
   close(): Promise<void>;
 }
 
-export function createForwarder(upstream: { socketPath: string } | { origin: string }, log: Logger): Forwarder {
+/**
+ * `bodyLimit` is the api role's largest body: a request announcing more is answered 413 here,
+ * before a byte is forwarded. (Were it forwarded, the api would answer early and drop the
+ * connection while the body still flows, and that answer can be lost to the broken pipe.)
+ */
+export function createForwarder(
+  upstream: { socketPath: string } | { origin: string },
+  log: Logger,
+  bodyLimit = Number.POSITIVE_INFINITY,
+): Forwarder {
   const options = { connections: 512, pipelining: 1, keepAliveTimeout: 30_000 };
   const pool =
     'socketPath' in upstream
@@ -54,12 +63,16 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
     const path = query ? `${req.getUrl()}?${query}` : req.getUrl();
     const headers: string[] = [];
     let hasBody = false;
+    let announced = 0;
     req.forEach((name, value) => {
       if (HOP_BY_HOP.has(name)) {
         if (name === 'transfer-encoding') hasBody = true;
         return;
       }
-      if (name === 'content-length' && value !== '0') hasBody = true;
+      if (name === 'content-length') {
+        announced = Number(value);
+        if (value !== '0') hasBody = true;
+      }
       headers.push(name, value);
     });
     headers.push(CLIENT_IP_HEADER, clientIp);
@@ -82,11 +95,16 @@ export function createForwarder(upstream: { socketPath: string } | { origin: str
       body?.destroy();
       exchange.answer(e);
     };
+    const tooLarge = announced > bodyLimit ? new ApiError('payload_too_large') : undefined;
+    const proceed = (refusal: ApiError | undefined) => {
+      const reason = refusal ?? tooLarge;
+      if (reason) refuse(reason);
+      else dispatch();
+    };
     // admit() never throws and its promise never rejects: the edge admits on limiter failure.
     const decision = admit();
-    if (decision instanceof Promise) decision.then((e) => (e ? refuse(e) : dispatch()));
-    else if (decision) refuse(decision);
-    else dispatch();
+    if (decision instanceof Promise) void decision.then(proceed);
+    else proceed(decision);
   }
 
   return {
@@ -177,7 +195,7 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   answer(e: ApiError): void {
     if (this.aborted || this.done) return;
-    this.res.cork(() => writeError(this.res, e));
+    this.res.cork(() => writeError(this.res, e, this.uploading));
     this.finish();
   }
 

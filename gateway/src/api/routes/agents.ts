@@ -4,7 +4,6 @@ import {
   AgentPatch,
   AgentQuery,
   ApiError,
-  AVATAR_MAX_BYTES,
   AvatarJson,
   ErrorBody,
   IdParam,
@@ -113,12 +112,11 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
     },
   });
 
-  // Raw image bodies: any content type reaches the handler as bytes, read up to 5 MB and no
-  // further (413 beyond); the handler judges the type by the bytes' signature (415).
+  // Raw image bodies: any content type reaches the handler as bytes, read up to the body limit
+  // and no further; the service refuses more than 5 MB (413) and judges the type by the bytes'
+  // signature (415). Reading to the end before answering keeps the answer on a live connection.
   await app.register(async (scope) => {
-    scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: AVATAR_MAX_BYTES }, (_req, body, done) =>
-      done(null, body),
-    );
+    scope.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
     scope.withTypeProvider<ZodTypeProvider>().put('/api/agents/:id/avatar', {
       config,
       schema: {
