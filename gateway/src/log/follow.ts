@@ -1,0 +1,40 @@
+import type { EventLog, LogEvent } from './log.ts';
+
+/**
+ * Joins a watcher to a tenant's log without a gap (DESIGN.md "Live delivery"): subscribe
+ * first and buffer what arrives, read the history after `after` and deliver it, then drain
+ * the buffer dropping every id already delivered, then deliver live. `onEvents` sees every
+ * event after `after` exactly once, in id order. Resolves to the function that stops it.
+ */
+export async function follow(
+  log: EventLog,
+  tenant: string,
+  after: number,
+  onEvents: (events: LogEvent[]) => void,
+  options: { pageSize?: number } = {},
+): Promise<() => void> {
+  const pageSize = options.pageSize ?? 1000;
+  let last = after;
+  let live = false;
+  const buffered: LogEvent[][] = [];
+  const emit = (events: LogEvent[]) => {
+    const fresh = events.filter((e) => e.id > last);
+    if (fresh.length === 0) return;
+    last = (fresh.at(-1) as LogEvent).id;
+    onEvents(fresh);
+  };
+  const stop = await log.subscribe(tenant, (batch) => {
+    if (live) emit(batch.events);
+    else buffered.push(batch.events);
+  });
+  for (;;) {
+    const page = await log.read(tenant, { after: last, limit: pageSize });
+    if (page.length === 0) break;
+    emit(page);
+    if (page.length < pageSize) break;
+  }
+  for (const events of buffered) emit(events);
+  buffered.length = 0;
+  live = true;
+  return stop;
+}

@@ -1,0 +1,157 @@
+import type { Test } from 'tap';
+import { follow } from './follow.ts';
+import type { EventLog, LogEvent, NewEvent } from './log.ts';
+
+/**
+ * What every EventLog adapter must do (DESIGN.md "The event log", invariants 1, 3 and 4 at the
+ * port; redaction and the Postgres copy sit above it). `make` gives a fresh log; tenants are
+ * unique per run so adapters sharing a store do not interfere.
+ */
+export function eventLogContract(
+  t: Test,
+  make: () => Promise<EventLog> | EventLog,
+  options: { loseData?: () => Promise<void> } = {},
+) {
+  const run = Math.random().toString(36).slice(2, 8);
+  let n = 0;
+  const tenant = () => `t${run}${++n}`;
+  const out = (conversationId: string, data: string): NewEvent => ({
+    conversationId,
+    kind: 'output',
+    stream: 'stdout',
+    data,
+  });
+
+  t.test('ids are integers, strictly increasing within a tenant across conversations', async (t) => {
+    const log = await make();
+    const ten = tenant();
+    const ids: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      const r = await log.append({
+        tenant: ten,
+        producer: `p${i % 3}`,
+        seq: Math.floor(i / 3),
+        events: [out(`c${i % 2}`, `x${i}`)],
+      });
+      t.equal(r.status, 'appended');
+      ids.push(...r.events.map((e) => e.id));
+    }
+    t.ok(
+      ids.every((id) => Number.isSafeInteger(id)),
+      'safe integers',
+    );
+    t.ok(
+      ids.every((id, i) => i === 0 || id > (ids[i - 1] as number)),
+      'strictly increasing',
+    );
+    t.equal(await log.lastId(ten), ids.at(-1));
+    const all = await log.read(ten, { after: 0, limit: 100 });
+    t.same(
+      all.map((e) => e.id),
+      ids,
+      'read returns them oldest first',
+    );
+    const c1 = await log.read(ten, { after: 0, limit: 100, conversationId: 'c1' });
+    t.ok(c1.length === 10 && c1.every((e) => e.conversationId === 'c1'), 'per conversation');
+    const page = await log.read(ten, { after: ids[4] as number, limit: 3 });
+    t.same(
+      page.map((e) => e.id),
+      ids.slice(5, 8),
+      'after is exclusive, limit bounds',
+    );
+  });
+
+  t.test('a resend is a no-op, an overlap appends only the new part, a jump is a gap', async (t) => {
+    const log = await make();
+    const ten = tenant();
+    const first = await log.append({
+      tenant: ten,
+      producer: 'runner-1',
+      seq: 1,
+      events: [out('c', 'a'), out('c', 'b')],
+    });
+    t.equal(first.status, 'appended');
+    t.equal(first.hwm, 2);
+    const again = await log.append({
+      tenant: ten,
+      producer: 'runner-1',
+      seq: 1,
+      events: [out('c', 'a'), out('c', 'b')],
+    });
+    t.same({ status: again.status, hwm: again.hwm }, { status: 'duplicate', hwm: 2 });
+    const overlap = await log.append({
+      tenant: ten,
+      producer: 'runner-1',
+      seq: 2,
+      events: [out('c', 'b'), out('c', 'c')],
+    });
+    t.equal(overlap.status, 'appended');
+    t.same(
+      overlap.events.map((e) => e.data),
+      ['c'],
+      'only the event beyond the mark',
+    );
+    const gap = await log.append({ tenant: ten, producer: 'runner-1', seq: 9, events: [out('c', 'z')] });
+    t.same({ status: gap.status, hwm: gap.hwm }, { status: 'gap', hwm: 3 });
+    const stored = await log.read(ten, { after: 0, limit: 10 });
+    t.same(
+      stored.map((e) => e.data),
+      ['a', 'b', 'c'],
+      'each stored once',
+    );
+  });
+
+  t.test('a watcher joining mid-burst sees every event after its position once, in order', async (t) => {
+    const log = await make();
+    const ten = tenant();
+    let seq = 0;
+    const burst = async (count: number) => {
+      for (let i = 0; i < count; i++) {
+        await log.append({ tenant: ten, producer: 'p', seq: ++seq, events: [out('c', String(seq))] });
+      }
+    };
+    await burst(50);
+    const position = (await log.read(ten, { after: 0, limit: 100 }))[24]?.id as number;
+    const seen: LogEvent[] = [];
+    const appending = burst(200);
+    const stop = await follow(log, ten, position, (events) => seen.push(...events), { pageSize: 7 });
+    await appending;
+    await burst(20);
+    await new Promise((r) => setTimeout(r, 200));
+    stop();
+    const expected = (await log.read(ten, { after: position, limit: 1000 })).map((e) => e.id);
+    t.equal(expected.length, 245);
+    t.same(
+      seen.map((e) => e.id),
+      expected,
+      'every event after the position, once, in id order, history then live',
+    );
+  });
+
+  t.test('live batches carry the id before them', async (t) => {
+    const log = await make();
+    const ten = tenant();
+    const batches: { prev: number; ids: number[] }[] = [];
+    const stop = await log.subscribe(ten, (b) => batches.push({ prev: b.prev, ids: b.events.map((e) => e.id) }));
+    await log.append({ tenant: ten, producer: 'p', seq: 1, events: [out('c', 'a'), out('c', 'b')] });
+    await log.append({ tenant: ten, producer: 'p', seq: 3, events: [out('c', 'c')] });
+    await new Promise((r) => setTimeout(r, 100));
+    stop();
+    t.equal(batches.length, 2);
+    t.equal(batches[0]?.prev, 0);
+    t.equal(batches[1]?.prev, batches[0]?.ids.at(-1), 'prev is the last id of the batch before');
+  });
+
+  if (options.loseData) {
+    const loseData = options.loseData;
+    t.test('after the store loses its data, ids still never go back', async (t) => {
+      const log = await make();
+      const ten = tenant();
+      const before = await log.append({ tenant: ten, producer: 'p', seq: 1, events: [out('c', 'a')] });
+      const high = before.events[0]?.id as number;
+      await loseData();
+      const after = await log.append({ tenant: ten, producer: 'p2', seq: 1, events: [out('c', 'b')] });
+      t.ok((after.events[0]?.id as number) > high, `${after.events[0]?.id} > ${high}`);
+    });
+  }
+}

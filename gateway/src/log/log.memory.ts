@@ -1,0 +1,93 @@
+import type { AppendInput, AppendResult, EventLog, LiveBatch, LogEvent, ReadOptions } from './log.ts';
+
+/** Microseconds since the epoch: the floor under every new id. */
+export function clockMicros(): number {
+  return Date.now() * 1000;
+}
+
+/**
+ * The embedded default: the whole log in this process's memory. Same contract as the Redis
+ * adapter; nothing survives a restart (the durable copy in Postgres does).
+ */
+export function memoryEventLog(now: () => number = clockMicros): EventLog {
+  const tenants = new Map<string, { last: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }>();
+  const marks = new Map<string, number>(); // `${tenant}\0${producer}` -> high-water mark
+
+  const tenantOf = (tenant: string) => {
+    let t = tenants.get(tenant);
+    if (!t) {
+      t = { last: 0, events: [], subscribers: new Set() };
+      tenants.set(tenant, t);
+    }
+    return t;
+  };
+
+  return {
+    async append(input: AppendInput): Promise<AppendResult> {
+      const markKey = `${input.tenant}\0${input.producer}`;
+      const hwm = marks.get(markKey) ?? input.seq - 1;
+      const end = input.seq + input.events.length - 1;
+      if (end <= hwm) return { status: 'duplicate', events: [], hwm };
+      if (input.seq > hwm + 1) return { status: 'gap', events: [], hwm };
+      const fresh = input.events.slice(hwm + 1 - input.seq);
+      const t = tenantOf(input.tenant);
+      const prev = t.last;
+      const ts = new Date().toISOString();
+      const floor = now();
+      const appended = fresh.map((e) => {
+        t.last = Math.max(t.last + 1, floor);
+        return {
+          id: t.last,
+          conversationId: e.conversationId,
+          turnId: e.turnId ?? null,
+          kind: e.kind,
+          stream: e.stream,
+          data: e.data ?? null,
+          stage: e.stage ?? null,
+          state: e.state ?? null,
+          durationMs: e.durationMs ?? null,
+          ts,
+        };
+      });
+      t.events.push(...appended);
+      marks.set(markKey, end);
+      const batch: LiveBatch = { tenant: input.tenant, prev, events: appended };
+      for (const s of t.subscribers) queueMicrotask(() => s(batch));
+      return { status: 'appended', events: appended, hwm: end };
+    },
+
+    async read(tenant: string, o: ReadOptions): Promise<LogEvent[]> {
+      const events = tenants.get(tenant)?.events ?? [];
+      // Ids are increasing: binary search for the first after `o.after`.
+      let lo = 0;
+      let hi = events.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >>> 1;
+        if ((events[mid] as LogEvent).id <= o.after) lo = mid + 1;
+        else hi = mid;
+      }
+      const out: LogEvent[] = [];
+      for (let i = lo; i < events.length && out.length < o.limit; i++) {
+        const e = events[i] as LogEvent;
+        if (!o.conversationId || e.conversationId === o.conversationId) out.push(e);
+      }
+      return out;
+    },
+
+    async lastId(tenant: string) {
+      return tenants.get(tenant)?.last ?? 0;
+    },
+
+    async subscribe(tenant: string, onBatch: (b: LiveBatch) => void) {
+      const t = tenantOf(tenant);
+      t.subscribers.add(onBatch);
+      return () => {
+        t.subscribers.delete(onBatch);
+      };
+    },
+
+    async close() {
+      tenants.clear();
+    },
+  };
+}

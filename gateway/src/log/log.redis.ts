@@ -1,0 +1,212 @@
+import type { Redis } from 'ioredis';
+import { clockMicros } from './log.memory.ts';
+import type { AppendInput, AppendResult, EventLog, LiveBatch, LogEvent, NewEvent, ReadOptions } from './log.ts';
+
+/**
+ * One script per append, so ids, streams, the producer's mark and the live publish change
+ * together or not at all. Every key is under the tenant's hash tag (Redis Cluster runs the
+ * script on one shard). Entry ids are `<event id>-0`, so XRANGE answers Last-Event-ID directly.
+ *
+ * KEYS: seq, tenant log, conversation stream, producer mark, live channel
+ * ARGV: seq, count, now (µs), then one JSON payload per event (without its id)
+ * Returns: {status, hwm, prev, id1, id2, ...}
+ */
+const APPEND = `
+local seq = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local last_seq = seq + n - 1
+local mark = redis.call('GET', KEYS[4])
+local hwm = mark and tonumber(mark) or (seq - 1)
+if last_seq <= hwm then return {'duplicate', tostring(hwm)} end
+if seq > hwm + 1 then return {'gap', tostring(hwm)} end
+local t = redis.call('TIME')
+local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if now > clock then clock = now end
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = last
+local out = {'appended', tostring(last_seq), string.format('%.0f', prev)}
+local ids = {}
+local payloads = {}
+for i = hwm + 1 - seq + 1, n do
+  last = math.max(last + 1, clock)
+  local id = string.format('%.0f', last)
+  local payload = ARGV[3 + i]
+  redis.call('XADD', KEYS[2], id .. '-0', 'e', payload)
+  redis.call('XADD', KEYS[3], id .. '-0', 'e', payload)
+  ids[#ids + 1] = id
+  payloads[#payloads + 1] = payload
+  out[#out + 1] = id
+end
+redis.call('SET', KEYS[1], string.format('%.0f', last))
+redis.call('SET', KEYS[4], tostring(last_seq))
+redis.call('SPUBLISH', KEYS[5], '{"prev":' .. string.format('%.0f', prev) .. ',"ids":[' .. table.concat(ids, ',') .. '],"events":[' .. table.concat(payloads, ',') .. ']}')
+return out
+`;
+
+type Payload = Omit<LogEvent, 'id'>;
+
+function payloadOf(e: NewEvent, ts: string): Payload {
+  return {
+    conversationId: e.conversationId,
+    turnId: e.turnId ?? null,
+    kind: e.kind,
+    stream: e.stream,
+    data: e.data ?? null,
+    stage: e.stage ?? null,
+    state: e.state ?? null,
+    durationMs: e.durationMs ?? null,
+    ts,
+  };
+}
+
+/** The Redis layout of DESIGN.md "Redis layout", behind an optional prefix. */
+export function logKeys(prefix: string, tenant: string) {
+  const tag = `${prefix}{t:${tenant}}`;
+  return {
+    seq: `${tag}:seq`,
+    log: `${tag}:log`,
+    conversation: (id: string) => `${tag}:c:${id}`,
+    producer: (id: string) => `${tag}:p:${id}`,
+    live: `${tag}:live`,
+  };
+}
+
+/**
+ * The Redis Streams adapter. `redis` runs commands; `subscriber` is a separate connection for
+ * sharded pub/sub (a connection in subscriber mode runs nothing else).
+ */
+export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): EventLog {
+  redis.defineCommand('svcLogAppend', { numberOfKeys: 5, lua: APPEND });
+  const appendScript = (redis as unknown as Record<string, (...a: unknown[]) => Promise<string[]>>).svcLogAppend as (
+    ...a: unknown[]
+  ) => Promise<string[]>;
+
+  async function read(tenant: string, o: ReadOptions): Promise<LogEvent[]> {
+    const keys = logKeys(prefix, tenant);
+    const key = o.conversationId ? keys.conversation(o.conversationId) : keys.log;
+    const rows = (await redis.xrange(key, `(${o.after}-0`, '+', 'COUNT', o.limit)) as [string, string[]][];
+    return rows.map(([entryId, fields]) => ({
+      id: Number(entryId.slice(0, -2)),
+      ...(JSON.parse(fields[1] as string) as Payload),
+    }));
+  }
+
+  async function lastId(tenant: string): Promise<number> {
+    return Number((await redis.get(logKeys(prefix, tenant).seq)) ?? 0);
+  }
+
+  // Live delivery: one subscription per tenant on this node, delivered in order. `delivered`
+  // is the last id handed to subscribers; a batch whose `prev` is beyond it means something
+  // was missed (a lost message, a resubscribe), and the hole is read from the stream first.
+  interface Feed {
+    handlers: Set<(b: LiveBatch) => void>;
+    delivered: number;
+    queue: Promise<void>;
+    /** Resolves once SSUBSCRIBE is confirmed and `delivered` is set. */
+    ready: Promise<void>;
+  }
+  const feeds = new Map<string, Feed>();
+  const channelTenant = new Map<string, string>();
+
+  const deliver = (tenant: string, feed: Feed, events: LogEvent[], prev: number) => {
+    const fresh = events.filter((e) => e.id > feed.delivered);
+    if (fresh.length === 0) return;
+    const batch: LiveBatch = { tenant, prev, events: fresh };
+    feed.delivered = (fresh.at(-1) as LogEvent).id;
+    for (const h of feed.handlers) h(batch);
+  };
+
+  const fill = async (tenant: string, feed: Feed, upTo: number) => {
+    while (feed.delivered < upTo) {
+      const missing = await read(tenant, { after: feed.delivered, limit: 1000 });
+      const within = missing.filter((e) => e.id <= upTo);
+      if (within.length === 0) break;
+      deliver(tenant, feed, within, feed.delivered);
+    }
+  };
+
+  subscriber.on('smessage', (channel: string, message: string) => {
+    const tenant = channelTenant.get(channel);
+    const feed = tenant ? feeds.get(tenant) : undefined;
+    if (!tenant || !feed) return;
+    const parsed = JSON.parse(message) as { prev: number; ids: number[]; events: Payload[] };
+    const events = parsed.events.map((p, i) => ({ id: parsed.ids[i] as number, ...p }));
+    feed.queue = feed.queue.then(async () => {
+      if (parsed.prev > feed.delivered) await fill(tenant, feed, parsed.prev);
+      deliver(tenant, feed, events, parsed.prev);
+    });
+  });
+  // After a reconnect ioredis resubscribes silently; whatever was published meanwhile is read
+  // from the streams before anything newer is delivered.
+  subscriber.on('ready', () => {
+    for (const [tenant, feed] of feeds) {
+      feed.queue = feed.queue.then(async () => fill(tenant, feed, await lastId(tenant)));
+    }
+  });
+
+  return {
+    async append(input: AppendInput): Promise<AppendResult> {
+      if (input.events.length === 0) return { status: 'duplicate', events: [], hwm: input.seq - 1 };
+      const keys = logKeys(prefix, input.tenant);
+      const conversations = new Set(input.events.map((e) => e.conversationId));
+      if (conversations.size !== 1) throw new Error('one append carries one conversation');
+      const conversationId = input.events[0]?.conversationId as string;
+      const ts = new Date().toISOString();
+      const payloads = input.events.map((e) => JSON.stringify(payloadOf(e, ts)));
+      const out = await appendScript.call(
+        redis,
+        keys.seq,
+        keys.log,
+        keys.conversation(conversationId),
+        keys.producer(input.producer),
+        keys.live,
+        input.seq,
+        input.events.length,
+        clockMicros(),
+        ...payloads,
+      );
+      const [status, hwm] = out as [string, string];
+      if (status !== 'appended') return { status: status as 'duplicate' | 'gap', events: [], hwm: Number(hwm) };
+      const ids = out.slice(3).map(Number);
+      const skipped = input.events.length - ids.length;
+      const events = ids.map((id, i) => ({ id, ...payloadOf(input.events[skipped + i] as NewEvent, ts) }));
+      return { status: 'appended', events, hwm: Number(hwm) };
+    },
+
+    read,
+    lastId,
+
+    async subscribe(tenant: string, onBatch: (b: LiveBatch) => void) {
+      let feed = feeds.get(tenant);
+      if (!feed) {
+        const channel = logKeys(prefix, tenant).live;
+        channelTenant.set(channel, tenant);
+        const created: Feed = { handlers: new Set(), delivered: 0, queue: Promise.resolve(), ready: Promise.resolve() };
+        created.ready = (async () => {
+          await subscriber.ssubscribe(channel);
+          // Only after the subscription is confirmed: everything up to here is history.
+          created.delivered = await lastId(tenant);
+        })();
+        feed = created;
+        feeds.set(tenant, feed);
+      }
+      const f = feed;
+      f.handlers.add(onBatch);
+      await f.ready;
+      return () => {
+        f.handlers.delete(onBatch);
+        if (f.handlers.size === 0 && feeds.get(tenant) === f) {
+          feeds.delete(tenant);
+          const channel = logKeys(prefix, tenant).live;
+          channelTenant.delete(channel);
+          void subscriber.sunsubscribe(channel).catch(() => {});
+        }
+      };
+    },
+
+    async close() {
+      feeds.clear();
+    },
+  };
+}

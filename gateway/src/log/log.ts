@@ -1,0 +1,86 @@
+/**
+ * The event log port. One tenant's events share one id space: ids are integers, strictly
+ * increasing within a tenant (so within a conversation), never reused, never going backwards,
+ * even after the store loses its data (ids come from max(last + 1, clock in microseconds)).
+ *
+ * `append` is the only write path. Producers number their events (`seq`, per producer); the
+ * log keeps each producer's high-water mark, so a resend of what it already has is a no-op
+ * (`duplicate`) and a jump past it is refused (`gap`: resend from `hwm + 1`). Redaction is the
+ * caller-facing part of append and lives in `appendEvents` (log.append.ts), the one function
+ * every producer goes through.
+ */
+
+/** What a producer emits: a log event before the log gives it an id. */
+export interface NewEvent {
+  conversationId: string;
+  turnId?: string | null;
+  kind: string;
+  stream: string;
+  data?: string | null;
+  stage?: string | null;
+  state?: string | null;
+  durationMs?: number | null;
+}
+
+/** An event as stored and delivered. `ts` is the append time (ISO 8601, UTC). */
+export interface LogEvent {
+  id: number;
+  conversationId: string;
+  turnId: string | null;
+  kind: string;
+  stream: string;
+  data: string | null;
+  stage: string | null;
+  state: string | null;
+  durationMs: number | null;
+  ts: string;
+}
+
+export interface AppendInput {
+  tenant: string;
+  producer: string;
+  /** The producer's number for the first event; the rest follow consecutively. */
+  seq: number;
+  events: NewEvent[];
+}
+
+export type AppendResult =
+  | { status: 'appended'; events: LogEvent[]; hwm: number }
+  | { status: 'duplicate'; events: []; hwm: number }
+  | { status: 'gap'; events: []; hwm: number };
+
+/** A batch as published live: the ids before it so a subscriber can tell it missed nothing. */
+export interface LiveBatch {
+  tenant: string;
+  /** The tenant's last id before this batch's first event. */
+  prev: number;
+  events: LogEvent[];
+}
+
+export interface ReadOptions {
+  /** Only this conversation's events (else the tenant's). */
+  conversationId?: string;
+  /** Exclusive lower bound on the id. */
+  after: number;
+  limit: number;
+}
+
+export interface EventLog {
+  /**
+   * Appends atomically: all of the batch's new events or none get ids, in order, and are
+   * published live in one batch. A batch that overlaps the producer's mark appends only the
+   * part beyond it.
+   */
+  append(input: AppendInput): Promise<AppendResult>;
+  /** Events after `after`, oldest first, at most `limit`. */
+  read(tenant: string, options: ReadOptions): Promise<LogEvent[]>;
+  /** The tenant's last id (0 when it has none). */
+  lastId(tenant: string): Promise<number>;
+  /**
+   * Delivers every batch appended for the tenant from now on, in id order and without gaps
+   * (an adapter that can lose a message fills the hole from the stream before delivering
+   * anything newer). Resolves once the subscription is live; the returned function ends it.
+   */
+  subscribe(tenant: string, onBatch: (batch: LiveBatch) => void): Promise<() => void>;
+  close(): Promise<void>;
+}
