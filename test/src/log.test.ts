@@ -32,3 +32,90 @@ t.test('redis event log contract', { skip: !process.env.TEST_REDIS_URL && 'no TE
     },
   );
 });
+
+t.test('the write path redacts secrets, also split across appends, before anything is stored', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const { REDACTED } = await import('@svc/core');
+  const secret = 'sk-live-0123456789abcdef';
+  const adapters: [
+    string,
+    () => Promise<{ log: import('../../gateway/src/log/log.ts').EventLog; raw: () => Promise<string> }>,
+  ][] = [
+    [
+      'memory',
+      async () => {
+        const log = memoryEventLog();
+        return { log, raw: async () => JSON.stringify(await log.read('acme', { after: 0, limit: 100 })) };
+      },
+    ],
+  ];
+  if (process.env.TEST_REDIS_URL) {
+    const url = process.env.TEST_REDIS_URL;
+    adapters.push([
+      'redis',
+      async () => {
+        const redis = new Redis(url);
+        const sub = new Redis(url);
+        t.teardown(async () => {
+          await redis.quit();
+          await sub.quit();
+        });
+        const prefix = `redact${Math.random().toString(36).slice(2, 6)}:`;
+        const log = redisEventLog(redis, sub, prefix);
+        return {
+          log,
+          // Every byte of every key this log wrote.
+          raw: async () => {
+            const keys = await redis.keys(`${prefix}*`);
+            const parts: string[] = [];
+            for (const k of keys) {
+              const type = await redis.type(k);
+              if (type === 'stream') parts.push(JSON.stringify(await redis.xrange(k, '-', '+')));
+              else if (type === 'string') parts.push((await redis.get(k)) ?? '');
+            }
+            return parts.join('\n');
+          },
+        };
+      },
+    ]);
+  }
+  for (const [name, make] of adapters) {
+    t.test(name, async (t) => {
+      const { log, raw } = await make();
+      const redaction = new Redaction();
+      redaction.register('acme', 'c1', [secret, 'short']);
+      const appendEvents = createAppender(log, redaction);
+      const out = (data: string) => ({ conversationId: 'c1', kind: 'output', stream: 'stdout', data });
+      await appendEvents({ tenant: 'acme', producer: 'r', seq: 1, events: [out('export KEY=sk-live-0123')] });
+      await appendEvents({ tenant: 'acme', producer: 'r', seq: 2, events: [out('456789abcdef; echo short')] });
+      // A resend of the second chunk changes nothing.
+      await appendEvents({ tenant: 'acme', producer: 'r', seq: 2, events: [out('456789abcdef; echo short')] });
+      await appendEvents({
+        tenant: 'acme',
+        producer: 'r',
+        seq: 3,
+        events: [
+          {
+            conversationId: 'c1',
+            kind: 'stage',
+            stream: 'stage',
+            stage: 'turn',
+            state: 'done',
+            data: `used ${secret}`,
+          },
+        ],
+      });
+      const events = await log.read('acme', { after: 0, limit: 100 });
+      const stdout = events
+        .filter((e) => e.stream === 'stdout')
+        .map((e) => e.data)
+        .join('');
+      t.equal(stdout, `export KEY=${REDACTED}; echo short`, 'the joined output is whole, the secret replaced');
+      t.equal(events.at(-1)?.kind, 'stage', 'held text was released before the stage event');
+      t.equal(events.at(-1)?.data, `used ${REDACTED}`);
+      const everything = await raw();
+      t.notOk(everything.includes(secret), 'the value never reached the store');
+      t.notOk(everything.includes('0123456789abcdef'), 'nor its pieces');
+    });
+  }
+});

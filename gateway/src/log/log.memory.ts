@@ -1,4 +1,12 @@
-import type { AppendInput, AppendResult, EventLog, LiveBatch, LogEvent, ReadOptions } from './log.ts';
+import {
+  type AppendInput,
+  type AppendResult,
+  type EventLog,
+  type LiveBatch,
+  type LogEvent,
+  type ReadOptions,
+  seqsOf,
+} from './log.ts';
 
 /** Microseconds since the epoch: the floor under every new id. */
 export function clockMicros(): number {
@@ -25,11 +33,13 @@ export function memoryEventLog(now: () => number = clockMicros): EventLog {
   return {
     async append(input: AppendInput): Promise<AppendResult> {
       const markKey = `${input.tenant}\0${input.producer}`;
-      const hwm = marks.get(markKey) ?? input.seq - 1;
-      const end = input.seq + input.events.length - 1;
+      const seqs = seqsOf(input);
+      const first = seqs[0] ?? input.seq;
+      const end = seqs.at(-1) ?? input.seq - 1;
+      const hwm = marks.get(markKey) ?? first - 1;
       if (end <= hwm) return { status: 'duplicate', events: [], hwm };
-      if (input.seq > hwm + 1) return { status: 'gap', events: [], hwm };
-      const fresh = input.events.slice(hwm + 1 - input.seq);
+      if (first > hwm + 1) return { status: 'gap', events: [], hwm };
+      const fresh = input.events.filter((_, i) => (seqs[i] as number) > hwm);
       const t = tenantOf(input.tenant);
       const prev = t.last;
       const ts = new Date().toISOString();

@@ -1,25 +1,38 @@
 import type { Redis } from 'ioredis';
 import { clockMicros } from './log.memory.ts';
-import type { AppendInput, AppendResult, EventLog, LiveBatch, LogEvent, NewEvent, ReadOptions } from './log.ts';
+import {
+  type AppendInput,
+  type AppendResult,
+  type EventLog,
+  type LiveBatch,
+  type LogEvent,
+  type NewEvent,
+  type ReadOptions,
+  seqsOf,
+} from './log.ts';
 
 /**
  * One script per append, so ids, streams, the producer's mark and the live publish change
  * together or not at all. Every key is under the tenant's hash tag (Redis Cluster runs the
  * script on one shard). Entry ids are `<event id>-0`, so XRANGE answers Last-Event-ID directly.
  *
+ * Each event carries its producer sequence number; several events may share one (the write
+ * path can add an event, as redaction's flush does). Events at or below the producer's mark
+ * are skipped; a batch whose first number is beyond mark + 1 is a gap.
+ *
  * KEYS: seq, tenant log, conversation stream, producer mark, live channel
- * ARGV: seq, count, now (µs), then one JSON payload per event (without its id)
- * Returns: {status, hwm, prev, id1, id2, ...}
+ * ARGV: count, now (us), then count pairs of (seq, JSON payload without the id)
+ * Returns: {status, mark, prev, id per appended event...}
  */
 const APPEND = `
-local seq = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-local last_seq = seq + n - 1
+local n = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
+local first = tonumber(ARGV[3])
+local last_seq = tonumber(ARGV[1 + 2 * n])
 local mark = redis.call('GET', KEYS[4])
-local hwm = mark and tonumber(mark) or (seq - 1)
+local hwm = mark and tonumber(mark) or (first - 1)
 if last_seq <= hwm then return {'duplicate', tostring(hwm)} end
-if seq > hwm + 1 then return {'gap', tostring(hwm)} end
+if first > hwm + 1 then return {'gap', tostring(hwm)} end
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if now > clock then clock = now end
@@ -28,15 +41,19 @@ local prev = last
 local out = {'appended', tostring(last_seq), string.format('%.0f', prev)}
 local ids = {}
 local payloads = {}
-for i = hwm + 1 - seq + 1, n do
-  last = math.max(last + 1, clock)
-  local id = string.format('%.0f', last)
-  local payload = ARGV[3 + i]
-  redis.call('XADD', KEYS[2], id .. '-0', 'e', payload)
-  redis.call('XADD', KEYS[3], id .. '-0', 'e', payload)
-  ids[#ids + 1] = id
-  payloads[#payloads + 1] = payload
-  out[#out + 1] = id
+for i = 1, n do
+  local s = tonumber(ARGV[1 + 2 * i])
+  if s > hwm then
+    last = math.max(last + 1, clock)
+    local id = string.format('%.0f', last)
+    local payload = ARGV[2 + 2 * i]
+    redis.call('XADD', KEYS[2], id .. '-0', 'e', payload)
+    redis.call('XADD', KEYS[3], id .. '-0', 'e', payload)
+    ids[#ids + 1] = id
+    payloads[#payloads + 1] = payload
+    out[#out + 1] = tostring(i)
+    out[#out + 1] = id
+  end
 end
 redis.call('SET', KEYS[1], string.format('%.0f', last))
 redis.call('SET', KEYS[4], tostring(last_seq))
@@ -153,7 +170,9 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
       if (conversations.size !== 1) throw new Error('one append carries one conversation');
       const conversationId = input.events[0]?.conversationId as string;
       const ts = new Date().toISOString();
-      const payloads = input.events.map((e) => JSON.stringify(payloadOf(e, ts)));
+      const seqs = seqsOf(input);
+      const args: (string | number)[] = [input.events.length, clockMicros()];
+      input.events.forEach((e, i) => args.push(seqs[i] as number, JSON.stringify(payloadOf(e, ts))));
       const out = await appendScript.call(
         redis,
         keys.seq,
@@ -161,16 +180,15 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
         keys.conversation(conversationId),
         keys.producer(input.producer),
         keys.live,
-        input.seq,
-        input.events.length,
-        clockMicros(),
-        ...payloads,
+        ...args,
       );
       const [status, hwm] = out as [string, string];
       if (status !== 'appended') return { status: status as 'duplicate' | 'gap', events: [], hwm: Number(hwm) };
-      const ids = out.slice(3).map(Number);
-      const skipped = input.events.length - ids.length;
-      const events = ids.map((id, i) => ({ id, ...payloadOf(input.events[skipped + i] as NewEvent, ts) }));
+      const events: LogEvent[] = [];
+      for (let i = 3; i < out.length; i += 2) {
+        const index = Number(out[i]) - 1;
+        events.push({ id: Number(out[i + 1]), ...payloadOf(input.events[index] as NewEvent, ts) });
+      }
       return { status: 'appended', events, hwm: Number(hwm) };
     },
 

@@ -39,9 +39,19 @@ export interface LogEvent {
 export interface AppendInput {
   tenant: string;
   producer: string;
-  /** The producer's number for the first event; the rest follow consecutively. */
+  /** The producer's number for the first event; the rest follow consecutively unless `seqs` is given. */
   seq: number;
   events: NewEvent[];
+  /**
+   * Per-event producer numbers, non-decreasing, when not consecutive: the write path may add
+   * events that share the number of the event they precede (redaction's flush does).
+   */
+  seqs?: number[];
+}
+
+/** The producer number of each event of an append. */
+export function seqsOf(input: AppendInput): number[] {
+  return input.seqs ?? input.events.map((_, i) => input.seq + i);
 }
 
 export type AppendResult =
