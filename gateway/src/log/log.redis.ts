@@ -172,7 +172,7 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
       const ts = new Date().toISOString();
       const seqs = seqsOf(input);
       const args: (string | number)[] = [input.events.length, clockMicros()];
-      input.events.forEach((e, i) => args.push(seqs[i] as number, JSON.stringify(payloadOf(e, ts))));
+      for (const [i, e] of input.events.entries()) args.push(seqs[i] as number, JSON.stringify(payloadOf(e, ts)));
       const out = await appendScript.call(
         redis,
         keys.seq,
