@@ -7,6 +7,7 @@ export * as authTokens from './queries/auth-tokens.ts';
 export * as credentials from './queries/credentials.ts';
 export * as environments from './queries/environments.ts';
 export * as inferenceCredentials from './queries/inference-credentials.ts';
+export * as logEvents from './queries/log-events.ts';
 export * as oauthCodes from './queries/oauth-codes.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';

@@ -1,0 +1,91 @@
+import type { Sql } from '../connect.ts';
+
+export interface LogEventRow {
+  id: number;
+  conversationId: string;
+  turnId: string | null;
+  kind: string;
+  stream: string;
+  data: string | null;
+  stage: string | null;
+  state: string | null;
+  durationMs: number | null;
+  ts: string;
+}
+
+/** How far the tenant's log has been copied (0 when nothing was). */
+export async function copiedUpTo(sql: Sql, accountId: string): Promise<number> {
+  const rows = await sql<{ copied_id: string }[]>`SELECT copied_id FROM log_copy_marks WHERE account_id = ${accountId}`;
+  return rows[0] ? Number(rows[0].copied_id) : 0;
+}
+
+/** Tenants that have a copy mark (resumed after a restart). */
+export async function tenantsWithMarks(sql: Sql): Promise<string[]> {
+  return (await sql<{ account_id: string }[]>`SELECT account_id FROM log_copy_marks`).map((r) => r.account_id);
+}
+
+/**
+ * Stores a batch and moves the mark to its last id in one transaction. Unique on
+ * (account, id), so a batch copied twice after a crash is stored once.
+ */
+export async function storeBatch(sql: Sql, accountId: string, events: LogEventRow[]): Promise<void> {
+  if (events.length === 0) return;
+  const rows = events.map((e) => ({
+    account_id: accountId,
+    id: e.id,
+    conversation_id: e.conversationId,
+    turn_id: e.turnId,
+    kind: e.kind,
+    stream: e.stream,
+    data: e.data,
+    stage: e.stage,
+    state: e.state,
+    duration_ms: e.durationMs,
+    ts: e.ts,
+  }));
+  const last = (events.at(-1) as LogEventRow).id;
+  await sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    await t`INSERT INTO log_events ${t(rows)} ON CONFLICT (account_id, id) DO NOTHING`;
+    await t`INSERT INTO log_copy_marks (account_id, copied_id) VALUES (${accountId}, ${last})
+            ON CONFLICT (account_id) DO UPDATE SET copied_id = GREATEST(log_copy_marks.copied_id, excluded.copied_id)`;
+  });
+}
+
+/** Events after `after` up to `upTo` (inclusive), oldest first. */
+export async function readStored(
+  sql: Sql,
+  accountId: string,
+  o: { after: number; upTo: number; limit: number; conversationId?: string | undefined },
+): Promise<LogEventRow[]> {
+  const rows = await sql<
+    {
+      id: string;
+      conversation_id: string;
+      turn_id: string | null;
+      kind: string;
+      stream: string;
+      data: string | null;
+      stage: string | null;
+      state: string | null;
+      duration_ms: number | null;
+      ts: Date;
+    }[]
+  >`
+    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts FROM log_events
+    WHERE account_id = ${accountId} AND id > ${o.after} AND id <= ${o.upTo}
+      ${o.conversationId ? sql`AND conversation_id = ${o.conversationId}` : sql``}
+    ORDER BY id LIMIT ${o.limit}`;
+  return rows.map((r) => ({
+    id: Number(r.id),
+    conversationId: r.conversation_id,
+    turnId: r.turn_id,
+    kind: r.kind,
+    stream: r.stream,
+    data: r.data,
+    stage: r.stage,
+    state: r.state,
+    durationMs: r.duration_ms,
+    ts: r.ts.toISOString(),
+  }));
+}

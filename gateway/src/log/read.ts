@@ -1,0 +1,28 @@
+import { logEvents, type Sql } from '@svc/db';
+import type { EventLog, LogEvent, ReadOptions } from './log.ts';
+
+/**
+ * Reads a tenant's (or a conversation's) events after `after`, oldest first, from wherever
+ * they are: Postgres holds everything up to the copy mark, and the hot log is only ever
+ * trimmed below that mark, so Postgres up to the mark followed by the hot log above it is
+ * complete, without a hole between the two (DESIGN.md invariant 5).
+ */
+export async function readLog(deps: { sql: Sql; log: EventLog }, tenant: string, o: ReadOptions): Promise<LogEvent[]> {
+  const mark = await logEvents.copiedUpTo(deps.sql, tenant);
+  const out: LogEvent[] = [];
+  let after = o.after;
+  if (after < mark) {
+    const stored = await logEvents.readStored(deps.sql, tenant, {
+      after,
+      upTo: mark,
+      limit: o.limit,
+      conversationId: o.conversationId,
+    });
+    out.push(...stored);
+    if (out.length >= o.limit) return out;
+    after = mark;
+  }
+  const hot = await deps.log.read(tenant, { ...o, after, limit: o.limit - out.length });
+  out.push(...hot);
+  return out;
+}

@@ -1,0 +1,79 @@
+import { logEvents, type Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { EventLog } from '../log/log.ts';
+
+/**
+ * Copies the hot log into Postgres (DESIGN.md "Producers and durability"). Tenants are
+ * tracked when this node appends for them, and at start every tenant with a mark plus every
+ * account is checked once, so a copy interrupted by a crash resumes from its mark. Each pass
+ * copies what lies above the mark in batches of `batch`, each batch and its mark in one
+ * transaction. Copy lag (events appended, not yet copied) is what `lag()` reports.
+ */
+export class LogCopier {
+  private readonly dirty = new Set<string>();
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+
+  constructor(
+    private readonly deps: { sql: Sql; log: EventLog; logger: Logger },
+    private readonly options: { intervalMs: number; batch: number } = { intervalMs: 250, batch: 1000 },
+  ) {}
+
+  /** Marks a tenant as having events to copy. */
+  track(tenant: string): void {
+    this.dirty.add(tenant);
+  }
+
+  async start(): Promise<void> {
+    for (const t of await logEvents.tenantsWithMarks(this.deps.sql)) this.dirty.add(t);
+    for (const r of await this.deps.sql<{ id: string }[]>`SELECT id FROM accounts`) this.dirty.add(r.id);
+    this.timer = setInterval(() => void this.pass(), this.options.intervalMs);
+    this.timer.unref();
+  }
+
+  /** One pass over the tracked tenants; concurrent calls share the pass under way. */
+  pass(): Promise<void> {
+    this.running ??= (async () => {
+      try {
+        for (const tenant of [...this.dirty]) {
+          this.dirty.delete(tenant);
+          try {
+            await this.copyTenant(tenant);
+          } catch (err) {
+            this.dirty.add(tenant);
+            this.deps.logger.error({ err: { message: (err as Error).message }, tenant }, 'log copy failed; will retry');
+          }
+        }
+      } finally {
+        this.running = undefined;
+      }
+    })();
+    return this.running;
+  }
+
+  /** Copies everything above the tenant's mark; returns how many events it stored. */
+  async copyTenant(tenant: string): Promise<number> {
+    let copied = 0;
+    let mark = await logEvents.copiedUpTo(this.deps.sql, tenant);
+    for (;;) {
+      const batch = await this.deps.log.read(tenant, { after: mark, limit: this.options.batch });
+      if (batch.length === 0) return copied;
+      await logEvents.storeBatch(this.deps.sql, tenant, batch);
+      copied += batch.length;
+      mark = (batch.at(-1) as { id: number }).id;
+      if (batch.length < this.options.batch) return copied;
+    }
+  }
+
+  /** Events of the tenant not yet copied (a health figure). */
+  async lag(tenant: string): Promise<number> {
+    const mark = await logEvents.copiedUpTo(this.deps.sql, tenant);
+    return (await this.deps.log.read(tenant, { after: mark, limit: 100_000 })).length;
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    await this.running;
+    await this.pass();
+  }
+}
