@@ -66,6 +66,8 @@ export const ConfigSchema = z.object({
   APP_CONVERSATIONS_URL: url.optional(),
   APP_TEAM_URL: url.optional(),
   SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).default(10_000),
+  LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
+  LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;

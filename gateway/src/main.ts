@@ -10,6 +10,10 @@ import type { ApiDeps } from './api/deps.ts';
 import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
+import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
+import { memoryEventLog } from './log/log.memory.ts';
+import { redisEventLog } from './log/log.redis.ts';
+import type { EventLog } from './log/log.ts';
 import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
@@ -18,6 +22,7 @@ import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { LogCopier } from './workers/log-copier.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -93,6 +98,11 @@ export interface Service {
   mailer: Mailer;
   keyring: Keyring;
   log: Logger;
+  /** The event log, its single write path, and the registry of values to redact. */
+  eventLog: EventLog;
+  appendEvents: AppendEvents;
+  redaction: Redaction;
+  copier: LogCopier;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -151,6 +161,31 @@ export async function startService(
     } else {
       mailer = fileMailer(config.MAIL_DIR ?? join(config.DATA_DIR, 'mail'));
     }
+
+    // The event log: Redis Streams when REDIS_URL is set, else in memory. Every append goes
+    // through the one write path (redaction), and the worker copies the log into Postgres.
+    let eventLog: EventLog;
+    if (redis) {
+      const subscriber = redis.duplicate();
+      cleanups.push(() => subscriber.quit());
+      eventLog = redisEventLog(redis, subscriber, config.REDIS_KEY_PREFIX);
+    } else {
+      eventLog = memoryEventLog();
+    }
+    cleanups.push(() => eventLog.close());
+    const redaction = new Redaction();
+    const copier = new LogCopier(
+      { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }) },
+      { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 1000, keepHot: config.LOG_HOT_EVENTS },
+    );
+    await copier.start();
+    cleanups.push(() => copier.stop());
+    const append = createAppender(eventLog, redaction);
+    const appendEvents: AppendEvents = async (input) => {
+      const result = await append(input);
+      if (result.status === 'appended') copier.track(input.tenant);
+      return result;
+    };
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
@@ -223,6 +258,10 @@ export async function startService(
       mailer,
       keyring,
       log,
+      eventLog,
+      appendEvents,
+      redaction,
+      copier,
       routes: routeTable.entries,
       close: closeAll,
     };

@@ -39,7 +39,7 @@ for (const backend of backends()) {
     const all = await log.read(tenant, { after: 0, limit: 100 });
 
     t.test('copies every event once, in batches, and records how far it got', async (t) => {
-      const copier = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 10 });
+      const copier = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 10, keepHot: 1000 });
       t.equal(await copier.lag(tenant), 35);
       t.equal(await copier.copyTenant(tenant), 35);
       t.equal(await copier.lag(tenant), 0);
@@ -54,7 +54,7 @@ for (const backend of backends()) {
         await log.append({ tenant, producer: 'p', seq: ++seq, events: [out('a', `line ${i}`)] });
       // Copied twice: the mark goes back as if the commit of a batch had been lost after its rows.
       await sql`UPDATE log_copy_marks SET copied_id = ${all[20]?.id as number} WHERE account_id = ${tenant}`;
-      const restarted = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 7 });
+      const restarted = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 7, keepHot: 1000 });
       await restarted.start();
       await restarted.pass();
       await restarted.stop();
@@ -105,5 +105,47 @@ for (const backend of backends()) {
         'events come back as appended',
       );
     });
+
+    t.test('the copier trims the hot tail to its size, never above the copy mark', async (t) => {
+      for (let i = 60; i < 80; i++)
+        await log.append({ tenant, producer: 'p', seq: ++seq, events: [out('a', `line ${i}`)] });
+      const copier = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 100, keepHot: 5 });
+      t.equal(await copier.copyTenant(tenant), 20);
+      const hot = await log.read(tenant, { after: 0, limit: 1000 });
+      t.equal(hot.length, 5, 'the hot tail keeps the newest 5');
+      const everything = await readLog({ sql, log }, tenant, { after: 0, limit: 1000 });
+      t.equal(everything.length, 80, 'nothing is lost: the rest comes from Postgres');
+      await log.append({ tenant, producer: 'p', seq: ++seq, events: [out('a', 'after trim')] });
+      const tail = await readLog({ sql, log }, tenant, { after: everything.at(-1)?.id as number, limit: 10 });
+      t.same(
+        tail.map((e) => e.data),
+        ['after trim'],
+        'appends continue above the trimmed tail',
+      );
+    });
   });
 }
+
+t.test('the running service copies what its write path appends, redacted, within about a second', async (t) => {
+  const svc = await startTestService(t);
+  const { accountId } = await signUp(svc);
+  svc.redaction.register(accountId, 'conv1', ['ghp_secretvalue123456']);
+  const result = await svc.appendEvents({
+    tenant: accountId,
+    producer: 'runner:x',
+    seq: 1,
+    events: [
+      { conversationId: 'conv1', kind: 'output', stream: 'stdout', data: 'cloning with ghp_secretvalue123456\n' },
+      { conversationId: 'conv1', kind: 'stage', stream: 'stage', stage: 'turn', state: 'done', durationMs: 1200 },
+    ],
+  });
+  t.equal(result.status, 'appended');
+  let rows: { data: string | null; stage: string | null }[] = [];
+  for (let i = 0; i < 100 && rows.length < 2; i++) {
+    await new Promise((r) => setTimeout(r, 50));
+    rows = await svc.db.sql`SELECT data, stage FROM log_events WHERE account_id = ${accountId} ORDER BY id`;
+  }
+  t.equal(rows.length, 2, 'both events are in Postgres');
+  t.equal(rows[0]?.data, 'cloning with [REDACTED]\n');
+  t.equal(rows[1]?.stage, 'turn');
+});

@@ -55,7 +55,9 @@ export class Redaction {
  * What the producer already delivered (at or below its last known mark) is not redacted
  * again, so a resend does not disturb the redactors; the log drops it as a duplicate.
  */
-export function createAppender(log: EventLog, redaction: Redaction) {
+export type AppendEvents = (input: AppendInput) => Promise<AppendResult>;
+
+export function createAppender(log: EventLog, redaction: Redaction): AppendEvents {
   const marks = new Map<string, number>();
   return async function appendEvents(input: AppendInput): Promise<AppendResult> {
     const markKey = `${input.tenant}\0${input.producer}`;

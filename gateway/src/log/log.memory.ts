@@ -96,6 +96,14 @@ export function memoryEventLog(now: () => number = clockMicros): EventLog {
       };
     },
 
+    async trim(tenant: string, o: { upTo: number; keep: number }) {
+      const t = tenants.get(tenant);
+      if (!t) return;
+      const boundary = t.events.length > o.keep ? (t.events[t.events.length - o.keep] as LogEvent).id : 0;
+      const cut = Math.min(boundary, o.upTo + 1);
+      t.events = t.events.filter((e) => e.id >= cut);
+    },
+
     async close() {
       tenants.clear();
     },

@@ -20,7 +20,7 @@ import {
  * path can add an event, as redaction's flush does). Events at or below the producer's mark
  * are skipped; a batch whose first number is beyond mark + 1 is a gap.
  *
- * KEYS: seq, tenant log, conversation stream, producer mark, live channel
+ * KEYS: seq, tenant log, conversation stream, producer mark, live channel, trim point
  * ARGV: count, now (us), then count pairs of (seq, JSON payload without the id)
  * Returns: {status, mark, prev, id per appended event...}
  */
@@ -57,6 +57,8 @@ for i = 1, n do
 end
 redis.call('SET', KEYS[1], string.format('%.0f', last))
 redis.call('SET', KEYS[4], tostring(last_seq))
+local cut = redis.call('GET', KEYS[6])
+if cut then redis.call('XTRIM', KEYS[3], 'MINID', '~', cut) end
 redis.call('SPUBLISH', KEYS[5], '{"prev":' .. string.format('%.0f', prev) .. ',"ids":[' .. table.concat(ids, ',') .. '],"events":[' .. table.concat(payloads, ',') .. ']}')
 return out
 `;
@@ -86,6 +88,8 @@ export function logKeys(prefix: string, tenant: string) {
     conversation: (id: string) => `${tag}:c:${id}`,
     producer: (id: string) => `${tag}:p:${id}`,
     live: `${tag}:live`,
+    /** Below this id the tenant's events live in Postgres only. */
+    trim: `${tag}:trim`,
   };
 }
 
@@ -94,7 +98,7 @@ export function logKeys(prefix: string, tenant: string) {
  * sharded pub/sub (a connection in subscriber mode runs nothing else).
  */
 export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): EventLog {
-  redis.defineCommand('svcLogAppend', { numberOfKeys: 5, lua: APPEND });
+  redis.defineCommand('svcLogAppend', { numberOfKeys: 6, lua: APPEND });
   const appendScript = (redis as unknown as Record<string, (...a: unknown[]) => Promise<string[]>>).svcLogAppend as (
     ...a: unknown[]
   ) => Promise<string[]>;
@@ -180,6 +184,7 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
         keys.conversation(conversationId),
         keys.producer(input.producer),
         keys.live,
+        keys.trim,
         ...args,
       );
       const [status, hwm] = out as [string, string];
@@ -221,6 +226,16 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
           void subscriber.sunsubscribe(channel).catch(() => {});
         }
       };
+    },
+
+    async trim(tenant: string, o: { upTo: number; keep: number }) {
+      const keys = logKeys(prefix, tenant);
+      const newest = (await redis.xrevrange(keys.log, '+', '-', 'COUNT', o.keep)) as [string, string[]][];
+      if (newest.length < o.keep) return;
+      const boundary = Number((newest.at(-1) as [string, string[]])[0].slice(0, -2));
+      const cut = Math.min(boundary, o.upTo + 1);
+      await redis.xtrim(keys.log, 'MINID', cut);
+      await redis.set(keys.trim, String(cut));
     },
 
     async close() {

@@ -92,5 +92,11 @@ export interface EventLog {
    * anything newer). Resolves once the subscription is live; the returned function ends it.
    */
   subscribe(tenant: string, onBatch: (batch: LiveBatch) => void): Promise<() => void>;
+  /**
+   * Trims the hot tail: drops events with ids at or below `upTo` (the durable copy's mark),
+   * except the newest `keep` of the tenant, which stay hot for fast replay. Never drops an
+   * event above `upTo`. Conversation streams follow at their next append.
+   */
+  trim(tenant: string, options: { upTo: number; keep: number }): Promise<void>;
   close(): Promise<void>;
 }

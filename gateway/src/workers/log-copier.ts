@@ -16,7 +16,11 @@ export class LogCopier {
 
   constructor(
     private readonly deps: { sql: Sql; log: EventLog; logger: Logger },
-    private readonly options: { intervalMs: number; batch: number } = { intervalMs: 250, batch: 1000 },
+    private readonly options: { intervalMs: number; batch: number; keepHot: number } = {
+      intervalMs: 250,
+      batch: 1000,
+      keepHot: 10_000,
+    },
   ) {}
 
   /** Marks a tenant as having events to copy. */
@@ -31,38 +35,49 @@ export class LogCopier {
     this.timer.unref();
   }
 
-  /** One pass over the tracked tenants; concurrent calls share the pass under way. */
+  /**
+   * One pass over the tracked tenants; concurrent calls share the pass under way. (`finally`
+   * callbacks always run after this returns, so `running` is set before it is cleared.)
+   */
   pass(): Promise<void> {
-    this.running ??= (async () => {
-      try {
-        for (const tenant of [...this.dirty]) {
-          this.dirty.delete(tenant);
-          try {
-            await this.copyTenant(tenant);
-          } catch (err) {
-            this.dirty.add(tenant);
-            this.deps.logger.error({ err: { message: (err as Error).message }, tenant }, 'log copy failed; will retry');
-          }
-        }
-      } finally {
-        this.running = undefined;
-      }
-    })();
-    return this.running;
+    if (this.running) return this.running;
+    const run = this.copyDirty().finally(() => {
+      if (this.running === run) this.running = undefined;
+    });
+    this.running = run;
+    return run;
   }
 
-  /** Copies everything above the tenant's mark; returns how many events it stored. */
+  private async copyDirty(): Promise<void> {
+    for (const tenant of [...this.dirty]) {
+      this.dirty.delete(tenant);
+      try {
+        await this.copyTenant(tenant);
+      } catch (err) {
+        this.dirty.add(tenant);
+        this.deps.logger.error({ err: { message: (err as Error).message }, tenant }, 'log copy failed; will retry');
+      }
+    }
+  }
+
+  /**
+   * Copies everything above the tenant's mark, then trims the hot tail to what is both copied
+   * and older than the newest `keepHot` events. Returns how many events it stored.
+   */
   async copyTenant(tenant: string): Promise<number> {
     let copied = 0;
     let mark = await logEvents.copiedUpTo(this.deps.sql, tenant);
     for (;;) {
       const batch = await this.deps.log.read(tenant, { after: mark, limit: this.options.batch });
-      if (batch.length === 0) return copied;
-      await logEvents.storeBatch(this.deps.sql, tenant, batch);
-      copied += batch.length;
-      mark = (batch.at(-1) as { id: number }).id;
-      if (batch.length < this.options.batch) return copied;
+      if (batch.length > 0) {
+        await logEvents.storeBatch(this.deps.sql, tenant, batch);
+        copied += batch.length;
+        mark = (batch.at(-1) as { id: number }).id;
+      }
+      if (batch.length < this.options.batch) break;
     }
+    if (copied > 0) await this.deps.log.trim(tenant, { upTo: mark, keep: this.options.keepHot });
+    return copied;
   }
 
   /** Events of the tenant not yet copied (a health figure). */
