@@ -10,4 +10,4 @@ export function newId(prefix: IdPrefix): string {
   return `${prefix}_${nextUlid().toLowerCase()}`;
 }
 
-export type IdPrefix = 'acc' | 'key' | 'ses' | 'tok' | 'aud' | 'spt' | 'agt' | 'env' | 'vlt' | 'sec';
+export type IdPrefix = 'acc' | 'key' | 'ses' | 'tok' | 'aud' | 'spt' | 'agt' | 'env' | 'vlt' | 'sec' | 'cnv' | 'trn';

@@ -9,5 +9,6 @@ export * from './schemas/audit.ts';
 export * from './schemas/auth.ts';
 export * from './schemas/catalog.ts';
 export * from './schemas/common.ts';
+export * from './schemas/conversations.ts';
 export * from './schemas/environments.ts';
 export * from './schemas/vaults.ts';

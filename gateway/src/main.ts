@@ -219,6 +219,7 @@ export async function startService(
         timeoutMs: config.PROVIDER_CHECK_TIMEOUT_MS,
       },
       paymentEnabled: false,
+      eventLog,
       retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
     };
 

@@ -27,11 +27,10 @@ export interface AgentRow extends AgentValues {
 
 const json = (sql: Sql, v: unknown) => sql.json(v as postgres.JSONValue);
 
-// conversation_count counts rows of the conversations table once that table exists (the
-// conversations issue adds it); until then an agent has had no conversation.
 function selectAgents(sql: Sql) {
   return sql`
-    SELECT a.*, av.media_type AS avatar_media_type, 0 AS conversation_count
+    SELECT a.*, av.media_type AS avatar_media_type,
+      (SELECT count(*)::int FROM conversations c WHERE c.account_id = a.account_id AND c.agent_id = a.id) AS conversation_count
     FROM agents a LEFT JOIN agent_avatars av ON av.agent_id = a.id`;
 }
 

@@ -20,6 +20,7 @@ import { applyRoutes } from './routes/apply.ts';
 import { auditRoutes } from './routes/audit.ts';
 import { authRoutes } from './routes/auth.ts';
 import { catalogRoutes } from './routes/catalog.ts';
+import { conversationRoutes } from './routes/conversations.ts';
 import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
@@ -150,6 +151,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   await agentRoutes(app, deps);
   catalogRoutes(app, deps);
   applyRoutes(app, deps);
+  conversationRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();

@@ -1,6 +1,7 @@
 import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { Config } from '../config.ts';
+import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
@@ -20,6 +21,8 @@ export interface ApiDeps {
   inference: InferenceCheckDeps;
   /** Whether the payment provider is configured (billing routes; `comped` on identity). */
   paymentEnabled: boolean;
+  /** The event log (hot tail); reads below it go to Postgres through readLog. */
+  eventLog: EventLog;
   /** The seam that retires sandboxes whose identity changed (filled in by the sandbox issue). */
   retireSandboxes: RetireSandboxesBuiltOn;
 }

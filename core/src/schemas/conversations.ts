@@ -1,0 +1,84 @@
+import { z } from 'zod';
+import { Timestamp } from './common.ts';
+
+export const CONVERSATION_STATUSES = ['idle', 'running', 'terminated'] as const;
+export const LOG_STREAMS = ['stdout', 'stderr', 'stage', 'acp'] as const;
+
+const Usage = z.object({ input: z.int(), output: z.int() });
+
+export const Conversation = z
+  .object({
+    id: z.string(),
+    title: z.string(),
+    status: z.enum(CONVERSATION_STATUSES),
+    source: z.enum(['ui', 'agent']),
+    parent_id: z.string().nullable(),
+    agent_id: z.string(),
+    sandbox_id: z.string().nullable(),
+    channel_id: z.string().nullable(),
+    turn_count: z.int(),
+    last_active_at: Timestamp,
+    last_read_at: Timestamp.nullable(),
+    unread: z.boolean().meta({ description: 'last_active_at is later than last_read_at, or nobody ever read it.' }),
+    usage_total: Usage,
+    created_at: Timestamp,
+  })
+  .meta({ id: 'Conversation' });
+
+export const Turn = z
+  .object({
+    id: z.string(),
+    number: z.int(),
+    prompt: z.string(),
+    origin: z.enum(['user', 'autonomous']),
+    image_count: z.int(),
+    state: z.enum(['running', 'done', 'failed', 'interrupted', 'timeout']),
+    usage: z
+      .object({ input: z.int(), output: z.int(), cache_read: z.int().optional(), cache_write: z.int().optional() })
+      .nullable()
+      .meta({
+        description: 'Reported once by the runtime when the turn ends; null while running or when none was reported.',
+      }),
+    created_at: Timestamp,
+    ended_at: Timestamp.nullable(),
+  })
+  .meta({ id: 'Turn' });
+
+export const ConversationQuery = z.object({
+  roots_only: z.enum(['true', 'false']).optional(),
+  agent_id: z.string().max(100).optional(),
+  channel_id: z.string().max(100).optional(),
+  status: z.string().max(200).optional().meta({ description: 'Comma-separated: idle, running, terminated.' }),
+});
+
+export const TreeEntry = z.object({
+  id: z.string(),
+  source: z.string(),
+  status: z.string(),
+  parent_id: z.string().nullable(),
+});
+
+export const LogEventWire = z
+  .object({
+    id: z.int().meta({ description: 'Usable as Last-Event-ID.' }),
+    kind: z.string(),
+    stream: z.string(),
+    data: z.string().nullable(),
+    stage: z.string().nullable(),
+    state: z.string().nullable(),
+    duration_ms: z.int().nullable(),
+    turn_id: z.string().nullable(),
+    ts: Timestamp,
+  })
+  .meta({ id: 'LogEvent' });
+
+export const EventsQuery = z.object({
+  streams: z.string().max(100).optional().meta({ description: 'Comma-separated: stdout, stderr, stage, acp.' }),
+  after: z.coerce.number().int().min(0).default(0),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+});
+
+export const EventsPage = z.object({
+  data: z.array(LogEventWire),
+  meta: z.object({ limit: z.int(), has_more: z.boolean(), next_cursor: z.int().nullable() }),
+});

@@ -1,0 +1,177 @@
+import type postgres from 'postgres';
+import type { Sql } from '../connect.ts';
+
+export interface ConversationRow {
+  id: string;
+  agent_id: string;
+  title: string;
+  status: 'idle' | 'running' | 'terminated';
+  source: 'ui' | 'agent';
+  parent_id: string | null;
+  sandbox_id: string | null;
+  channel_id: string | null;
+  environment_id: string | null;
+  vault_id: string | null;
+  last_active_at: Date;
+  last_read_at: Date | null;
+  created_at: Date;
+  updated_at: Date;
+  turn_count: number;
+  usage_input: string;
+  usage_output: string;
+}
+
+export interface TurnRow {
+  id: string;
+  conversation_id: string;
+  number: number;
+  prompt: string;
+  origin: 'user' | 'autonomous';
+  image_count: number;
+  state: 'running' | 'done' | 'failed' | 'interrupted' | 'timeout';
+  usage: { input: number; output: number; cache_read?: number; cache_write?: number } | null;
+  created_at: Date;
+  ended_at: Date | null;
+}
+
+function selectConversations(sql: Sql) {
+  return sql`
+    SELECT c.*,
+      (SELECT count(*)::int FROM turns t WHERE t.conversation_id = c.id) AS turn_count,
+      (SELECT coalesce(sum((t.usage->>'input')::bigint), 0)::text FROM turns t WHERE t.conversation_id = c.id) AS usage_input,
+      (SELECT coalesce(sum((t.usage->>'output')::bigint), 0)::text FROM turns t WHERE t.conversation_id = c.id) AS usage_output
+    FROM conversations c`;
+}
+
+export interface ConversationFilter {
+  rootsOnly?: boolean;
+  agentId?: string | undefined;
+  channelId?: string | undefined;
+  statuses?: string[] | undefined;
+}
+
+export async function listConversations(
+  sql: Sql,
+  accountId: string,
+  f: ConversationFilter,
+): Promise<ConversationRow[]> {
+  return sql<ConversationRow[]>`
+    ${selectConversations(sql)}
+    WHERE c.account_id = ${accountId}
+      ${f.rootsOnly ? sql`AND c.parent_id IS NULL` : sql``}
+      ${f.agentId ? sql`AND c.agent_id = ${f.agentId}` : sql``}
+      ${f.channelId ? sql`AND c.channel_id = ${f.channelId}` : sql``}
+      ${f.statuses?.length ? sql`AND c.status = ANY(${f.statuses})` : sql``}
+    ORDER BY c.last_active_at DESC, c.id DESC`;
+}
+
+export async function getConversation(sql: Sql, accountId: string, id: string): Promise<ConversationRow | undefined> {
+  const rows = await sql<
+    ConversationRow[]
+  >`${selectConversations(sql)} WHERE c.account_id = ${accountId} AND c.id = ${id}`;
+  return rows[0];
+}
+
+export async function insertConversation(
+  sql: Sql,
+  c: {
+    id: string;
+    accountId: string;
+    agentId: string;
+    title: string;
+    source: 'ui' | 'agent';
+    parentId?: string | null;
+    channelId?: string | null;
+    environmentId?: string | null;
+    vaultId?: string | null;
+  },
+): Promise<void> {
+  await sql`INSERT INTO conversations (id, account_id, agent_id, title, source, parent_id, channel_id, environment_id, vault_id)
+            VALUES (${c.id}, ${c.accountId}, ${c.agentId}, ${c.title}, ${c.source}, ${c.parentId ?? null},
+                    ${c.channelId ?? null}, ${c.environmentId ?? null}, ${c.vaultId ?? null})`;
+}
+
+export async function markRead(sql: Sql, accountId: string, id: string): Promise<boolean> {
+  const rows =
+    await sql`UPDATE conversations SET last_read_at = now() WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
+  return rows.length === 1;
+}
+
+export async function deleteConversation(sql: Sql, accountId: string, id: string): Promise<boolean> {
+  return sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    const rows = await t`DELETE FROM conversations WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
+    if (rows.length) await t`DELETE FROM log_events WHERE account_id = ${accountId} AND conversation_id = ${id}`;
+    return rows.length === 1;
+  });
+}
+
+/** Every conversation connected to `id` through parent links, ancestors and descendants. */
+export async function spawnTree(sql: Sql, accountId: string, id: string) {
+  return sql<{ id: string; source: string; status: string; parent_id: string | null }[]>`
+    WITH RECURSIVE up AS (
+      SELECT id, parent_id FROM conversations WHERE account_id = ${accountId} AND id = ${id}
+      UNION SELECT c.id, c.parent_id FROM conversations c JOIN up ON c.id = up.parent_id WHERE c.account_id = ${accountId}
+    ), root AS (SELECT id FROM up WHERE parent_id IS NULL LIMIT 1),
+    down AS (
+      SELECT c.id FROM conversations c WHERE c.account_id = ${accountId} AND c.id = coalesce((SELECT id FROM root), ${id})
+      UNION SELECT c.id FROM conversations c JOIN down ON c.parent_id = down.id WHERE c.account_id = ${accountId}
+    )
+    SELECT c.id, c.source, c.status, c.parent_id FROM conversations c JOIN down USING (id) ORDER BY c.created_at, c.id`;
+}
+
+export async function listTurns(sql: Sql, accountId: string, conversationId: string): Promise<TurnRow[]> {
+  return sql<
+    TurnRow[]
+  >`SELECT * FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} ORDER BY number`;
+}
+
+/** Opens the next turn; the conversation becomes running and active now. */
+export async function startTurn(
+  sql: Sql,
+  t: {
+    id: string;
+    accountId: string;
+    conversationId: string;
+    prompt: string;
+    origin: 'user' | 'autonomous';
+    imageCount?: number;
+  },
+): Promise<TurnRow> {
+  return sql.begin(async (tx) => {
+    const s = tx as unknown as Sql;
+    const rows = await s<TurnRow[]>`
+      INSERT INTO turns (id, account_id, conversation_id, number, prompt, origin, image_count)
+      VALUES (${t.id}, ${t.accountId}, ${t.conversationId},
+              (SELECT coalesce(max(number), 0) + 1 FROM turns WHERE conversation_id = ${t.conversationId}),
+              ${t.prompt}, ${t.origin}, ${t.imageCount ?? 0})
+      RETURNING *`;
+    await s`UPDATE conversations SET status = 'running', last_active_at = now(), updated_at = now()
+            WHERE account_id = ${t.accountId} AND id = ${t.conversationId}`;
+    return rows[0] as TurnRow;
+  });
+}
+
+/**
+ * Ends a running turn (compare-and-set on state: a turn ends once); the conversation goes
+ * idle and active now. `usage` is the figure the runtime reported once, or null.
+ */
+export async function endTurn(
+  sql: Sql,
+  accountId: string,
+  turnId: string,
+  state: 'done' | 'failed' | 'interrupted' | 'timeout',
+  usage: TurnRow['usage'],
+): Promise<boolean> {
+  return sql.begin(async (tx) => {
+    const s = tx as unknown as Sql;
+    const rows = await s<{ conversation_id: string }[]>`
+      UPDATE turns SET state = ${state}, usage = ${usage === null ? null : s.json(usage as postgres.JSONValue)}, ended_at = now()
+      WHERE account_id = ${accountId} AND id = ${turnId} AND state = 'running' RETURNING conversation_id`;
+    const conversationId = rows[0]?.conversation_id;
+    if (!conversationId) return false;
+    await s`UPDATE conversations SET status = 'idle', last_active_at = now(), updated_at = now()
+            WHERE account_id = ${accountId} AND id = ${conversationId} AND status = 'running'`;
+    return true;
+  });
+}
