@@ -66,6 +66,13 @@ export const ConfigSchema = z.object({
   APP_CONVERSATIONS_URL: url.optional(),
   APP_TEAM_URL: url.optional(),
   SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).default(10_000),
+  SSE_HEARTBEAT_MS: z.coerce.number().int().min(10).default(15_000),
+  SSE_IDLE_CLOSE_MS: z.coerce.number().int().min(0).default(60_000),
+  SSE_MAX_BUFFER_BYTES: z.coerce
+    .number()
+    .int()
+    .min(1024)
+    .default(1024 * 1024),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
 });

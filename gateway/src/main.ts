@@ -246,6 +246,15 @@ export async function startService(
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
         forwarder,
         log: log.child({ role: 'edge' }),
+        sse: {
+          sql: db.sql,
+          log: eventLog,
+          options: {
+            heartbeatMs: config.SSE_HEARTBEAT_MS,
+            idleCloseMs: config.SSE_IDLE_CLOSE_MS,
+            maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
+          },
+        },
       });
       cleanups.push(() => edge.close(config.SHUTDOWN_GRACE_MS));
       boundPort = edge.port;

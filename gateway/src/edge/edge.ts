@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import { canonicalIp, exemptList, isExempt } from './client-ip.ts';
 import type { Admission, Forwarder } from './forward.ts';
+import { registerSse, type SseDeps } from './sse.ts';
 
 export interface EdgeOptions {
   host: string;
@@ -12,6 +13,8 @@ export interface EdgeOptions {
   rateLimitExempt: readonly string[];
   forwarder: Forwarder;
   log: Logger;
+  /** Streams the edge serves itself; without it every request is forwarded. */
+  sse?: Omit<SseDeps, 'logger'>;
 }
 
 export interface Edge {
@@ -48,6 +51,7 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
   };
 
   const app = uWS.App();
+  const streams = options.sse ? registerSse(app, { ...options.sse, logger: log }, admitFor) : undefined;
   app.any('/*', (res, req) => {
     const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
     forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()));
@@ -65,6 +69,7 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
     port,
     async close(graceMs: number) {
       uWS.us_listen_socket_close(listenSocket);
+      streams?.close();
       const deadline = Date.now() + graceMs;
       while (forwarder.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
       // Present at run time in this build though missing from its typings: closes every socket.

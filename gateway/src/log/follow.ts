@@ -11,9 +11,14 @@ export async function follow(
   tenant: string,
   after: number,
   onEvents: (events: LogEvent[]) => void,
-  options: { pageSize?: number } = {},
+  options: {
+    pageSize?: number;
+    /** Where history comes from (default: the hot log); readLog reaches into Postgres. */
+    read?: (after: number, limit: number) => Promise<LogEvent[]>;
+  } = {},
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
+  const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
   let last = after;
   let live = false;
   const buffered: LogEvent[][] = [];
@@ -28,7 +33,7 @@ export async function follow(
     else buffered.push(batch.events);
   });
   for (;;) {
-    const page = await log.read(tenant, { after: last, limit: pageSize });
+    const page = await read(last, pageSize);
     if (page.length === 0) break;
     emit(page);
     if (page.length < pageSize) break;

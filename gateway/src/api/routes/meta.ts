@@ -27,6 +27,7 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
       },
     };
     describeBinaryBodies(d);
+    describeEdgeRoutes(d);
     cached = d;
     return d;
   };
@@ -112,4 +113,41 @@ function describeBinaryBodies(d: OpenApiDoc): void {
       },
     } as never;
   }
+}
+
+/** Routes the edge serves itself (Server-Sent Events) are described here, beside the rest. */
+function describeEdgeRoutes(d: OpenApiDoc): void {
+  const error = { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } };
+  d.paths['/api/conversations/{id}/stream'] = {
+    get: {
+      tags: ['conversations'],
+      summary: "The conversation's log as Server-Sent Events (served by the edge)",
+      description:
+        'Starts with a `: connected` comment, replays events after `Last-Event-ID` (header, or `last_event_id` in the query), then follows live; each event is `id: <event id>` and `data: <log event JSON>`. `wait=false` (default) ends the response once the conversation has no running turn (after the history, or at the end of the running turn); `wait=true` stays open across turns until the conversation terminates. A `: heartbeat` comment every 15 s (SSE_HEARTBEAT_MS); the stream closes after 60 s without events (SSE_IDLE_CLOSE_MS) and the client reconnects with Last-Event-ID. A client that falls more than SSE_MAX_BUFFER_BYTES behind is disconnected and resumes the same way.',
+      parameters: [
+        { name: 'id', in: 'path', required: true, schema: { type: 'string' } },
+        {
+          name: 'streams',
+          in: 'query',
+          schema: { type: 'string' },
+          description: 'Comma-separated: stdout, stderr, stage, acp.',
+        },
+        { name: 'wait', in: 'query', schema: { type: 'string', enum: ['true', 'false'], default: 'false' } },
+        {
+          name: 'last_event_id',
+          in: 'query',
+          schema: { type: 'string' },
+          description: 'For clients that cannot set Last-Event-ID.',
+        },
+        { name: 'Last-Event-ID', in: 'header', schema: { type: 'string' } },
+      ],
+      responses: {
+        '200': { description: 'An event stream', content: { 'text/event-stream': { schema: { type: 'string' } } } },
+        '400': { description: 'Unknown stream name', content: error },
+        '401': { description: 'No valid credential', content: error },
+        '404': { description: "Unknown conversation, or another tenant's", content: error },
+        '429': { description: 'Rate limited', content: error },
+      },
+    },
+  } as never;
 }
