@@ -1,17 +1,8 @@
+import type { LogEvent } from '@svc/core';
 import type { Sql } from '../connect.ts';
 
-export interface LogEventRow {
-  id: number;
-  conversationId: string;
-  turnId: string | null;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  durationMs: number | null;
-  ts: string;
-}
+/** Rows are LogEvents (core); the name says where they come from. */
+export type LogEventRow = LogEvent;
 
 /** How far the tenant's log has been copied (0 when nothing was). */
 export async function copiedUpTo(sql: Sql, accountId: string): Promise<number> {

@@ -6,6 +6,7 @@ import {
   type LogEvent,
   type ReadOptions,
   seqsOf,
+  storedFields,
 } from './log.ts';
 
 /** Microseconds since the epoch: the floor under every new id. */
@@ -46,18 +47,7 @@ export function memoryEventLog(now: () => number = clockMicros): EventLog {
       const floor = now();
       const appended = fresh.map((e) => {
         t.last = Math.max(t.last + 1, floor);
-        return {
-          id: t.last,
-          conversationId: e.conversationId,
-          turnId: e.turnId ?? null,
-          kind: e.kind,
-          stream: e.stream,
-          data: e.data ?? null,
-          stage: e.stage ?? null,
-          state: e.state ?? null,
-          durationMs: e.durationMs ?? null,
-          ts,
-        };
+        return { id: t.last, ...storedFields(e, ts) };
       });
       t.events.push(...appended);
       marks.set(markKey, end);

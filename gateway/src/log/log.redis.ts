@@ -9,6 +9,7 @@ import {
   type NewEvent,
   type ReadOptions,
   seqsOf,
+  storedFields,
 } from './log.ts';
 
 /**
@@ -64,20 +65,6 @@ return out
 `;
 
 type Payload = Omit<LogEvent, 'id'>;
-
-function payloadOf(e: NewEvent, ts: string): Payload {
-  return {
-    conversationId: e.conversationId,
-    turnId: e.turnId ?? null,
-    kind: e.kind,
-    stream: e.stream,
-    data: e.data ?? null,
-    stage: e.stage ?? null,
-    state: e.state ?? null,
-    durationMs: e.durationMs ?? null,
-    ts,
-  };
-}
 
 /** The Redis layout of DESIGN.md "Redis layout", behind an optional prefix. */
 export function logKeys(prefix: string, tenant: string) {
@@ -176,7 +163,7 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
       const ts = new Date().toISOString();
       const seqs = seqsOf(input);
       const args: (string | number)[] = [input.events.length, clockMicros()];
-      for (const [i, e] of input.events.entries()) args.push(seqs[i] as number, JSON.stringify(payloadOf(e, ts)));
+      for (const [i, e] of input.events.entries()) args.push(seqs[i] as number, JSON.stringify(storedFields(e, ts)));
       const out = await appendScript.call(
         redis,
         keys.seq,
@@ -192,7 +179,7 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
       const events: LogEvent[] = [];
       for (let i = 3; i < out.length; i += 2) {
         const index = Number(out[i]) - 1;
-        events.push({ id: Number(out[i + 1]), ...payloadOf(input.events[index] as NewEvent, ts) });
+        events.push({ id: Number(out[i + 1]), ...storedFields(input.events[index] as NewEvent, ts) });
       }
       return { status: 'appended', events, hwm: Number(hwm) };
     },

@@ -1,3 +1,5 @@
+import type { LogEvent } from '@svc/core';
+
 /**
  * The event log port. One tenant's events share one id space: ids are integers, strictly
  * increasing within a tenant (so within a conversation), never reused, never going backwards,
@@ -22,18 +24,21 @@ export interface NewEvent {
   durationMs?: number | null;
 }
 
-/** An event as stored and delivered. `ts` is the append time (ISO 8601, UTC). */
-export interface LogEvent {
-  id: number;
-  conversationId: string;
-  turnId: string | null;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  durationMs: number | null;
-  ts: string;
+export type { LogEvent };
+
+/** The stored fields of an event the producer emitted, stamped `ts` (the id comes from the log). */
+export function storedFields(e: NewEvent, ts: string): Omit<LogEvent, 'id'> {
+  return {
+    conversationId: e.conversationId,
+    turnId: e.turnId ?? null,
+    kind: e.kind,
+    stream: e.stream,
+    data: e.data ?? null,
+    stage: e.stage ?? null,
+    state: e.state ?? null,
+    durationMs: e.durationMs ?? null,
+    ts,
+  };
 }
 
 export interface AppendInput {
