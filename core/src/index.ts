@@ -1,3 +1,4 @@
+export * from './blocks.ts';
 export * from './catalog.ts';
 export * from './errors.ts';
 export * from './ids.ts';

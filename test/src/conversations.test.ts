@@ -198,7 +198,16 @@ for (const backend of backends()) {
         'lines 0 and 2, then the stage event 4',
       );
       t.equal(two.body.meta.has_more, true);
-      for (const bad of ['limit=0', 'limit=1001', 'after=-1', 'streams=video']) {
+      const plain = await http.get(`/api/conversations/${child.id}/events?limit=5`, { token });
+      t.notOk('blocks' in plain.body.data[0], 'without the flag there is no blocks field');
+      const withBlocks = await http.get(`/api/conversations/${child.id}/events?limit=5&blocks=true`, { token });
+      t.same(
+        withBlocks.body.data[0].blocks,
+        [{ kind: 'raw', body: 'line 0', summary: 'line 0' }],
+        'plain output is a raw block',
+      );
+      t.same(withBlocks.body.data[4].blocks, [], 'an event that is not output has blocks: []');
+      for (const bad of ['limit=0', 'limit=1001', 'after=-1', 'streams=video', 'blocks=yes']) {
         t.equal((await http.get(`/api/conversations/${child.id}/events?${bad}`, { token })).status, 400, bad);
       }
       await svc.copier.pass();

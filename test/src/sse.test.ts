@@ -119,6 +119,14 @@ for (const backend of backends()) {
       const q = rawGet(svc, `/api/conversations/${conv.id}/stream?streams=stage&last_event_id=0`, auth);
       await q.closed;
       t.equal(frames(q.text()).filter((x) => x.startsWith('id: ')).length, 1, 'only the stage event');
+      const b = rawGet(svc, `/api/conversations/${conv.id}/stream?blocks=true&last_event_id=0`, auth);
+      await b.closed;
+      const firstEvent = frames(b.text()).find((x) => x.startsWith('id: ')) as string;
+      t.same(
+        JSON.parse(firstEvent.split('\ndata: ')[1] as string).blocks,
+        [{ kind: 'raw', body: 'one', summary: 'one' }],
+        'blocks=true parses',
+      );
       const bad = await fetch(`${svc.url}/api/conversations/${conv.id}/stream?streams=video`, { headers: auth });
       t.equal(bad.status, 400);
     });

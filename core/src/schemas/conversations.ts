@@ -69,6 +69,13 @@ export const LogEventWire = z
     duration_ms: z.int().nullable(),
     turn_id: z.string().nullable(),
     ts: Timestamp,
+    blocks: z
+      .array(z.object({ kind: z.string() }).catchall(z.unknown()))
+      .optional()
+      .meta({
+        description:
+          'With ?blocks=true: the data parsed on the server (text, thinking, tool_use, tool_result, init, result, error, raw, permission_request); [] for events that are not output.',
+      }),
   })
   .meta({ id: 'LogEvent' });
 
@@ -76,6 +83,7 @@ export const EventsQuery = z.object({
   streams: z.string().max(100).optional().meta({ description: 'Comma-separated: stdout, stderr, stage, acp.' }),
   after: z.coerce.number().int().min(0).default(0),
   limit: z.coerce.number().int().min(1).max(1000).default(100),
+  blocks: z.enum(['true', 'false']).optional(),
 });
 
 export const EventsPage = z.object({

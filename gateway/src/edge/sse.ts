@@ -125,6 +125,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     const lastEventId = req.getHeader('last-event-id') || req.getQuery('last_event_id') || '';
     const wait = req.getQuery('wait') === 'true';
     const streamsParam = req.getQuery('streams') ?? '';
+    const withBlocks = req.getQuery('blocks') === 'true';
     const admit = admitFor(ip, req.getUrl());
     const w: Watcher = { res, lastEventAt: Date.now(), lastBeatAt: Date.now(), backlog: 0, closed: false };
     res.onAborted(() => {
@@ -179,7 +180,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         for (const e of events) {
           if (e.conversationId !== conversationId) continue;
           if (!streams || streams.includes(e.stream))
-            frames += `id: ${e.id}\ndata: ${JSON.stringify(shapeEvent(e))}\n\n`;
+            frames += `id: ${e.id}\ndata: ${JSON.stringify(shapeEvent(e, withBlocks))}\n\n`;
           if (e.kind === 'stage' && !replaying) {
             if (e.stage === 'terminate' && e.state === 'done') ending = true;
             if (!wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;

@@ -1,4 +1,4 @@
-import { ApiError, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
+import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
 import { conversations, type Sql } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -38,8 +38,9 @@ export function shapeTurn(row: conversations.TurnRow) {
   };
 }
 
-export function shapeEvent(e: LogEvent) {
-  return {
+/** The wire shape of a log event; `withBlocks` adds the parsed blocks (SPEC `?blocks=true`). */
+export function shapeEvent(e: LogEvent, withBlocks = false) {
+  const shaped = {
     id: e.id,
     kind: e.kind,
     stream: e.stream,
@@ -50,6 +51,7 @@ export function shapeEvent(e: LogEvent) {
     turn_id: e.turnId,
     ts: e.ts,
   };
+  return withBlocks ? { ...shaped, blocks: blocksOf(e) } : shaped;
 }
 
 /** A comma-separated list of values from `allowed`; anything else is the given error. */
@@ -123,7 +125,7 @@ export async function conversationEvents(
   deps: { sql: Sql; log: EventLog },
   accountId: string,
   id: string,
-  q: { streams?: string | undefined; after: number; limit: number },
+  q: { streams?: string | undefined; after: number; limit: number; blocks?: 'true' | 'false' | undefined },
 ) {
   await getConversation(deps.sql, accountId, id);
   const streams = csv(
@@ -143,7 +145,7 @@ export async function conversationEvents(
   const hasMore = wanted.length > q.limit;
   const data = wanted.slice(0, q.limit);
   return {
-    data: data.map(shapeEvent),
+    data: data.map((e) => shapeEvent(e, q.blocks === 'true')),
     meta: { limit: q.limit, has_more: hasMore, next_cursor: hasMore ? ((data.at(-1) as LogEvent).id ?? null) : null },
   };
 }

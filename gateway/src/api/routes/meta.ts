@@ -134,6 +134,12 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
         },
         { name: 'wait', in: 'query', schema: { type: 'string', enum: ['true', 'false'], default: 'false' } },
         {
+          name: 'blocks',
+          in: 'query',
+          schema: { type: 'string', enum: ['true', 'false'] },
+          description: 'Add the parsed blocks to each event.',
+        },
+        {
           name: 'last_event_id',
           in: 'query',
           schema: { type: 'string' },
