@@ -249,6 +249,7 @@ export async function startService(
         sse: {
           sql: db.sql,
           log: eventLog,
+          corsOrigins: config.API_CORS_ORIGINS,
           options: {
             heartbeatMs: config.SSE_HEARTBEAT_MS,
             idleCloseMs: config.SSE_IDLE_CLOSE_MS,

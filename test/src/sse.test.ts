@@ -51,7 +51,12 @@ for (const backend of backends()) {
   t.test(`the conversation stream on ${backend}`, async (t) => {
     const svc = await startTestService(t, {
       backend,
-      env: { SSE_HEARTBEAT_MS: '100', SSE_IDLE_CLOSE_MS: '1500', SSE_MAX_BUFFER_BYTES: '1048576' },
+      env: {
+        SSE_HEARTBEAT_MS: '100',
+        SSE_IDLE_CLOSE_MS: '1500',
+        SSE_MAX_BUFFER_BYTES: '1048576',
+        API_CORS_ORIGINS: 'https://app.example',
+      },
     });
     const me = await signUp(svc);
     const other = await signUp(svc);
@@ -127,6 +132,20 @@ for (const backend of backends()) {
         [{ kind: 'raw', body: 'one', summary: 'one' }],
         'blocks=true parses',
       );
+      const cors = await fetch(`${svc.url}/api/conversations/${conv.id}/stream`, {
+        headers: { ...auth, origin: 'https://app.example' },
+      });
+      t.equal(
+        cors.headers.get('access-control-allow-origin'),
+        'https://app.example',
+        'an allowed origin may read the stream',
+      );
+      await cors.text();
+      const stranger = await fetch(`${svc.url}/api/conversations/${conv.id}/stream`, {
+        headers: { ...auth, origin: 'https://evil.example' },
+      });
+      t.equal(stranger.headers.get('access-control-allow-origin'), null);
+      await stranger.text();
       const bad = await fetch(`${svc.url}/api/conversations/${conv.id}/stream?streams=video`, { headers: auth });
       t.equal(bad.status, 400);
     });

@@ -25,6 +25,8 @@ export interface SseDeps {
   log: EventLog;
   logger: Logger;
   options: SseOptions;
+  /** API_CORS_ORIGINS: origins whose browsers may read streams (with a bearer key). */
+  corsOrigins: readonly string[];
 }
 
 const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
@@ -126,6 +128,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     const wait = req.getQuery('wait') === 'true';
     const streamsParam = req.getQuery('streams') ?? '';
     const withBlocks = req.getQuery('blocks') === 'true';
+    const origin = req.getHeader('origin');
+    const allowOrigin = origin && deps.corsOrigins.includes(origin) ? origin : undefined;
     const admit = admitFor(ip, req.getUrl());
     const w: Watcher = { res, lastEventAt: Date.now(), lastBeatAt: Date.now(), backlog: 0, closed: false };
     res.onAborted(() => {
@@ -167,6 +171,10 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         res.writeHeader('content-type', 'text/event-stream; charset=utf-8');
         res.writeHeader('cache-control', 'no-cache, no-transform');
         res.writeHeader('x-accel-buffering', 'no');
+        if (allowOrigin) {
+          res.writeHeader('access-control-allow-origin', allowOrigin);
+          res.writeHeader('vary', 'Origin');
+        }
         res.write(': connected\n\n');
       });
       watchers.add(w);
