@@ -91,16 +91,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
     t.ok(location?.startsWith(`${REDIRECT}?`), 'redirects to the registered URI');
 
     const params = oauth.validateAuthResponse(as, client, new URL(location as string), state);
-    const response = await oauth.authorizationCodeGrantRequest(
-      as,
-      client,
-      oauth.None(),
-      params,
-      REDIRECT,
-      verifier,
-      insecure,
-    );
-    const tokens = await oauth.processAuthorizationCodeResponse(as, client, response);
+    const tokens = await oauth.processAuthorizationCodeResponse(as, client, await exchange(params, verifier));
     t.equal(tokens.token_type, 'bearer');
     t.equal(tokens.expires_in, 30 * 86_400);
 
@@ -115,15 +106,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
     t.ok(days > 29.9 && days <= 30, 'expires in 30 days');
 
     t.test('the code works once', async (t) => {
-      const replay = await oauth.authorizationCodeGrantRequest(
-        as,
-        client,
-        oauth.None(),
-        params,
-        REDIRECT,
-        verifier,
-        insecure,
-      );
+      const replay = await exchange(params, verifier);
       t.equal(replay.status, 400);
       const body = (await replay.json()) as { error: string; error_description: string; message: string };
       t.equal(body.error, 'invalid_grant');
@@ -147,11 +130,7 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
     t.equal(wrong.location, null);
     const { location } = await consent(svc.url, url, { decision: 'allow', email: user.email, password: PASSWORD });
     const params = oauth.validateAuthResponse(as, client, new URL(location as string), state);
-    const tokens = await oauth.processAuthorizationCodeResponse(
-      as,
-      client,
-      await oauth.authorizationCodeGrantRequest(as, client, oauth.None(), params, REDIRECT, verifier, insecure),
-    );
+    const tokens = await oauth.processAuthorizationCodeResponse(as, client, await exchange(params, verifier));
     t.match(tokens.access_token, /^svco_/);
   });
 

@@ -82,21 +82,17 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   );
   timer.unref();
 
-  function end(w: Watcher): void {
+  /** Ends a watcher: gracefully (`end`, the client may reconnect) or by cutting the socket. */
+  function finish(w: Watcher, how: 'end' | 'cut'): void {
     if (w.closed) return;
     w.closed = true;
     w.stop?.();
     watchers.delete(w);
-    w.res.cork(() => w.res.end());
+    if (how === 'end') w.res.cork(() => w.res.end());
+    else w.res.close();
   }
-
-  function cut(w: Watcher): void {
-    if (w.closed) return;
-    w.closed = true;
-    w.stop?.();
-    watchers.delete(w);
-    w.res.close();
-  }
+  const end = (w: Watcher) => finish(w, 'end');
+  const cut = (w: Watcher) => finish(w, 'cut');
 
   /** Writes a frame corked; a watcher that falls too far behind is cut off, never waited for. */
   function send(w: Watcher, frame: string): void {
