@@ -53,7 +53,7 @@ if (process.env.REDIS_URL) {
   const sub = new Redis(process.env.REDIS_URL);
   for (const batch of [1, 10]) {
     const prefix = `bench${Date.now()}:`;
-    rows.push({ store: 'redis', batch, eventsPerSecond: await measure(redisEventLog(redis, sub, prefix), batch) });
+    rows.push({ store: 'redis', batch, eventsPerSecond: await measure(redisEventLog(redis, sub, { prefix }), batch) });
     const keys = await redis.keys(`${prefix}*`);
     if (keys.length) await redis.del(...keys);
   }

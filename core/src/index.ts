@@ -2,7 +2,7 @@ export * from './blocks.ts';
 export * from './catalog.ts';
 export * from './errors.ts';
 export * from './ids.ts';
-export type * from './log-event.ts';
+export * from './log-event.ts';
 export * from './redact.ts';
 export * from './schemas/account.ts';
 export * from './schemas/agents.ts';

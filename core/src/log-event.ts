@@ -2,10 +2,15 @@
  * A log event as stored and delivered, before it is shaped for the wire (snake_case there).
  * `id` is the tenant-wide event id; `ts` the append time (ISO 8601, UTC). Shared by the log
  * adapters, the Postgres copy and the readers.
+ *
+ * `conversationId` is null for a tenant event: a `conversations`, `team` or `schedule` change
+ * (kinds in TENANT_EVENT_KINDS) that belongs to no one conversation. `producer` and `seq` say
+ * who emitted the event under which number; they stay inside the service (the copier keeps
+ * each producer's durable mark from them) and never reach the wire.
  */
 export interface LogEvent {
   id: number;
-  conversationId: string;
+  conversationId: string | null;
   turnId: string | null;
   kind: string;
   stream: string;
@@ -14,4 +19,12 @@ export interface LogEvent {
   state: string | null;
   durationMs: number | null;
   ts: string;
+  producer: string;
+  seq: number;
 }
+
+/** Kinds of the tenant events, each sent as an SSE event of that name with `{reason: changed}`. */
+export const TENANT_EVENT_KINDS = ['conversations', 'team', 'schedule'] as const;
+export type TenantEventKind = (typeof TENANT_EVENT_KINDS)[number];
+/** The stream tenant events are on; never one a client filters by. */
+export const TENANT_STREAM = 'tenant';

@@ -10,6 +10,7 @@ export * as environments from './queries/environments.ts';
 export * as inferenceCredentials from './queries/inference-credentials.ts';
 export * as logEvents from './queries/log-events.ts';
 export * as oauthCodes from './queries/oauth-codes.ts';
+export * as outbox from './queries/outbox.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
 export * as vaults from './queries/vaults.ts';

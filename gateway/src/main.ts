@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { accounts, type Database, migrate, openDatabase } from '@svc/db';
+import { accounts, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
 import { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
@@ -23,6 +23,7 @@ import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
+import { OutboxRelay } from './workers/outbox-relay.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -103,6 +104,7 @@ export interface Service {
   appendEvents: AppendEvents;
   redaction: Redaction;
   copier: LogCopier;
+  relay: OutboxRelay;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -164,13 +166,15 @@ export async function startService(
 
     // The event log: Redis Streams when REDIS_URL is set, else in memory. Every append goes
     // through the one write path (redaction), and the worker copies the log into Postgres.
+    // A producer mark the hot log lacks (new producer, or Redis lost it) comes from the copy.
+    const loadMark = (tenant: string, producer: string) => logEvents.durableMark(db.sql, tenant, producer);
     let eventLog: EventLog;
     if (redis) {
       const subscriber = redis.duplicate();
       cleanups.push(() => subscriber.quit());
-      eventLog = redisEventLog(redis, subscriber, config.REDIS_KEY_PREFIX);
+      eventLog = redisEventLog(redis, subscriber, { prefix: config.REDIS_KEY_PREFIX, loadMark });
     } else {
-      eventLog = memoryEventLog();
+      eventLog = memoryEventLog({ loadMark });
     }
     cleanups.push(() => eventLog.close());
     const redaction = new Redaction();
@@ -186,6 +190,19 @@ export async function startService(
       if (result.status === 'appended') copier.track(input.tenant);
       return result;
     };
+    // Events the service emits reach the log through the outbox, written with the state change.
+    const relay = new OutboxRelay(
+      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }) },
+      { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 500 },
+    );
+    copier.onDurable((tenant, marks) => {
+      const seq = marks.get(outbox.OUTBOX_PRODUCER);
+      if (seq !== undefined) {
+        relay.durable(tenant, seq).catch((err: Error) => log.warn({ err: { message: err.message } }, 'outbox forget'));
+      }
+    });
+    await relay.start();
+    cleanups.push(() => relay.stop());
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
@@ -273,6 +290,7 @@ export async function startService(
       appendEvents,
       redaction,
       copier,
+      relay,
       routes: routeTable.entries,
       close: closeAll,
     };

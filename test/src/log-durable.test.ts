@@ -1,3 +1,4 @@
+import { logEvents } from '@svc/db';
 import { createLogger } from '@svc/gateway';
 import { Redis } from 'ioredis';
 import t from 'tap';
@@ -23,7 +24,7 @@ for (const backend of backends()) {
         redis = new Redis(process.env.TEST_REDIS_URL as string);
         sub = new Redis(process.env.TEST_REDIS_URL as string);
         prefix = `durable${Math.random().toString(36).slice(2, 6)}:`;
-        return redisEventLog(redis, sub, prefix);
+        return redisEventLog(redis, sub, { prefix });
       }
       return memoryEventLog();
     };
@@ -40,9 +41,19 @@ for (const backend of backends()) {
 
     t.test('copies every event once, in batches, and records how far it got', async (t) => {
       const copier = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 10, keepHot: 1000 });
-      t.equal(await copier.lag(tenant), 35);
+      const durable: [string, number][] = [];
+      copier.onDurable((ten, marks) => {
+        if (ten === tenant) durable.push(...marks);
+      });
+      t.type(await copier.lag(tenant), 'number', 'lag is the age of the oldest uncopied event');
       t.equal(await copier.copyTenant(tenant), 35);
-      t.equal(await copier.lag(tenant), 0);
+      t.equal(await copier.lag(tenant), null, 'nothing left to copy');
+      t.same(durable.at(-1), ['p', 35], 'the producer is told its events up to 35 are durable');
+      t.same(
+        await sql`SELECT producer, durable_seq::int AS seq FROM log_producer_marks WHERE account_id = ${tenant}`,
+        [{ producer: 'p', seq: 35 }],
+        'and its durable mark is stored with them',
+      );
       const rows = await sql<{ n: number; max: string }[]>`
         SELECT count(*)::int AS n, max(id)::text AS max FROM log_events WHERE account_id = ${tenant}`;
       t.equal(rows[0]?.n, 35);
@@ -104,6 +115,49 @@ for (const backend of backends()) {
         ['line 0', 'line 1', 'line 2'],
         'events come back as appended',
       );
+    });
+
+    t.test('a producer mark the hot log lost is loaded from the copy: a durable resend stays a no-op', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      const loadMark = (tenant: string, producer: string) => logEvents.durableMark(sql, tenant, producer);
+      const withMarks = (): EventLog =>
+        redis ? redisEventLog(redis, sub as Redis, { prefix, loadMark }) : memoryEventLog({ loadMark });
+      const first = withMarks();
+      const batch = (from: number, n: number) =>
+        Array.from({ length: n }, (_, i) => out('m', `event ${from + i}`)) as ReturnType<typeof out>[];
+      t.equal(
+        (await first.append({ tenant: ten, producer: 'runner:r1', seq: 1, events: batch(1, 5) })).status,
+        'appended',
+      );
+      const copier = new LogCopier({ sql, log: first, logger }, { intervalMs: 1000, batch: 100, keepHot: 1000 });
+      t.equal(await copier.copyTenant(ten), 5);
+      // The hot log loses its data: Redis keys deleted, or a new process's memory.
+      let again = first;
+      if (redis) {
+        const keys = logKeys(prefix, ten);
+        await redis.del(keys.producer('runner:r1'), keys.seq, keys.log, keys.conversation('m'));
+      } else {
+        again = withMarks();
+      }
+      const resend = await again.append({ tenant: ten, producer: 'runner:r1', seq: 3, events: batch(3, 3) });
+      t.same(
+        { status: resend.status, hwm: resend.hwm },
+        { status: 'duplicate', hwm: 5 },
+        'durable events are not taken twice',
+      );
+      const gap = await again.append({ tenant: ten, producer: 'runner:r1', seq: 8, events: batch(8, 1) });
+      t.equal(gap.status, 'gap', 'the loaded mark still detects a jump');
+      const next = await again.append({ tenant: ten, producer: 'runner:r1', seq: 5, events: batch(5, 3) });
+      t.same(
+        next.events.map((e) => [e.seq, e.data]),
+        [
+          [6, 'event 6'],
+          [7, 'event 7'],
+        ],
+        'an overlap appends only what is new',
+      );
+      const fresh = await again.append({ tenant: ten, producer: 'runner:new', seq: 40, events: batch(40, 1) });
+      t.equal(fresh.status, 'appended', 'a producer the copy never saw starts where it says');
     });
 
     t.test('the copier trims the hot tail to its size, never above the copy mark', async (t) => {

@@ -19,7 +19,7 @@ t.test('redis event log contract', { skip: !process.env.TEST_REDIS_URL && 'no TE
       const redis = new Redis(url);
       const sub = new Redis(url);
       clients.push(redis, sub);
-      return redisEventLog(redis, sub, prefix);
+      return redisEventLog(redis, sub, { prefix });
     },
     {
       // Losing data: every key of this run is gone, counters and marks included.
@@ -61,7 +61,7 @@ t.test('the write path redacts secrets, also split across appends, before anythi
           await sub.quit();
         });
         const prefix = `redact${Math.random().toString(36).slice(2, 6)}:`;
-        const log = redisEventLog(redis, sub, prefix);
+        const log = redisEventLog(redis, sub, { prefix });
         return {
           log,
           // Every byte of every key this log wrote.

@@ -1,5 +1,6 @@
 import type postgres from 'postgres';
 import type { Sql } from '../connect.ts';
+import { enqueue, type OutboxEvent } from './outbox.ts';
 
 export interface ConversationRow {
   id: string;
@@ -72,6 +73,10 @@ export async function getConversation(sql: Sql, accountId: string, id: string): 
   return rows[0];
 }
 
+/**
+ * The state changes below take the events they cause (`events`) and write them into the
+ * outbox in the same transaction: a change and its events commit together or not at all.
+ */
 export async function insertConversation(
   sql: Sql,
   c: {
@@ -85,23 +90,40 @@ export async function insertConversation(
     environmentId?: string | null;
     vaultId?: string | null;
   },
+  events: OutboxEvent[] = [],
 ): Promise<void> {
-  await sql`INSERT INTO conversations (id, account_id, agent_id, title, source, parent_id, channel_id, environment_id, vault_id)
+  await sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    await t`INSERT INTO conversations (id, account_id, agent_id, title, source, parent_id, channel_id, environment_id, vault_id)
             VALUES (${c.id}, ${c.accountId}, ${c.agentId}, ${c.title}, ${c.source}, ${c.parentId ?? null},
                     ${c.channelId ?? null}, ${c.environmentId ?? null}, ${c.vaultId ?? null})`;
+    await enqueue(t, c.accountId, events);
+  });
 }
 
-export async function markRead(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows =
-    await sql`UPDATE conversations SET last_read_at = now() WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
-  return rows.length === 1;
+export async function markRead(sql: Sql, accountId: string, id: string, events: OutboxEvent[] = []): Promise<boolean> {
+  return sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    const rows =
+      await t`UPDATE conversations SET last_read_at = now() WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
+    if (rows.length === 1) await enqueue(t, accountId, events);
+    return rows.length === 1;
+  });
 }
 
-export async function deleteConversation(sql: Sql, accountId: string, id: string): Promise<boolean> {
+export async function deleteConversation(
+  sql: Sql,
+  accountId: string,
+  id: string,
+  events: OutboxEvent[] = [],
+): Promise<boolean> {
   return sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     const rows = await t`DELETE FROM conversations WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
-    if (rows.length) await t`DELETE FROM log_events WHERE account_id = ${accountId} AND conversation_id = ${id}`;
+    if (rows.length) {
+      await t`DELETE FROM log_events WHERE account_id = ${accountId} AND conversation_id = ${id}`;
+      await enqueue(t, accountId, events);
+    }
     return rows.length === 1;
   });
 }
@@ -162,6 +184,7 @@ export async function endTurn(
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
   usage: TurnRow['usage'],
+  events: OutboxEvent[] = [],
 ): Promise<boolean> {
   return sql.begin(async (tx) => {
     const s = tx as unknown as Sql;
@@ -172,6 +195,7 @@ export async function endTurn(
     if (!conversationId) return false;
     await s`UPDATE conversations SET status = 'idle', last_active_at = now(), updated_at = now()
             WHERE account_id = ${accountId} AND id = ${conversationId} AND status = 'running'`;
+    await enqueue(s, accountId, events);
     return true;
   });
 }

@@ -16,11 +16,20 @@ export async function tenantsWithMarks(sql: Sql): Promise<string[]> {
 }
 
 /**
- * Stores a batch and moves the mark to its last id in one transaction. Unique on
- * (account, id), so a batch copied twice after a crash is stored once.
+ * Stores a batch and moves the copy mark to its last id in one transaction, together with the
+ * durable mark of every producer in it (the highest number it reached: a producer's numbers
+ * rise with the ids, the log accepted them only in order). Unique on (account, id), so a
+ * batch copied twice after a crash is stored once. Returns the producers' marks it wrote.
  */
-export async function storeBatch(sql: Sql, accountId: string, events: LogEventRow[]): Promise<void> {
-  if (events.length === 0) return;
+export async function storeBatch(sql: Sql, accountId: string, events: LogEventRow[]): Promise<Map<string, number>> {
+  const marks = new Map<string, number>();
+  if (events.length === 0) return marks;
+  for (const e of events) marks.set(e.producer, Math.max(marks.get(e.producer) ?? 0, e.seq));
+  const producerRows = [...marks].map(([producer, seq]) => ({
+    account_id: accountId,
+    producer,
+    durable_seq: seq,
+  }));
   const rows = events.map((e) => ({
     account_id: accountId,
     id: e.id,
@@ -33,6 +42,8 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     state: e.state,
     duration_ms: e.durationMs,
     ts: e.ts,
+    producer: e.producer,
+    seq: e.seq,
   }));
   const last = (events.at(-1) as LogEventRow).id;
   await sql.begin(async (tx) => {
@@ -40,7 +51,18 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     await t`INSERT INTO log_events ${t(rows)} ON CONFLICT (account_id, id) DO NOTHING`;
     await t`INSERT INTO log_copy_marks (account_id, copied_id) VALUES (${accountId}, ${last})
             ON CONFLICT (account_id) DO UPDATE SET copied_id = GREATEST(log_copy_marks.copied_id, excluded.copied_id)`;
+    await t`INSERT INTO log_producer_marks ${t(producerRows)}
+            ON CONFLICT (account_id, producer)
+            DO UPDATE SET durable_seq = GREATEST(log_producer_marks.durable_seq, excluded.durable_seq)`;
   });
+  return marks;
+}
+
+/** The producer's highest durable number, undefined when nothing of it was ever copied. */
+export async function durableMark(sql: Sql, accountId: string, producer: string): Promise<number | undefined> {
+  const rows = await sql<{ durable_seq: string }[]>`
+    SELECT durable_seq FROM log_producer_marks WHERE account_id = ${accountId} AND producer = ${producer}`;
+  return rows[0] ? Number(rows[0].durable_seq) : undefined;
 }
 
 /** Events after `after` up to `upTo` (inclusive), oldest first. */
@@ -52,7 +74,7 @@ export async function readStored(
   const rows = await sql<
     {
       id: string;
-      conversation_id: string;
+      conversation_id: string | null;
       turn_id: string | null;
       kind: string;
       stream: string;
@@ -61,9 +83,11 @@ export async function readStored(
       state: string | null;
       duration_ms: number | null;
       ts: Date;
+      producer: string | null;
+      seq: string | null;
     }[]
   >`
-    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts FROM log_events
+    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts, producer, seq FROM log_events
     WHERE account_id = ${accountId} AND id > ${o.after} AND id <= ${o.upTo}
       ${o.conversationId ? sql`AND conversation_id = ${o.conversationId}` : sql``}
     ORDER BY id LIMIT ${o.limit}`;
@@ -78,5 +102,7 @@ export async function readStored(
     state: r.state,
     durationMs: r.duration_ms,
     ts: r.ts.toISOString(),
+    producer: r.producer ?? '',
+    seq: r.seq === null ? 0 : Number(r.seq),
   }));
 }

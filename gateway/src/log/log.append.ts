@@ -67,8 +67,10 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
     const outSeqs: number[] = [];
     input.events.forEach((e, i) => {
       const seq = seqs[i] as number;
-      const set = redaction.setFor(input.tenant, e.conversationId);
-      if (!set || set.empty) {
+      const conversationId = e.conversationId;
+      // Secrets belong to a conversation's sandbox; a tenant event carries none.
+      const set = conversationId === null ? undefined : redaction.setFor(input.tenant, conversationId);
+      if (conversationId === null || !set || set.empty) {
         events.push(e);
         outSeqs.push(seq);
         return;
@@ -81,14 +83,14 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
         return;
       }
       if (e.kind === 'output' && typeof e.data === 'string') {
-        const data = redaction.streamFor(input.tenant, e.conversationId, e.stream, set).push(e.data);
+        const data = redaction.streamFor(input.tenant, conversationId, e.stream, set).push(e.data);
         events.push({ ...e, data });
         outSeqs.push(seq);
         return;
       }
-      for (const held of redaction.flush(input.tenant, e.conversationId)) {
+      for (const held of redaction.flush(input.tenant, conversationId)) {
         events.push({
-          conversationId: e.conversationId,
+          conversationId,
           turnId: e.turnId ?? null,
           kind: 'output',
           stream: held.stream,

@@ -3,6 +3,7 @@ import {
   type AppendResult,
   type EventLog,
   type LiveBatch,
+  type LoadMark,
   type LogEvent,
   type ReadOptions,
   seqsOf,
@@ -16,9 +17,11 @@ export function clockMicros(): number {
 
 /**
  * The embedded default: the whole log in this process's memory. Same contract as the Redis
- * adapter; nothing survives a restart (the durable copy in Postgres does).
+ * adapter; nothing survives a restart (the durable copy in Postgres does, and a producer's
+ * mark comes back from it through `loadMark`).
  */
-export function memoryEventLog(now: () => number = clockMicros): EventLog {
+export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMark } = {}): EventLog {
+  const now = options.now ?? clockMicros;
   const tenants = new Map<string, { last: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }>();
   const marks = new Map<string, number>(); // `${tenant}\0${producer}` -> high-water mark
 
@@ -37,17 +40,24 @@ export function memoryEventLog(now: () => number = clockMicros): EventLog {
       const seqs = seqsOf(input);
       const first = seqs[0] ?? input.seq;
       const end = seqs.at(-1) ?? input.seq - 1;
+      if (!marks.has(markKey) && options.loadMark) {
+        const loaded = await options.loadMark(input.tenant, input.producer);
+        // Another append may have set it meanwhile; it is at least as new as the durable one.
+        if (loaded !== undefined && !marks.has(markKey)) marks.set(markKey, loaded);
+      }
       const hwm = marks.get(markKey) ?? first - 1;
       if (end <= hwm) return { status: 'duplicate', events: [], hwm };
       if (first > hwm + 1) return { status: 'gap', events: [], hwm };
-      const fresh = input.events.filter((_, i) => (seqs[i] as number) > hwm);
       const t = tenantOf(input.tenant);
       const prev = t.last;
       const ts = new Date().toISOString();
       const floor = now();
-      const appended = fresh.map((e) => {
+      const appended: LogEvent[] = [];
+      input.events.forEach((e, i) => {
+        const seq = seqs[i] as number;
+        if (seq <= hwm) return;
         t.last = Math.max(t.last + 1, floor);
-        return { id: t.last, ...storedFields(e, ts) };
+        appended.push({ id: t.last, ...storedFields(e, ts, input.producer, seq) });
       });
       t.events.push(...appended);
       marks.set(markKey, end);

@@ -5,6 +5,7 @@ import {
   type AppendResult,
   type EventLog,
   type LiveBatch,
+  type LoadMark,
   type LogEvent,
   type NewEvent,
   type ReadOptions,
@@ -21,16 +22,27 @@ import {
  * path can add an event, as redaction's flush does). Events at or below the producer's mark
  * are skipped; a batch whose first number is beyond mark + 1 is a gap.
  *
+ * A producer without a mark in Redis (new, or Redis lost its data) may have one in Postgres:
+ * the script answers `nomark` unless the caller passes what it loaded (`-`: none there), and
+ * the caller asks again with it. A tenant event (no conversation) passes the tenant log as
+ * its conversation key and is written once.
+ *
  * KEYS: seq, tenant log, conversation stream, producer mark, live channel, trim point
- * ARGV: count, now (us), then count pairs of (seq, JSON payload without the id)
- * Returns: {status, mark, prev, id per appended event...}
+ * ARGV: count, now (us), loaded mark ('' not loaded, '-' none), then count pairs of
+ *       (seq, JSON payload without the id)
+ * Returns: {status, mark, prev, (index, id) per appended event...}
  */
 const APPEND = `
 local n = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
-local first = tonumber(ARGV[3])
-local last_seq = tonumber(ARGV[1 + 2 * n])
+local loaded = ARGV[3]
+local first = tonumber(ARGV[4])
+local last_seq = tonumber(ARGV[2 + 2 * n])
 local mark = redis.call('GET', KEYS[4])
+if not mark then
+  if loaded == '' then return {'nomark'} end
+  if loaded ~= '-' then mark = loaded end
+end
 local hwm = mark and tonumber(mark) or (first - 1)
 if last_seq <= hwm then return {'duplicate', tostring(hwm)} end
 if first > hwm + 1 then return {'gap', tostring(hwm)} end
@@ -42,14 +54,15 @@ local prev = last
 local out = {'appended', tostring(last_seq), string.format('%.0f', prev)}
 local ids = {}
 local payloads = {}
+local own_stream = KEYS[3] ~= KEYS[2]
 for i = 1, n do
-  local s = tonumber(ARGV[1 + 2 * i])
+  local s = tonumber(ARGV[2 + 2 * i])
   if s > hwm then
     last = math.max(last + 1, clock)
     local id = string.format('%.0f', last)
-    local payload = ARGV[2 + 2 * i]
+    local payload = ARGV[3 + 2 * i]
     redis.call('XADD', KEYS[2], id .. '-0', 'e', payload)
-    redis.call('XADD', KEYS[3], id .. '-0', 'e', payload)
+    if own_stream then redis.call('XADD', KEYS[3], id .. '-0', 'e', payload) end
     ids[#ids + 1] = id
     payloads[#payloads + 1] = payload
     out[#out + 1] = tostring(i)
@@ -59,7 +72,7 @@ end
 redis.call('SET', KEYS[1], string.format('%.0f', last))
 redis.call('SET', KEYS[4], tostring(last_seq))
 local cut = redis.call('GET', KEYS[6])
-if cut then redis.call('XTRIM', KEYS[3], 'MINID', '~', cut) end
+if cut and own_stream then redis.call('XTRIM', KEYS[3], 'MINID', '~', cut) end
 redis.call('SPUBLISH', KEYS[5], '{"prev":' .. string.format('%.0f', prev) .. ',"ids":[' .. table.concat(ids, ',') .. '],"events":[' .. table.concat(payloads, ',') .. ']}')
 return out
 `;
@@ -84,7 +97,12 @@ export function logKeys(prefix: string, tenant: string) {
  * The Redis Streams adapter. `redis` runs commands; `subscriber` is a separate connection for
  * sharded pub/sub (a connection in subscriber mode runs nothing else).
  */
-export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): EventLog {
+export function redisEventLog(
+  redis: Redis,
+  subscriber: Redis,
+  options: { prefix?: string; loadMark?: LoadMark } = {},
+): EventLog {
+  const prefix = options.prefix ?? '';
   redis.defineCommand('svcLogAppend', { numberOfKeys: 6, lua: APPEND });
   const appendScript = (redis as unknown as Record<string, (...a: unknown[]) => Promise<string[]>>).svcLogAppend as (
     ...a: unknown[]
@@ -159,27 +177,42 @@ export function redisEventLog(redis: Redis, subscriber: Redis, prefix = ''): Eve
       const keys = logKeys(prefix, input.tenant);
       const conversations = new Set(input.events.map((e) => e.conversationId));
       if (conversations.size !== 1) throw new Error('one append carries one conversation');
-      const conversationId = input.events[0]?.conversationId as string;
+      const conversationId = input.events[0]?.conversationId ?? null;
       const ts = new Date().toISOString();
       const seqs = seqsOf(input);
-      const args: (string | number)[] = [input.events.length, clockMicros()];
-      for (const [i, e] of input.events.entries()) args.push(seqs[i] as number, JSON.stringify(storedFields(e, ts)));
-      const out = await appendScript.call(
-        redis,
-        keys.seq,
-        keys.log,
-        keys.conversation(conversationId),
-        keys.producer(input.producer),
-        keys.live,
-        keys.trim,
-        ...args,
-      );
+      const pairs: (string | number)[] = [];
+      for (const [i, e] of input.events.entries()) {
+        pairs.push(seqs[i] as number, JSON.stringify(storedFields(e, ts, input.producer, seqs[i] as number)));
+      }
+      const run = (loaded: string) =>
+        appendScript.call(
+          redis,
+          keys.seq,
+          keys.log,
+          conversationId === null ? keys.log : keys.conversation(conversationId),
+          keys.producer(input.producer),
+          keys.live,
+          keys.trim,
+          input.events.length,
+          clockMicros(),
+          loaded,
+          ...pairs,
+        );
+      let out = await run(options.loadMark ? '' : '-');
+      if (out[0] === 'nomark') {
+        const mark = await options.loadMark?.(input.tenant, input.producer);
+        out = await run(mark === undefined ? '-' : String(mark));
+      }
       const [status, hwm] = out as [string, string];
       if (status !== 'appended') return { status: status as 'duplicate' | 'gap', events: [], hwm: Number(hwm) };
       const events: LogEvent[] = [];
       for (let i = 3; i < out.length; i += 2) {
         const index = Number(out[i]) - 1;
-        events.push({ id: Number(out[i + 1]), ...storedFields(input.events[index] as NewEvent, ts) });
+        const seq = seqs[index] as number;
+        events.push({
+          id: Number(out[i + 1]),
+          ...storedFields(input.events[index] as NewEvent, ts, input.producer, seq),
+        });
       }
       return { status: 'appended', events, hwm: Number(hwm) };
     },

@@ -14,7 +14,8 @@ import type { LogEvent } from '@svc/core';
 
 /** What a producer emits: a log event before the log gives it an id. */
 export interface NewEvent {
-  conversationId: string;
+  /** Null for a tenant event (a `conversations`, `team` or `schedule` change). */
+  conversationId: string | null;
   turnId?: string | null;
   kind: string;
   stream: string;
@@ -26,8 +27,11 @@ export interface NewEvent {
 
 export type { LogEvent };
 
-/** The stored fields of an event the producer emitted, stamped `ts` (the id comes from the log). */
-export function storedFields(e: NewEvent, ts: string): Omit<LogEvent, 'id'> {
+/**
+ * The stored fields of an event the producer emitted, stamped `ts` and the producer's name and
+ * number (the id comes from the log).
+ */
+export function storedFields(e: NewEvent, ts: string, producer: string, seq: number): Omit<LogEvent, 'id'> {
   return {
     conversationId: e.conversationId,
     turnId: e.turnId ?? null,
@@ -38,6 +42,8 @@ export function storedFields(e: NewEvent, ts: string): Omit<LogEvent, 'id'> {
     state: e.state ?? null,
     durationMs: e.durationMs ?? null,
     ts,
+    producer,
+    seq,
   };
 }
 
@@ -79,6 +85,13 @@ export interface ReadOptions {
   after: number;
   limit: number;
 }
+
+/**
+ * Where a producer's durable mark is kept when the hot log has none (a new producer, or the
+ * store lost its data): the Postgres copy. Undefined when the producer never had anything
+ * copied, and then its first append is taken as it comes.
+ */
+export type LoadMark = (tenant: string, producer: string) => Promise<number | undefined>;
 
 export interface EventLog {
   /**

@@ -4,6 +4,7 @@ import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
+import { changed } from './tenant-events.ts';
 
 export function shapeConversation(row: conversations.ConversationRow) {
   return {
@@ -96,13 +97,13 @@ export async function getConversation(sql: Sql, accountId: string, id: string) {
 }
 
 export async function markRead(sql: Sql, who: ActorRef, id: string) {
-  if (!(await conversations.markRead(sql, who.accountId, id)))
+  if (!(await conversations.markRead(sql, who.accountId, id, [changed('conversations')])))
     throw new ApiError('not_found', 'Conversation not found.');
   return getConversation(sql, who.accountId, id);
 }
 
 export async function deleteConversation(sql: Sql, who: ActorRef, id: string) {
-  if (!(await conversations.deleteConversation(sql, who.accountId, id)))
+  if (!(await conversations.deleteConversation(sql, who.accountId, id, [changed('conversations')])))
     throw new ApiError('not_found', 'Conversation not found.');
   await recordAudit(sql, who, 'conversation.deleted', { type: 'conversation', id });
 }
@@ -157,15 +158,33 @@ export async function createConversationRecord(
   c: { agentId: string; title?: string; source?: 'ui' | 'agent'; parentId?: string | null; channelId?: string | null },
 ) {
   const id = newId('cnv');
-  await conversations.insertConversation(sql, {
-    id,
-    accountId: who.accountId,
-    agentId: c.agentId,
-    title: c.title ?? '',
-    source: c.source ?? 'ui',
-    parentId: c.parentId ?? null,
-    channelId: c.channelId ?? null,
-  });
+  await conversations.insertConversation(
+    sql,
+    {
+      id,
+      accountId: who.accountId,
+      agentId: c.agentId,
+      title: c.title ?? '',
+      source: c.source ?? 'ui',
+      parentId: c.parentId ?? null,
+      channelId: c.channelId ?? null,
+    },
+    [changed('conversations')],
+  );
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id });
   return getConversation(sql, who.accountId, id);
+}
+
+/**
+ * Ends a running turn with its result and usage; the conversation goes idle, and its watchers
+ * hear `conversations` changed. False when the turn had already ended (a turn ends once).
+ */
+export async function finishTurn(
+  sql: Sql,
+  accountId: string,
+  turnId: string,
+  state: 'done' | 'failed' | 'interrupted' | 'timeout',
+  usage: conversations.TurnRow['usage'],
+): Promise<boolean> {
+  return conversations.endTurn(sql, accountId, turnId, state, usage, [changed('conversations')]);
 }

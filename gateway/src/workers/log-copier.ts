@@ -2,6 +2,8 @@ import { logEvents, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { EventLog } from '../log/log.ts';
 
+export type DurableListener = (tenant: string, marks: ReadonlyMap<string, number>) => void;
+
 /**
  * Copies the hot log into Postgres (DESIGN.md "Producers and durability"). Tenants are
  * tracked when this node appends for them, and at start every tenant with a mark plus every
@@ -11,6 +13,7 @@ import type { EventLog } from '../log/log.ts';
  */
 export class LogCopier {
   private readonly dirty = new Set<string>();
+  private readonly listeners: DurableListener[] = [];
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
 
@@ -22,6 +25,14 @@ export class LogCopier {
       keepHot: 10_000,
     },
   ) {}
+
+  /**
+   * Called after each committed batch with the durable mark of every producer in it: the
+   * durable acknowledgement (the outbox forgets its rows; runners' connections relay it).
+   */
+  onDurable(listener: DurableListener): void {
+    this.listeners.push(listener);
+  }
 
   /** Marks a tenant as having events to copy. */
   track(tenant: string): void {
@@ -70,7 +81,8 @@ export class LogCopier {
     for (;;) {
       const batch = await this.deps.log.read(tenant, { after: mark, limit: this.options.batch });
       if (batch.length > 0) {
-        await logEvents.storeBatch(this.deps.sql, tenant, batch);
+        const marks = await logEvents.storeBatch(this.deps.sql, tenant, batch);
+        for (const listener of this.listeners) listener(tenant, marks);
         copied += batch.length;
         mark = (batch.at(-1) as { id: number }).id;
       }
@@ -80,10 +92,14 @@ export class LogCopier {
     return copied;
   }
 
-  /** Events of the tenant not yet copied (a health figure). */
-  async lag(tenant: string): Promise<number> {
+  /**
+   * Copy lag, the health figure: how long ago the oldest event not yet copied was appended,
+   * in milliseconds; null when everything is copied. One read of one event.
+   */
+  async lag(tenant: string): Promise<number | null> {
     const mark = await logEvents.copiedUpTo(this.deps.sql, tenant);
-    return (await this.deps.log.read(tenant, { after: mark, limit: 100_000 })).length;
+    const [oldest] = await this.deps.log.read(tenant, { after: mark, limit: 1 });
+    return oldest ? Math.max(0, Date.now() - Date.parse(oldest.ts)) : null;
   }
 
   async stop(): Promise<void> {

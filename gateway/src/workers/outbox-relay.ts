@@ -1,0 +1,125 @@
+import { logEvents, outbox, type Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { AppendEvents } from '../log/log.append.ts';
+
+/**
+ * Appends the outbox to the log (DESIGN.md "Producers and durability"): each tenant's rows in
+ * order, as the producer `outbox` numbering them by their outbox number, so a row relayed
+ * twice (by this node after a restart, or by two nodes at once) is appended once. Rows stay in
+ * the outbox until the Postgres copy holds them durably: if Redis loses what was appended,
+ * they are still here to be relayed again.
+ *
+ * Woken by the Postgres notification the outbox sends on commit (when the database delivers
+ * notifications) and by a sweep every `intervalMs` that also finds rows a crashed node left.
+ */
+export class OutboxRelay {
+  /** Per tenant: the highest outbox number the log acknowledged to this node. */
+  private readonly relayed = new Map<string, number>();
+  private readonly dirty = new Set<string>();
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private again = false;
+  private unlisten: (() => Promise<void>) | undefined;
+
+  constructor(
+    private readonly deps: { sql: Sql; appendEvents: AppendEvents; logger: Logger },
+    private readonly options: { intervalMs: number; batch: number } = { intervalMs: 250, batch: 500 },
+  ) {}
+
+  async start(): Promise<void> {
+    try {
+      const listening = await this.deps.sql.listen(outbox.OUTBOX_CHANNEL, (tenant) => this.kick(tenant));
+      this.unlisten = () => listening.unlisten();
+    } catch (err) {
+      this.deps.logger.info({ err: { message: (err as Error).message } }, 'outbox: no notifications; sweeping only');
+    }
+    this.timer = setInterval(() => void this.sweep(), this.options.intervalMs);
+    this.timer.unref();
+    await this.sweep();
+  }
+
+  /** A tenant's outbox has new rows: relay them soon. */
+  kick(tenant: string): void {
+    this.dirty.add(tenant);
+    void this.pass();
+  }
+
+  /** The copy holds the tenant's outbox durably up to `seq`: those rows may go. */
+  async durable(tenant: string, seq: number): Promise<void> {
+    await outbox.forget(this.deps.sql, tenant, seq);
+  }
+
+  private async sweep(): Promise<void> {
+    try {
+      for (const tenant of await outbox.tenantsWithRows(this.deps.sql)) this.dirty.add(tenant);
+    } catch (err) {
+      this.deps.logger.error({ err: { message: (err as Error).message } }, 'outbox sweep failed');
+      return;
+    }
+    await this.pass();
+  }
+
+  /** Relays every dirty tenant; a kick during a pass runs another pass after it. */
+  pass(): Promise<void> {
+    if (this.running) {
+      this.again = true;
+      return this.running;
+    }
+    const run = (async () => {
+      do {
+        this.again = false;
+        for (const tenant of [...this.dirty]) {
+          this.dirty.delete(tenant);
+          try {
+            await this.relayTenant(tenant);
+          } catch (err) {
+            this.dirty.add(tenant);
+            this.deps.logger.error(
+              { err: { message: (err as Error).message }, tenant },
+              'outbox relay failed; will retry',
+            );
+          }
+        }
+      } while (this.again && this.dirty.size > 0);
+    })().finally(() => {
+      if (this.running === run) this.running = undefined;
+    });
+    this.running = run;
+    return run;
+  }
+
+  private async relayTenant(tenant: string): Promise<void> {
+    const { sql, appendEvents } = this.deps;
+    // What the copy already holds durably is forgotten first (another node may have copied it).
+    const durable = await logEvents.durableMark(sql, tenant, outbox.OUTBOX_PRODUCER);
+    if (durable !== undefined) await outbox.forget(sql, tenant, durable);
+    let after = Math.max(this.relayed.get(tenant) ?? 0, durable ?? 0);
+    for (;;) {
+      const rows = await outbox.rowsAfter(sql, tenant, after, this.options.batch);
+      // One append carries one conversation's events: consecutive rows of one conversation go together.
+      let i = 0;
+      while (i < rows.length) {
+        let j = i + 1;
+        while (j < rows.length && rows[j]?.conversationId === rows[i]?.conversationId) j++;
+        const group = rows.slice(i, j);
+        const first = group[0] as outbox.OutboxRow;
+        const result = await appendEvents({ tenant, producer: outbox.OUTBOX_PRODUCER, seq: first.seq, events: group });
+        if (result.status === 'gap') {
+          // The log is behind what the outbox still holds: never expected (rows are forgotten
+          // only once durable, and the log loads a lost mark from the copy). Say so loudly.
+          throw new Error(`outbox relay: the log's mark ${result.hwm} is below outbox row ${first.seq}`);
+        }
+        after = (group.at(-1) as outbox.OutboxRow).seq;
+        this.relayed.set(tenant, after);
+        i = j;
+      }
+      if (rows.length < this.options.batch) return;
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    await this.unlisten?.().catch(() => {});
+    await this.running;
+  }
+}
