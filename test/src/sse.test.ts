@@ -1,51 +1,11 @@
-import { connect } from 'node:net';
 import { conversations } from '@svc/db';
 import { EventSource } from 'eventsource';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
-import { backends, signUp, startTestService, type TestService } from './harness.ts';
+import { backends, signUp, startTestService } from './harness.ts';
+import { frames, rawGet } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** A raw HTTP client: sends the request, collects every byte until the server closes. */
-function rawGet(
-  svc: TestService,
-  path: string,
-  headers: Record<string, string>,
-  opts: { readMs?: number; paused?: boolean } = {},
-) {
-  const url = new URL(svc.url);
-  const sock = connect(Number(url.port), url.hostname);
-  let received = '';
-  const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
-  sock.on('error', () => {});
-  sock.on('data', (d) => {
-    received += d.toString();
-  });
-  if (opts.paused) sock.pause();
-  // Connection: close, so the socket closes when the response ends rather than idling.
-  const head = Object.entries({ host: url.host, connection: 'close', ...headers })
-    .map(([k, v]) => `${k}: ${v}\r\n`)
-    .join('');
-  sock.write(`GET ${path} HTTP/1.1\r\n${head}\r\n`);
-  return { sock, closed, text: () => received };
-}
-
-/** The SSE frames of a chunked response body. */
-function frames(raw: string): string[] {
-  const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
-  let text = '';
-  let i = 0;
-  while (i < body.length) {
-    const eol = body.indexOf('\r\n', i);
-    if (eol < 0) break;
-    const size = Number.parseInt(body.slice(i, eol), 16);
-    if (!size) break;
-    text += body.slice(eol + 2, eol + 2 + size);
-    i = eol + 2 + size + 2;
-  }
-  return text.split('\n\n').filter(Boolean);
-}
 
 for (const backend of backends()) {
   t.test(`the conversation stream on ${backend}`, async (t) => {

@@ -199,3 +199,13 @@ export async function endTurn(
     return true;
   });
 }
+
+/** Agent and channel of the given conversations of the tenant (missing ids are absent). */
+export async function lookup(
+  sql: Sql,
+  accountId: string,
+  ids: string[],
+): Promise<{ id: string; agent_id: string; channel_id: string | null }[]> {
+  if (ids.length === 0) return [];
+  return sql`SELECT id, agent_id, channel_id FROM conversations WHERE account_id = ${accountId} AND id = ANY(${ids})`;
+}

@@ -1,5 +1,5 @@
 import type { HttpRequest, HttpResponse, TemplatedApp } from 'uWebSockets.js';
-import { ApiError, LOG_STREAMS } from '@svc/core';
+import { ApiError, LOG_STREAMS, type TenantEventKind } from '@svc/core';
 import { conversations, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import { follow } from '../log/follow.ts';
@@ -9,6 +9,7 @@ import { shapeEvent } from '../services/conversations.ts';
 import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
 import type { Principal } from '../services/principal.ts';
 import { canonicalIp } from './client-ip.ts';
+import { ConversationDirectory, type ConversationInfo } from './directory.ts';
 import type { Admission } from './forward.ts';
 import { writeError } from './respond.ts';
 
@@ -30,6 +31,12 @@ export interface SseDeps {
 }
 
 const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
+/** SPEC: the `conversations` event is sent at most once a second per stream. */
+const CONVERSATIONS_EVENT_EVERY_MS = 1000;
+/** The channel of the team roster's conversations. */
+const TEAM_CHANNEL = 'svc:team';
+/** Events a multiplexed watcher may have waiting for conversation lookups before it is cut off. */
+const MAX_QUEUED_EVENTS = 10_000;
 
 /** One open stream. All watchers share one timer (no per-watcher timers). */
 interface Watcher {
@@ -39,7 +46,25 @@ interface Watcher {
   /** Bytes handed to uWS while it reported backpressure. */
   backlog: number;
   closed: boolean;
+  /** The last tenant id this watcher has been brought up to (sent, or passed over by its filters). */
+  position: number;
+  /** The last id the client was told (`id:` line); a heartbeat tells it `position` when ahead. */
+  told: number;
+  /** When the last `conversations` event went out, and whether one waits for its turn. */
+  conversationsSentAt: number;
+  conversationsPending: boolean;
   stop?: () => void;
+}
+
+/** What a stream request carries; read before the first await (uWS frees the request then). */
+interface Opening {
+  ip: string;
+  authorization: string;
+  cookie: string;
+  origin: string;
+  lastEventId: string;
+  query: URLSearchParams;
+  admit: () => Admission;
 }
 
 function cookieValue(header: string, name: string): string | undefined {
@@ -50,36 +75,60 @@ function cookieValue(header: string, name: string): string | undefined {
   return undefined;
 }
 
+/** The `streams` query as a list (undefined: every stream). */
+function streamsOf(query: URLSearchParams): string[] | undefined {
+  const s = query.get('streams');
+  return s ? s.split(',').map((x) => x.trim()) : undefined;
+}
+
+function frame(id: number, data: unknown, event?: string): string {
+  return `id: ${id}\n${event ? `event: ${event}\n` : ''}data: ${JSON.stringify(data)}\n\n`;
+}
+
 /**
- * Server-Sent Events served by the edge itself. `GET /api/conversations/:id/stream` replays
- * the conversation's events after `Last-Event-ID` (header, or `last_event_id` in the query for
- * clients that cannot set headers) and then follows live, without a gap (follow()). Another
- * tenant's conversation is answered 404 before any byte of stream. `wait=false` (default) ends
- * the response once the conversation has no running turn; `wait=true` stays open across turns
- * until the conversation terminates or the idle close.
+ * Server-Sent Events served by the edge itself (SPEC "Stream events"):
+ *
+ * - `GET /api/conversations/:id/stream`: one conversation's events. `wait=false` (default)
+ *   ends the response once the conversation has no running turn; `wait=true` stays open across
+ *   turns until the conversation terminates or the idle close.
+ * - `GET /api/events/stream`: every conversation of the caller, with `conversation_id`, and
+ *   `conversations` `{reason: changed}` at most once a second.
+ * - `GET /api/team/stream`: the team channel's conversations, with `conversation_id` and
+ *   `agent_id`, and `team` / `schedule` `{reason: changed}`.
+ *
+ * Each replays after `Last-Event-ID` (header, or `last_event_id` in the query for clients
+ * that cannot set headers) and then follows live without a gap (follow()). A heartbeat
+ * comment carries `id: <position>` when the watcher has been brought past the last id it was
+ * told (its filters skipped events), so a reconnect does not start from far back. Another
+ * tenant's conversation is 404 before any byte of stream.
  */
 export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: string, path: string) => () => Admission) {
   const { options } = deps;
   const watchers = new Set<Watcher>();
+  const directory = new ConversationDirectory(deps.sql);
 
-  const timer = setInterval(
-    () => {
-      const now = Date.now();
-      for (const w of watchers) {
-        if (w.closed) continue;
-        if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
-          end(w);
-        } else if (now - w.lastBeatAt >= options.heartbeatMs) {
-          w.lastBeatAt = now;
-          send(w, ': heartbeat\n\n');
-        }
-      }
-    },
-    Math.max(
-      10,
-      Math.min(1000, Math.floor(Math.min(options.heartbeatMs, options.idleCloseMs || options.heartbeatMs) / 4)),
-    ),
+  const tickMs = Math.max(
+    10,
+    Math.min(250, Math.floor(Math.min(options.heartbeatMs, options.idleCloseMs || options.heartbeatMs) / 4)),
   );
+  const timer = setInterval(() => {
+    const now = Date.now();
+    for (const w of watchers) {
+      if (w.closed) continue;
+      if (w.conversationsPending && now - w.conversationsSentAt >= CONVERSATIONS_EVENT_EVERY_MS) {
+        sendConversationsEvent(w, now);
+      }
+      if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
+        end(w);
+      } else if (now - w.lastBeatAt >= options.heartbeatMs) {
+        w.lastBeatAt = now;
+        // A bare id line moves the client's last event id without firing an event.
+        const id = w.position > w.told ? `id: ${w.position}\n` : '';
+        w.told = Math.max(w.told, w.position);
+        send(w, `: heartbeat\n${id}\n`);
+      }
+    }
+  }, tickMs);
   timer.unref();
 
   /** Ends a watcher: gracefully (`end`, the client may reconnect) or by cutting the socket. */
@@ -95,14 +144,14 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   const cut = (w: Watcher) => finish(w, 'cut');
 
   /** Writes a frame corked; a watcher that falls too far behind is cut off, never waited for. */
-  function send(w: Watcher, frame: string): void {
+  function send(w: Watcher, frames: string): void {
     if (w.closed) return;
     let ok = true;
     w.res.cork(() => {
-      ok = w.res.write(frame);
+      ok = w.res.write(frames);
     });
     if (!ok) {
-      w.backlog += Buffer.byteLength(frame);
+      w.backlog += Buffer.byteLength(frames);
       if (w.backlog > options.maxBufferedBytes) {
         deps.logger.info('slow watcher cut off');
         cut(w);
@@ -115,19 +164,62 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     }
   }
 
-  app.get('/api/conversations/:id/stream', (res: HttpResponse, req: HttpRequest) => {
-    const conversationId = req.getParameter(0) ?? '';
+  /** Sends events (frames with ids) and records what the client now knows. */
+  function sendEvents(w: Watcher, frames: string, lastId: number): void {
+    w.lastEventAt = Date.now();
+    w.told = Math.max(w.told, lastId);
+    send(w, frames);
+  }
+
+  /** The coalesced `conversations` event: its id is the position, so the client's id never goes back. */
+  function sendConversationsEvent(w: Watcher, now: number): void {
+    w.conversationsPending = false;
+    w.conversationsSentAt = now;
+    sendEvents(w, frame(w.position, { reason: 'changed' }, 'conversations'), w.position);
+  }
+
+  /**
+   * Common opening of every stream: rate limit, authentication (bearer key or session cookie;
+   * a sandbox token only where `sandbox` allows), the checks of `prepare` (which answers with
+   * an error before any byte of stream), then the stream's head and `: connected`.
+   */
+  function open(
+    res: HttpResponse,
+    req: HttpRequest,
+    run: (ctx: {
+      w: Watcher;
+      principal: Principal;
+      query: URLSearchParams;
+      after: number;
+      /** Whether the client gave a Last-Event-ID (else `after` is 0). */
+      resumed: boolean;
+    }) => Promise<void>,
+    checks: { sandbox?: string; prepare?: (principal: Principal, query: URLSearchParams) => Promise<void> } = {},
+  ): void {
     const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
-    const authorization = req.getHeader('authorization');
-    const cookie = req.getHeader('cookie');
-    const lastEventId = req.getHeader('last-event-id') || req.getQuery('last_event_id') || '';
-    const wait = req.getQuery('wait') === 'true';
-    const streamsParam = req.getQuery('streams') ?? '';
-    const withBlocks = req.getQuery('blocks') === 'true';
-    const origin = req.getHeader('origin');
-    const allowOrigin = origin && deps.corsOrigins.includes(origin) ? origin : undefined;
-    const admit = admitFor(ip, req.getUrl());
-    const w: Watcher = { res, lastEventAt: Date.now(), lastBeatAt: Date.now(), backlog: 0, closed: false };
+    const o: Opening = {
+      ip,
+      authorization: req.getHeader('authorization'),
+      cookie: req.getHeader('cookie'),
+      origin: req.getHeader('origin'),
+      lastEventId: req.getHeader('last-event-id'),
+      query: new URLSearchParams(req.getQuery() ?? ''),
+      admit: admitFor(ip, req.getUrl()),
+    };
+    const lastEventId = o.lastEventId || o.query.get('last_event_id') || '';
+    const allowOrigin = o.origin && deps.corsOrigins.includes(o.origin) ? o.origin : undefined;
+    const now = Date.now();
+    const w: Watcher = {
+      res,
+      lastEventAt: now,
+      lastBeatAt: now,
+      backlog: 0,
+      closed: false,
+      position: 0,
+      told: 0,
+      conversationsSentAt: 0,
+      conversationsPending: false,
+    };
     res.onAborted(() => {
       w.closed = true;
       w.stop?.();
@@ -135,33 +227,33 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     });
 
     void (async () => {
-      const refused = await admit();
+      const refused = await o.admit();
       if (w.closed) return;
       if (refused) return void res.cork(() => writeError(res, refused));
       let principal: Principal | undefined;
       try {
-        principal = await authenticate(deps.sql, authorization, cookie, ip);
+        principal = await authenticate(deps.sql, o.authorization, o.cookie, o.ip);
+        if (w.closed) return;
+        if (!principal) throw new ApiError('unauthorized');
+        if (principal.actor === 'sprite' && checks.sandbox === undefined) {
+          throw new ApiError('forbidden', 'A sandbox token may not use this stream.');
+        }
+        if (principal.actor === 'sprite' && principal.conversationId !== checks.sandbox) {
+          throw new ApiError('not_found', 'Conversation not found.');
+        }
+        if (streamsOf(o.query)?.some((s) => !(LOG_STREAMS as readonly string[]).includes(s))) {
+          throw new ApiError('invalid_request', `streams is a list of ${LOG_STREAMS.join(', ')}.`);
+        }
+        await checks.prepare?.(principal, o.query);
       } catch (err) {
         if (!w.closed) res.cork(() => writeError(res, err instanceof ApiError ? err : new ApiError('internal_error')));
+        if (!(err instanceof ApiError)) deps.logger.error({ err }, 'stream refused');
         return;
       }
       if (w.closed) return;
-      if (!principal) return void res.cork(() => writeError(res, new ApiError('unauthorized')));
-      if (principal.actor === 'sprite' && principal.conversationId !== conversationId) {
-        return void res.cork(() => writeError(res, new ApiError('not_found', 'Conversation not found.')));
-      }
-      const streams = streamsParam ? streamsParam.split(',').map((s) => s.trim()) : undefined;
-      if (streams?.some((s) => !(LOG_STREAMS as readonly string[]).includes(s))) {
-        return void res.cork(() =>
-          writeError(res, new ApiError('invalid_request', `streams is a list of ${LOG_STREAMS.join(', ')}.`)),
-        );
-      }
       const after = /^\d+$/.test(lastEventId) ? Number(lastEventId) : 0;
-      const conversation = await conversations.getConversation(deps.sql, principal.accountId, conversationId);
-      if (w.closed) return;
-      if (!conversation)
-        return void res.cork(() => writeError(res, new ApiError('not_found', 'Conversation not found.')));
-
+      w.position = after;
+      w.told = after;
       res.cork(() => {
         res.writeStatus('200 OK');
         res.writeHeader('content-type', 'text/event-stream; charset=utf-8');
@@ -174,42 +266,182 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         res.write(': connected\n\n');
       });
       watchers.add(w);
-
-      // Live: a turn's end closes a wait=false stream, the conversation's end closes any.
-      let replaying = true;
-      const onEvents = (events: LogEvent[]) => {
-        if (w.closed) return;
-        let frames = '';
-        let ending = false;
-        for (const e of events) {
-          if (e.conversationId !== conversationId) continue;
-          if (!streams || streams.includes(e.stream))
-            frames += `id: ${e.id}\ndata: ${JSON.stringify(shapeEvent(e, withBlocks))}\n\n`;
-          if (e.kind === 'stage' && !replaying) {
-            if (e.stage === 'terminate' && e.state === 'done') ending = true;
-            if (!wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;
-          }
-        }
-        if (frames) {
-          w.lastEventAt = Date.now();
-          send(w, frames);
-        }
-        if (ending) end(w);
-      };
-      const tenant = principal.accountId;
-      w.stop = await follow(deps.log, tenant, after, onEvents, {
-        read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
-      });
-      replaying = false;
-      // History is out. wait=false ends now unless a turn is running; a terminated
-      // conversation has nothing more to say either way.
-      const now = await conversations.getConversation(deps.sql, tenant, conversationId);
-      if (!now || now.status === 'terminated' || (!wait && now.status !== 'running')) end(w);
+      await run({ w, principal, query: o.query, after, resumed: /^\d+$/.test(lastEventId) });
     })().catch((err) => {
       deps.logger.error({ err }, 'stream failed');
       if (!w.closed) cut(w);
     });
+  }
+
+  app.get('/api/conversations/:id/stream', (res, req) => {
+    const conversationId = req.getParameter(0) ?? '';
+    open(
+      res,
+      req,
+      async ({ w, principal, query, after }) => {
+        const wait = query.get('wait') === 'true';
+        const withBlocks = query.get('blocks') === 'true';
+        const streams = streamsOf(query);
+        const tenant = principal.accountId;
+        // Live: a turn's end closes a wait=false stream, the conversation's end closes any.
+        let replaying = true;
+        const onEvents = (events: LogEvent[]) => {
+          if (w.closed) return;
+          let frames = '';
+          let last = 0;
+          let ending = false;
+          for (const e of events) {
+            w.position = Math.max(w.position, e.id);
+            if (e.conversationId !== conversationId) continue;
+            if (!streams || streams.includes(e.stream)) {
+              frames += frame(e.id, shapeEvent(e, withBlocks));
+              last = e.id;
+            }
+            if (e.kind === 'stage' && !replaying) {
+              if (e.stage === 'terminate' && e.state === 'done') ending = true;
+              if (!wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;
+            }
+          }
+          if (frames) sendEvents(w, frames, last);
+          if (ending) end(w);
+        };
+        w.stop = await follow(deps.log, tenant, after, onEvents, {
+          read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
+        });
+        if (w.closed) return w.stop();
+        replaying = false;
+        // History is out. wait=false ends now unless a turn is running; a terminated
+        // conversation has nothing more to say either way.
+        const now = await conversations.getConversation(deps.sql, tenant, conversationId);
+        if (!now || now.status === 'terminated' || (!wait && now.status !== 'running')) end(w);
+      },
+      {
+        sandbox: conversationId,
+        prepare: async (principal) => {
+          if (!(await conversations.getConversation(deps.sql, principal.accountId, conversationId))) {
+            throw new ApiError('not_found', 'Conversation not found.');
+          }
+        },
+      },
+    );
   });
+
+  /**
+   * A stream over many conversations of the tenant. `select` says whether a conversation's
+   * events belong on it and what they add (`conversation_id`, `agent_id`); `kinds` are the
+   * tenant events it carries. Events of conversations not known yet wait, in order, for one
+   * directory lookup shared by the node's watchers of the tenant.
+   */
+  function multiplexed(
+    path: string,
+    kinds: ReadonlySet<TenantEventKind>,
+    select: (id: string, info: ConversationInfo) => Record<string, string> | undefined,
+  ) {
+    app.get(path, (res, req) => {
+      open(res, req, async ({ w, principal, query, after: resumeAfter, resumed }) => {
+        const withBlocks = query.get('blocks') === 'true';
+        const streams = streamsOf(query);
+        const tenant = principal.accountId;
+        // Without Last-Event-ID a multiplexed stream starts live (the client lists first).
+        const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
+        w.position = Math.max(w.position, after);
+        w.told = Math.max(w.told, after);
+        const release = directory.acquire(tenant);
+        // Events wait here, in order, while the conversation of the first is looked up.
+        const queue: LogEvent[] = [];
+        let pumping = false;
+
+        /** Sends what is queued, in order, up to the first event whose conversation is unknown. */
+        const render = () => {
+          let frames = '';
+          let last = 0;
+          let i = 0;
+          for (; i < queue.length; i++) {
+            const e = queue[i] as LogEvent;
+            if (e.conversationId === null) {
+              // A change may have deleted a conversation or moved it off the team channel.
+              directory.forget(tenant, e.id);
+              w.position = Math.max(w.position, e.id);
+              if (!kinds.has(e.kind as TenantEventKind)) continue;
+              if (e.kind === 'conversations') {
+                // At most one a second: the first goes now, later ones fold into one.
+                if (Date.now() - w.conversationsSentAt < CONVERSATIONS_EVENT_EVERY_MS) {
+                  w.conversationsPending = true;
+                  continue;
+                }
+                w.conversationsSentAt = Date.now();
+                w.conversationsPending = false;
+              }
+              frames += frame(e.id, JSON.parse(e.data ?? '{}'), e.kind);
+              last = e.id;
+              continue;
+            }
+            const info = directory.get(tenant, e.conversationId);
+            if (info === undefined) break;
+            w.position = Math.max(w.position, e.id);
+            if (streams && !streams.includes(e.stream)) continue;
+            const extra = info ? select(e.conversationId, info) : undefined;
+            if (!extra) continue;
+            frames += frame(e.id, { ...shapeEvent(e, withBlocks), ...extra });
+            last = e.id;
+          }
+          queue.splice(0, i);
+          if (frames) sendEvents(w, frames, last);
+        };
+
+        /** Looks up what the queue waits for, one query for all of it, until the queue is sent. */
+        const pump = async () => {
+          pumping = true;
+          try {
+            for (;;) {
+              render();
+              if (queue.length === 0 || w.closed) return;
+              const unknown = new Set<string>();
+              for (const e of queue) {
+                if (e.conversationId !== null && directory.get(tenant, e.conversationId) === undefined) {
+                  unknown.add(e.conversationId);
+                }
+              }
+              await directory.load(tenant, unknown);
+            }
+          } finally {
+            pumping = false;
+          }
+        };
+
+        const onEvents = (events: LogEvent[]) => {
+          if (w.closed) return;
+          queue.push(...events);
+          if (queue.length > MAX_QUEUED_EVENTS) {
+            deps.logger.info('stream watcher fell behind its lookups; cut off');
+            return cut(w);
+          }
+          if (pumping) return;
+          render();
+          if (queue.length > 0) {
+            pump().catch((err) => {
+              deps.logger.error({ err }, 'stream lookup failed');
+              cut(w);
+            });
+          }
+        };
+
+        const stop = await follow(deps.log, tenant, after, onEvents, {
+          read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
+        });
+        w.stop = () => {
+          stop();
+          release();
+        };
+        if (w.closed) w.stop();
+      });
+    });
+  }
+
+  multiplexed('/api/events/stream', new Set(['conversations']), (id) => ({ conversation_id: id }));
+  multiplexed('/api/team/stream', new Set(['team', 'schedule']), (id, info) =>
+    info.channelId === TEAM_CHANNEL ? { conversation_id: id, agent_id: info.agentId } : undefined,
+  );
 
   return {
     close() {

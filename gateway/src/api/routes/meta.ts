@@ -156,4 +156,43 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
       },
     },
   } as never;
+  const multiplexed = (summary: string, description: string) =>
+    ({
+      get: {
+        tags: ['conversations'],
+        summary,
+        description: `${description} Starts with a \`: connected\` comment. Without Last-Event-ID (header, or \`last_event_id\` in the query) it starts live: list first, then watch; with it, it replays every event after that id, once, in order, then follows live. A \`: heartbeat\` comment every 15 s carries \`id: <position>\` when filters skipped events, so a reconnect resumes from there. Closes after 60 s without events; a client that falls too far behind is disconnected; both resume with Last-Event-ID. Sandbox tokens may not open it (403).`,
+        parameters: [
+          {
+            name: 'streams',
+            in: 'query',
+            schema: { type: 'string' },
+            description: 'Comma-separated: stdout, stderr, stage, acp (change events always pass).',
+          },
+          {
+            name: 'blocks',
+            in: 'query',
+            schema: { type: 'string', enum: ['true', 'false'] },
+            description: 'Add the parsed blocks to each event.',
+          },
+          { name: 'last_event_id', in: 'query', schema: { type: 'string' } },
+          { name: 'Last-Event-ID', in: 'header', schema: { type: 'string' } },
+        ],
+        responses: {
+          '200': { description: 'An event stream', content: { 'text/event-stream': { schema: { type: 'string' } } } },
+          '400': { description: 'Unknown stream name', content: error },
+          '401': { description: 'No valid credential', content: error },
+          '403': { description: 'A sandbox token', content: error },
+          '429': { description: 'Rate limited', content: error },
+        },
+      },
+    }) as never;
+  d.paths['/api/events/stream'] = multiplexed(
+    'Every conversation of the caller as one Server-Sent Events stream (served by the edge)',
+    'Each event is a conversation log event plus `conversation_id`; new conversations are followed on their own (and deleted ones vanish from replays). `event: conversations` with `{"reason":"changed"}` on create, title, read, delete or finish, at most once a second (a burst folds into one, whose id is the position reached).',
+  );
+  d.paths['/api/team/stream'] = multiplexed(
+    "The team channel's conversations as one Server-Sent Events stream (served by the edge)",
+    'Each event is a log event of a conversation on the team channel (`svc:team`) plus `conversation_id` and `agent_id`. `event: team` with `{"reason":"changed"}` when a teammate is added or removed, a fresh conversation opens for one, or a self-hosted runner connects or drops; `event: schedule` when a schedule is created, updated, deleted or fired.',
+  );
 }

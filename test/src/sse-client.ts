@@ -1,0 +1,63 @@
+import { connect } from 'node:net';
+import type { TestService } from './harness.ts';
+
+/** A raw HTTP client: sends the request, collects every byte until the server closes. */
+export function rawGet(
+  svc: TestService,
+  path: string,
+  headers: Record<string, string>,
+  opts: { paused?: boolean } = {},
+) {
+  const url = new URL(svc.url);
+  const sock = connect(Number(url.port), url.hostname);
+  let received = '';
+  const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
+  sock.on('error', () => {});
+  sock.on('data', (d) => {
+    received += d.toString();
+  });
+  if (opts.paused) sock.pause();
+  // Connection: close, so the socket closes when the response ends rather than idling.
+  const head = Object.entries({ host: url.host, connection: 'close', ...headers })
+    .map(([k, v]) => `${k}: ${v}\r\n`)
+    .join('');
+  sock.write(`GET ${path} HTTP/1.1\r\n${head}\r\n`);
+  return { sock, closed, text: () => received };
+}
+
+/** The SSE frames of a chunked response body. */
+export function frames(raw: string): string[] {
+  const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
+  let text = '';
+  let i = 0;
+  while (i < body.length) {
+    const eol = body.indexOf('\r\n', i);
+    if (eol < 0) break;
+    const size = Number.parseInt(body.slice(i, eol), 16);
+    if (!size) break;
+    text += body.slice(eol + 2, eol + 2 + size);
+    i = eol + 2 + size + 2;
+  }
+  return text.split('\n\n').filter(Boolean);
+}
+
+/** An SSE event parsed from a frame: its fields as the WHATWG parser reads them. */
+export interface SseEvent {
+  id?: string;
+  event?: string;
+  data?: string;
+  comment?: string;
+}
+
+export function parseFrame(frame: string): SseEvent {
+  const out: SseEvent = {};
+  for (const line of frame.split('\n')) {
+    if (line.startsWith(':')) out.comment = line.slice(1).trim();
+    else {
+      const i = line.indexOf(':');
+      const field = line.slice(0, i) as 'id' | 'event' | 'data';
+      out[field] = line.slice(i + 1).replace(/^ /, '');
+    }
+  }
+  return out;
+}
