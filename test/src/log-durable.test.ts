@@ -160,6 +160,35 @@ for (const backend of backends()) {
       t.equal(fresh.status, 'appended', 'a producer the copy never saw starts where it says');
     });
 
+    t.test('a read racing a copy and a trim finds no hole', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      for (let i = 0; i < 30; i++)
+        await log.append({ tenant: ten, producer: 'p', seq: i + 1, events: [out('r', `r${i}`)] });
+      const events = await log.read(ten, { after: 0, limit: 100 });
+      await logEvents.storeBatch(sql, ten, events.slice(0, 10));
+      // The reader has read the mark (after event 10); before it reads the hot log, the copier
+      // copies the rest and trims all but the newest 5.
+      let raced = false;
+      const racing: EventLog = {
+        ...log,
+        read: async (tenant, o) => {
+          if (!raced && tenant === ten) {
+            raced = true;
+            await logEvents.storeBatch(sql, ten, events.slice(10));
+            await log.trim(ten, { upTo: (events.at(-1) as { id: number }).id, keep: 5 });
+          }
+          return log.read(tenant, o);
+        },
+      };
+      const read = await readLog({ sql, log: racing }, ten, { after: 0, limit: 100 });
+      t.ok(raced, 'the trim ran inside the read');
+      t.same(
+        read.map((e) => e.data),
+        events.map((e) => e.data),
+        'all 30, in order, once each',
+      );
+    });
+
     t.test('the copier trims the hot tail to its size, never above the copy mark', async (t) => {
       for (let i = 60; i < 80; i++)
         await log.append({ tenant, producer: 'p', seq: ++seq, events: [out('a', `line ${i}`)] });

@@ -22,13 +22,16 @@ export function clockMicros(): number {
  */
 export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMark } = {}): EventLog {
   const now = options.now ?? clockMicros;
-  const tenants = new Map<string, { last: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }>();
+  const tenants = new Map<
+    string,
+    { last: number; floor: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }
+  >();
   const marks = new Map<string, number>(); // `${tenant}\0${producer}` -> high-water mark
 
   const tenantOf = (tenant: string) => {
     let t = tenants.get(tenant);
     if (!t) {
-      t = { last: 0, events: [], subscribers: new Set() };
+      t = { last: 0, floor: 0, events: [], subscribers: new Set() };
       tenants.set(tenant, t);
     }
     return t;
@@ -101,7 +104,12 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
       if (!t) return;
       const boundary = t.events.length > o.keep ? (t.events[t.events.length - o.keep] as LogEvent).id : 0;
       const cut = Math.min(boundary, o.upTo + 1);
+      t.floor = Math.max(t.floor, cut);
       t.events = t.events.filter((e) => e.id >= cut);
+    },
+
+    async floor(tenant: string) {
+      return tenants.get(tenant)?.floor ?? 0;
     },
 
     async close() {

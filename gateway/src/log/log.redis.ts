@@ -254,8 +254,13 @@ export function redisEventLog(
       if (newest.length < o.keep) return;
       const boundary = Number((newest.at(-1) as [string, string[]])[0].slice(0, -2));
       const cut = Math.min(boundary, o.upTo + 1);
-      await redis.xtrim(keys.log, 'MINID', cut);
+      // The trim point first: a reader that finds the events gone also finds the point moved.
       await redis.set(keys.trim, String(cut));
+      await redis.xtrim(keys.log, 'MINID', cut);
+    },
+
+    async floor(tenant: string) {
+      return Number((await redis.get(logKeys(prefix, tenant).trim)) ?? 0);
     },
 
     async close() {

@@ -116,5 +116,11 @@ export interface EventLog {
    * event above `upTo`. Conversation streams follow at their next append.
    */
   trim(tenant: string, options: { upTo: number; keep: number }): Promise<void>;
+  /**
+   * The trim point: events with lower ids may be gone from the hot log (0 when nothing was
+   * trimmed). Set before the events go, so a reader that checks it after reading cannot
+   * miss a trim that raced its read.
+   */
+  floor(tenant: string): Promise<number>;
   close(): Promise<void>;
 }

@@ -6,23 +6,31 @@ import type { EventLog, LogEvent, ReadOptions } from './log.ts';
  * they are: Postgres holds everything up to the copy mark, and the hot log is only ever
  * trimmed below that mark, so Postgres up to the mark followed by the hot log above it is
  * complete, without a hole between the two (DESIGN.md invariant 5).
+ *
+ * The copier may move the mark and trim while a read is under way; then the hot log may no
+ * longer hold the start of the range the old mark left to it. The trim point is set before
+ * events go, so a hot read followed by a trim point above where it started means the read
+ * may have a hole, and it is done again against the new mark.
  */
 export async function readLog(deps: { sql: Sql; log: EventLog }, tenant: string, o: ReadOptions): Promise<LogEvent[]> {
-  const mark = await logEvents.copiedUpTo(deps.sql, tenant);
-  const out: LogEvent[] = [];
-  let after = o.after;
-  if (after < mark) {
-    const stored = await logEvents.readStored(deps.sql, tenant, {
-      after,
-      upTo: mark,
-      limit: o.limit,
-      conversationId: o.conversationId,
-    });
-    out.push(...stored);
-    if (out.length >= o.limit) return out;
-    after = mark;
+  for (;;) {
+    const mark = await logEvents.copiedUpTo(deps.sql, tenant);
+    const out: LogEvent[] = [];
+    let after = o.after;
+    if (after < mark) {
+      const stored = await logEvents.readStored(deps.sql, tenant, {
+        after,
+        upTo: mark,
+        limit: o.limit,
+        conversationId: o.conversationId,
+      });
+      out.push(...stored);
+      if (out.length >= o.limit) return out;
+      after = mark;
+    }
+    const hot = await deps.log.read(tenant, { ...o, after, limit: o.limit - out.length });
+    if ((await deps.log.floor(tenant)) > after + 1) continue;
+    out.push(...hot);
+    return out;
   }
-  const hot = await deps.log.read(tenant, { ...o, after, limit: o.limit - out.length });
-  out.push(...hot);
-  return out;
 }
