@@ -86,6 +86,27 @@ function frame(id: number, data: unknown, event?: string): string {
 }
 
 /**
+ * An event's frame for one shape of a stream (which stream, blocks or not), serialised once
+ * per node however many watchers send it: every watcher of a tenant on this node receives
+ * the same event objects from the feed, so the frame is cached on the object itself (a
+ * WeakMap: it goes when the event does).
+ */
+const frameCaches = new Map<string, WeakMap<LogEvent, string>>();
+function cachedFrame(shape: string, e: LogEvent, build: () => string): string {
+  let cache = frameCaches.get(shape);
+  if (!cache) {
+    cache = new WeakMap();
+    frameCaches.set(shape, cache);
+  }
+  let f = cache.get(e);
+  if (f === undefined) {
+    f = build();
+    cache.set(e, f);
+  }
+  return f;
+}
+
+/**
  * Server-Sent Events served by the edge itself (SPEC "Stream events"):
  *
  * - `GET /api/conversations/:id/stream`: one conversation's events. `wait=false` (default)
@@ -294,7 +315,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             w.position = Math.max(w.position, e.id);
             if (e.conversationId !== conversationId) continue;
             if (!streams || streams.includes(e.stream)) {
-              frames += frame(e.id, shapeEvent(e, withBlocks));
+              frames += cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
               last = e.id;
             }
             if (e.kind === 'stage' && !replaying) {
@@ -382,7 +403,9 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             if (streams && !streams.includes(e.stream)) continue;
             const extra = info ? select(e.conversationId, info) : undefined;
             if (!extra) continue;
-            frames += frame(e.id, { ...shapeEvent(e, withBlocks), ...extra });
+            frames += cachedFrame(`${path}:${withBlocks}`, e, () =>
+              frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
+            );
             last = e.id;
           }
           queue.splice(0, i);
