@@ -24,6 +24,7 @@ export const ConfigSchema = z.object({
   DATABASE_URL: z.string().optional(),
   DATABASE_POOL_MAX: z.coerce.number().int().min(1).max(200).default(10),
   REDIS_URL: z.string().optional(),
+  REDIS_CLUSTER: bool.default(false),
   REDIS_KEY_PREFIX: z.string().default(''),
   DATA_DIR: z.string().default('.data'),
   MASTER_KEY: z
@@ -96,6 +97,16 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   const config = parsed.data;
   if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
     throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
+  }
+  if (config.REDIS_CLUSTER && !config.REDIS_URL) {
+    throw new ConfigError('invalid configuration:\n  REDIS_URL: required when REDIS_CLUSTER=true');
+  }
+  // On a cluster the hash tag is the first {...} of a key: a brace in the prefix would move
+  // every key of a tenant off its `{t:<tenant>}` tag and split them across shards.
+  if (config.REDIS_CLUSTER && /[{}]/.test(config.REDIS_KEY_PREFIX)) {
+    throw new ConfigError(
+      'invalid configuration:\n  REDIS_KEY_PREFIX: must not contain { or } when REDIS_CLUSTER=true',
+    );
   }
   return config;
 }

@@ -3,7 +3,6 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { accounts, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
-import { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
@@ -20,6 +19,7 @@ import type { Mailer } from './mail/mail.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
+import { connectRedis, type RedisConnections } from './redis.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
@@ -71,24 +71,6 @@ async function masterKey(config: Config, log: Logger): Promise<Buffer> {
   await writeFile(file, `${key.toString('hex')}\n`, { mode: 0o600, flag: 'wx' });
   log.info({ file: resolve(file) }, 'generated a master key; back it up with the data directory');
   return key;
-}
-
-/**
- * The log and bus need Redis 7.0 or newer (sharded pub/sub, XADD options) and must never have
- * keys evicted; refuse to start otherwise, naming the setting.
- */
-async function checkRedis(redis: Redis): Promise<void> {
-  const version = /redis_version:(\d+)\.(\d+)/.exec(await redis.info('server'));
-  if (!version || Number(version[1]) < 7) {
-    const found = version ? `${version[1]}.${version[2]}` : 'unknown';
-    throw new ConfigError(`invalid configuration:\n  REDIS_URL: Redis 7.0 or newer is required (found ${found})`);
-  }
-  const policy = /maxmemory_policy:(\S+)/.exec(await redis.info('memory'))?.[1];
-  if (policy !== 'noeviction') {
-    throw new ConfigError(
-      `invalid configuration:\n  REDIS_URL: the server must run with maxmemory-policy noeviction (it has ${policy ?? 'unknown'})`,
-    );
-  }
 }
 
 export interface Service {
@@ -147,12 +129,12 @@ export async function startService(
     const promoted = await accounts.promoteAdmins(db.sql, config.ADMIN_EMAILS);
     if (promoted.length) log.info({ accounts: promoted }, 'ADMIN_EMAILS: existing accounts made admin');
 
-    let redis: Redis | undefined;
+    // One server or, with REDIS_CLUSTER, a cluster; checked (version, eviction) before use.
+    let redis: RedisConnections | undefined;
     if (config.REDIS_URL) {
-      redis = new Redis(config.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 2 });
-      await redis.connect();
-      cleanups.push(() => redis?.quit());
-      await checkRedis(redis);
+      const connections = await connectRedis(config, log.child({ role: 'redis' }));
+      cleanups.push(() => connections.close());
+      redis = connections;
     }
 
     let mailer: Mailer;
@@ -170,9 +152,7 @@ export async function startService(
     const loadMark = (tenant: string, producer: string) => logEvents.durableMark(db.sql, tenant, producer);
     let eventLog: EventLog;
     if (redis) {
-      const subscriber = redis.duplicate();
-      cleanups.push(() => subscriber.quit());
-      eventLog = redisEventLog(redis, subscriber, { prefix: config.REDIS_KEY_PREFIX, loadMark });
+      eventLog = redisEventLog(redis.redis, redis.subscriber, { prefix: config.REDIS_KEY_PREFIX, loadMark });
     } else {
       eventLog = memoryEventLog({ loadMark });
     }
@@ -207,7 +187,7 @@ export async function startService(
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
       const opts = { perMinute: config.RATE_LIMIT_PER_MINUTE, burst: config.RATE_LIMIT_PER_MINUTE };
-      limiter = redis ? redisRateLimiter(redis, opts, config.REDIS_KEY_PREFIX) : memoryRateLimiter(opts);
+      limiter = redis ? redisRateLimiter(redis.redis, opts, config.REDIS_KEY_PREFIX) : memoryRateLimiter(opts);
     }
 
     let boundPort = config.PORT;
@@ -329,7 +309,7 @@ export async function runFromEnv(): Promise<void> {
     [
       '',
       `  svc is listening on ${service.url}`,
-      `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? 'Redis' : 'in memory'}`,
+      `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? (config.REDIS_CLUSTER ? 'Redis Cluster' : 'Redis') : 'in memory'}`,
       `  mail goes to: ${service.mailer.describe}`,
       `  API reference: ${service.url}/api/docs (OpenAPI at ${service.url}/api/openapi.json)`,
       '',

@@ -1,4 +1,5 @@
-import type { Redis } from 'ioredis';
+import { randomUUID } from 'node:crypto';
+import type { Cluster, Redis } from 'ioredis';
 import { clockMicros } from './log.memory.ts';
 import {
   type AppendInput,
@@ -94,15 +95,23 @@ export function logKeys(prefix: string, tenant: string) {
 }
 
 /**
- * The Redis Streams adapter. `redis` runs commands; `subscriber` is a separate connection for
- * sharded pub/sub (a connection in subscriber mode runs nothing else).
+ * The Redis Streams adapter, on one server or a Redis Cluster. `redis` runs commands (on a
+ * cluster each script runs on the shard of its tenant's hash tag); `subscriber` is a separate
+ * connection for sharded pub/sub (a connection in subscriber mode runs nothing else). A
+ * cluster subscriber must be made with `shardedSubscribers: true`: ioredis then keeps one
+ * subscriber connection per master and sends each SSUBSCRIBE to the owner of its slot.
  */
 export function redisEventLog(
-  redis: Redis,
-  subscriber: Redis,
+  redis: Redis | Cluster,
+  subscriber: Redis | Cluster,
   options: { prefix?: string; loadMark?: LoadMark } = {},
 ): EventLog {
   const prefix = options.prefix ?? '';
+  const clustered = subscriber.isCluster;
+  if (clustered && !(subscriber as Cluster).options.shardedSubscribers) {
+    // Without it every SSUBSCRIBE goes to one node, and a channel it does not own answers MOVED.
+    throw new Error('redisEventLog: a Cluster subscriber needs the option shardedSubscribers: true');
+  }
   redis.defineCommand('svcLogAppend', { numberOfKeys: 6, lua: APPEND });
   const appendScript = (redis as unknown as Record<string, (...a: unknown[]) => Promise<string[]>>).svcLogAppend as (
     ...a: unknown[]
@@ -128,9 +137,14 @@ export function redisEventLog(
   interface Feed {
     handlers: Set<(b: LiveBatch) => void>;
     delivered: number;
+    /** Every step of this feed, in order; it starts with `ready`. */
     queue: Promise<void>;
     /** Resolves once SSUBSCRIBE is confirmed and `delivered` is set. */
     ready: Promise<void>;
+    /** Its first SSUBSCRIBE was confirmed: from then on, a resubscribe may have lost messages. */
+    subscribed: boolean;
+    /** A resubscribe step is queued and has not started (one is enough). */
+    resubscribing: boolean;
   }
   const feeds = new Map<string, Feed>();
   const channelTenant = new Map<string, string>();
@@ -152,24 +166,80 @@ export function redisEventLog(
     }
   };
 
+  // A failed step (Redis unreachable for a moment) must not stall the feed: the next message,
+  // or the next resubscribe, fills whatever it left out.
+  const enqueue = (feed: Feed, step: () => Promise<void>) => {
+    feed.queue = feed.queue.then(step).catch(() => {});
+  };
+
+  // Probes this node published to learn when its subscription is live again (see below).
+  const probes = new Map<string, () => void>();
+
   subscriber.on('smessage', (channel: string, message: string) => {
+    const parsed = JSON.parse(message) as { prev: number; ids: number[]; events: Payload[]; probe?: string };
+    if (parsed.probe !== undefined) {
+      probes.get(parsed.probe)?.();
+      return;
+    }
     const tenant = channelTenant.get(channel);
     const feed = tenant ? feeds.get(tenant) : undefined;
     if (!tenant || !feed) return;
-    const parsed = JSON.parse(message) as { prev: number; ids: number[]; events: Payload[] };
     const events = parsed.events.map((p, i) => ({ id: parsed.ids[i] as number, ...p }));
-    feed.queue = feed.queue.then(async () => {
+    enqueue(feed, async () => {
       if (parsed.prev > feed.delivered) await fill(tenant, feed, parsed.prev);
       deliver(tenant, feed, events, parsed.prev);
     });
   });
-  // After a reconnect ioredis resubscribes silently; whatever was published meanwhile is read
-  // from the streams before anything newer is delivered.
-  subscriber.on('ready', () => {
-    for (const [tenant, feed] of feeds) {
-      feed.queue = feed.queue.then(async () => fill(tenant, feed, await lastId(tenant)));
+
+  /**
+   * Resolves once a publish on `channel` reaches this node's subscriber, or after `ms`. The
+   * probe is shaped as an empty batch, so any other node subscribed to the tenant drops it.
+   */
+  const probe = async (channel: string, ms: number) => {
+    const nonce = randomUUID();
+    let timer: NodeJS.Timeout | undefined;
+    const heard = new Promise<void>((resolve) => {
+      probes.set(nonce, resolve);
+      timer = setTimeout(resolve, ms);
+    });
+    try {
+      await redis.spublish(channel, JSON.stringify({ prev: 0, ids: [], events: [], probe: nonce }));
+      await heard;
+    } finally {
+      clearTimeout(timer);
+      probes.delete(nonce);
     }
-  });
+  };
+
+  // After a reconnect ioredis resubscribes silently, without waiting for the reply: on one
+  // server when the connection is 'ready' again; on a cluster whenever it rebuilds its
+  // per-master subscribers (a node came back, a slot moved and Redis sent SUNSUBSCRIBE), then
+  // 'subscribersReady'. Each feed first makes sure its subscription is live again, then reads
+  // from the stream whatever was published meanwhile, before anything newer is delivered.
+  // - One server: SSUBSCRIBE again (a no-op for the server); its reply follows ioredis's own
+  //   on the same connection.
+  // - Cluster: the subscriber connection cannot be addressed directly, and every SSUBSCRIBE
+  //   through ioredis appends the channel to its per-slot list again (a list that would grow
+  //   with each reconnect). So publish a probe and wait for it to come back.
+  // A feed whose first SSUBSCRIBE is still unanswered needs nothing: its position is read
+  // after that reply (and a lazily connecting cluster emits 'subscribersReady' right then).
+  // While a master is down ioredis rebuilds its group over and over; one queued step per feed
+  // covers any number of those.
+  const resubscribed = () => {
+    for (const [tenant, feed] of feeds) {
+      if (!feed.subscribed || feed.resubscribing) continue;
+      feed.resubscribing = true;
+      const channel = logKeys(prefix, tenant).live;
+      enqueue(feed, async () => {
+        feed.resubscribing = false;
+        if (feeds.get(tenant) !== feed) return;
+        if (clustered) await probe(channel, 2000);
+        else await subscriber.ssubscribe(channel);
+        await fill(tenant, feed, await lastId(tenant));
+      });
+    }
+  };
+  subscriber.on(clustered ? 'subscribersReady' : 'ready', resubscribed);
 
   return {
     async append(input: AppendInput): Promise<AppendResult> {
@@ -225,18 +295,41 @@ export function redisEventLog(
       if (!feed) {
         const channel = logKeys(prefix, tenant).live;
         channelTenant.set(channel, tenant);
-        const created: Feed = { handlers: new Set(), delivered: 0, queue: Promise.resolve(), ready: Promise.resolve() };
+        const created: Feed = {
+          handlers: new Set(),
+          delivered: 0,
+          queue: Promise.resolve(),
+          ready: Promise.resolve(),
+          subscribed: false,
+          resubscribing: false,
+        };
         created.ready = (async () => {
           await subscriber.ssubscribe(channel);
+          created.subscribed = true;
           // Only after the subscription is confirmed: everything up to here is history.
           created.delivered = await lastId(tenant);
         })();
+        // Messages that arrive before the position is known wait for it (else the first
+        // one's `prev` would be measured from 0 and the whole history delivered as live).
+        created.queue = created.ready.catch(() => {});
+        // A feed that never became ready is forgotten, so the next subscribe tries again.
+        created.ready.catch(() => {
+          if (feeds.get(tenant) !== created) return;
+          feeds.delete(tenant);
+          channelTenant.delete(channel);
+          void subscriber.sunsubscribe(channel).catch(() => {});
+        });
         feed = created;
         feeds.set(tenant, feed);
       }
       const f = feed;
       f.handlers.add(onBatch);
-      await f.ready;
+      try {
+        await f.ready;
+      } catch (err) {
+        f.handlers.delete(onBatch);
+        throw err;
+      }
       return () => {
         f.handlers.delete(onBatch);
         if (f.handlers.size === 0 && feeds.get(tenant) === f) {

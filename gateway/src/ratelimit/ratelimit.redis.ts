@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { type RateDecision, type RateLimiter, type RateLimitOptions, retryAfterSeconds } from './ratelimit.ts';
 
 // Token bucket in one script: the bucket is a hash {t: tokens, at: ms}; time comes from the
@@ -21,8 +21,11 @@ redis.call('PEXPIRE', KEYS[1], ttl_ms)
 return {allowed, math.floor(tokens * 1000)}
 `;
 
-/** Buckets in Redis, shared by every node of the fleet. One round trip per request. */
-export function redisRateLimiter(redis: Redis, options: RateLimitOptions, keyPrefix = ''): RateLimiter {
+/**
+ * Buckets in Redis, shared by every node of the fleet. One round trip per request. The script
+ * touches one key, so on a Redis Cluster it runs on the shard that owns that key's slot.
+ */
+export function redisRateLimiter(redis: Redis | Cluster, options: RateLimitOptions, keyPrefix = ''): RateLimiter {
   const perMs = options.perMinute / 60_000;
   const ttlMs = Math.ceil(options.burst / perMs) + 1000;
   redis.defineCommand('svcRateTake', { numberOfKeys: 1, lua: TAKE });
