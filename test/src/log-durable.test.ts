@@ -158,6 +158,24 @@ for (const backend of backends()) {
       );
       const fresh = await again.append({ tenant: ten, producer: 'runner:new', seq: 40, events: batch(40, 1) });
       t.equal(fresh.status, 'appended', 'a producer the copy never saw starts where it says');
+      // A new producer keeps several appends in flight; each finds no mark, and all must land
+      // in the order sent (their mark loads are shared, so their retries keep that order).
+      const inFlight = await Promise.all([
+        again.append({ tenant: ten, producer: 'runner:busy', seq: 1, events: batch(1, 1) }),
+        again.append({ tenant: ten, producer: 'runner:busy', seq: 2, events: batch(2, 4) }),
+        again.append({ tenant: ten, producer: 'runner:busy', seq: 6, events: batch(6, 1) }),
+        again.append({ tenant: ten, producer: 'runner:busy', seq: 7, events: batch(7, 3) }),
+      ]);
+      t.same(
+        inFlight.map((r) => [r.status, r.hwm]),
+        [
+          ['appended', 1],
+          ['appended', 5],
+          ['appended', 6],
+          ['appended', 9],
+        ],
+        'appends in flight together all land, in order',
+      );
     });
 
     t.test('a read racing a copy and a trim finds no hole', async (t) => {

@@ -10,6 +10,7 @@ import {
   serializerCompiler,
   validatorCompiler,
 } from 'fastify-type-provider-zod';
+import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
 import { sendApiError, toApiError } from './errors.ts';
@@ -31,8 +32,6 @@ export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
   behindEdge: boolean;
 }
-
-export const CLIENT_IP_HEADER = 'x-svc-client-ip';
 
 /**
  * Answers every route can give are described on every route: 401 and 403 where it needs

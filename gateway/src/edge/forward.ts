@@ -4,7 +4,7 @@ import { Readable } from 'node:stream';
 import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
 import { type Dispatcher, Pool } from 'undici';
-import { CLIENT_IP_HEADER } from '../api/app.ts';
+import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import { writeError } from './respond.ts';
 
 /** Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own trusted one. */

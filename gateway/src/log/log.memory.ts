@@ -7,6 +7,7 @@ import {
   type LogEvent,
   type ReadOptions,
   seqsOf,
+  sharedMarkLoads,
   storedFields,
 } from './log.ts';
 
@@ -22,6 +23,7 @@ export function clockMicros(): number {
  */
 export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMark } = {}): EventLog {
   const now = options.now ?? clockMicros;
+  const loadMark = options.loadMark && sharedMarkLoads(options.loadMark);
   const tenants = new Map<
     string,
     { last: number; floor: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }
@@ -43,8 +45,8 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
       const seqs = seqsOf(input);
       const first = seqs[0] ?? input.seq;
       const end = seqs.at(-1) ?? input.seq - 1;
-      if (!marks.has(markKey) && options.loadMark) {
-        const loaded = await options.loadMark(input.tenant, input.producer);
+      if (!marks.has(markKey) && loadMark) {
+        const loaded = await loadMark(input.tenant, input.producer);
         // Another append may have set it meanwhile; it is at least as new as the durable one.
         if (loaded !== undefined && !marks.has(markKey)) marks.set(markKey, loaded);
       }

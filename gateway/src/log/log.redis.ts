@@ -11,6 +11,7 @@ import {
   type NewEvent,
   type ReadOptions,
   seqsOf,
+  sharedMarkLoads,
   storedFields,
 } from './log.ts';
 
@@ -107,6 +108,7 @@ export function redisEventLog(
   options: { prefix?: string; loadMark?: LoadMark } = {},
 ): EventLog {
   const prefix = options.prefix ?? '';
+  const loadMark = options.loadMark && sharedMarkLoads(options.loadMark);
   const clustered = subscriber.isCluster;
   if (clustered && !(subscriber as Cluster).options.shardedSubscribers) {
     // Without it every SSUBSCRIBE goes to one node, and a channel it does not own answers MOVED.
@@ -268,9 +270,9 @@ export function redisEventLog(
           loaded,
           ...pairs,
         );
-      let out = await run(options.loadMark ? '' : '-');
+      let out = await run(loadMark ? '' : '-');
       if (out[0] === 'nomark') {
-        const mark = await options.loadMark?.(input.tenant, input.producer);
+        const mark = await loadMark?.(input.tenant, input.producer);
         out = await run(mark === undefined ? '-' : String(mark));
       }
       const [status, hwm] = out as [string, string];

@@ -93,6 +93,25 @@ export interface ReadOptions {
  */
 export type LoadMark = (tenant: string, producer: string) => Promise<number | undefined>;
 
+/**
+ * One load per producer at a time, shared by every append waiting for it. A producer keeps
+ * several appends in flight; each may find the mark missing, and their retries must reach the
+ * log in the order the appends were sent. Waiters of one promise resume in the order they
+ * began to wait, so sharing the load keeps that order (separate loads could finish in any).
+ */
+export function sharedMarkLoads(load: LoadMark): LoadMark {
+  const inflight = new Map<string, Promise<number | undefined>>();
+  return (tenant, producer) => {
+    const key = `${tenant}\0${producer}`;
+    let pending = inflight.get(key);
+    if (!pending) {
+      pending = load(tenant, producer).finally(() => inflight.delete(key));
+      inflight.set(key, pending);
+    }
+    return pending;
+  };
+}
+
 export interface EventLog {
   /**
    * Appends atomically: all of the batch's new events or none get ids, in order, and are
