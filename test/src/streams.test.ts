@@ -4,7 +4,7 @@ import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { changed } from '../../gateway/src/services/tenant-events.ts';
-import { backends, signUp, startTestService } from './harness.ts';
+import { backends, PASSWORD, signUp, startTestService } from './harness.ts';
 import { frames, parseFrame, rawGet, type SseEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -238,19 +238,31 @@ for (const backend of backends()) {
       t.same(JSON.parse(all[1]?.data as string), { reason: 'changed' });
     });
 
-    t.test('sandbox tokens may not open the multiplexed streams; no credential is 401', async (t) => {
-      const sandbox = await issueSandboxToken(sql, me.accountId, a.id);
-      for (const path of ['/api/events/stream', '/api/team/stream']) {
-        const res = await fetch(`${svc.url}${path}`, { headers: { authorization: `Bearer ${sandbox.key}` } });
-        t.equal(res.status, 403, path);
-        t.equal(((await res.json()) as { error: string }).error, 'forbidden');
-        const anon = await fetch(`${svc.url}${path}`);
-        t.equal(anon.status, 401);
-        t.equal(((await anon.json()) as { error: string }).error, 'unauthorized');
-      }
-      const own = rawGet(svc, `/api/conversations/${a.id}/stream`, { authorization: `Bearer ${sandbox.key}` });
-      await own.closed;
-      t.match(own.text(), /^HTTP\/1\.1 200 OK/, 'its own conversation stream it may');
-    });
+    t.test(
+      'sandbox tokens may not open the multiplexed streams; a session cookie may; no credential is 401',
+      async (t) => {
+        const sandbox = await issueSandboxToken(sql, me.accountId, a.id);
+        for (const path of ['/api/events/stream', '/api/team/stream']) {
+          const res = await fetch(`${svc.url}${path}`, { headers: { authorization: `Bearer ${sandbox.key}` } });
+          t.equal(res.status, 403, path);
+          t.equal(((await res.json()) as { error: string }).error, 'forbidden');
+          const anon = await fetch(`${svc.url}${path}`);
+          t.equal(anon.status, 401);
+          t.equal(((await anon.json()) as { error: string }).error, 'unauthorized');
+        }
+        const login = await svc.http.post('/api/auth/login', { body: { email: me.email, password: PASSWORD } });
+        const cookie = (login.headers.get('set-cookie') ?? '').split(';')[0] as string;
+        t.match(cookie, /^svc_session=/);
+        for (const path of ['/api/events/stream', '/api/team/stream']) {
+          const browser = rawGet(svc, path, { cookie });
+          t.ok(await until(() => frames(browser.text()).length >= 1), `${path}: a browser session may watch`);
+          t.match(browser.text(), /^HTTP\/1\.1 200 OK/);
+          browser.sock.destroy();
+        }
+        const own = rawGet(svc, `/api/conversations/${a.id}/stream`, { authorization: `Bearer ${sandbox.key}` });
+        await own.closed;
+        t.match(own.text(), /^HTTP\/1\.1 200 OK/, 'its own conversation stream it may');
+      },
+    );
   });
 }
