@@ -10,4 +10,17 @@ export function newId(prefix: IdPrefix): string {
   return `${prefix}_${nextUlid().toLowerCase()}`;
 }
 
-export type IdPrefix = 'acc' | 'key' | 'ses' | 'tok' | 'aud' | 'spt' | 'agt' | 'env' | 'vlt' | 'sec' | 'cnv' | 'trn';
+export type IdPrefix =
+  | 'acc'
+  | 'key'
+  | 'ses'
+  | 'tok'
+  | 'aud'
+  | 'spt'
+  | 'agt'
+  | 'env'
+  | 'vlt'
+  | 'sec'
+  | 'cnv'
+  | 'trn'
+  | 'rnr';

@@ -76,6 +76,8 @@ export const ConfigSchema = z.object({
     .default(1024 * 1024),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
+  RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
+  RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;

@@ -9,6 +9,7 @@ import type { ApiDeps } from './api/deps.ts';
 import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
+import { RunnerFabric } from './fabric/fabric.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -87,6 +88,7 @@ export interface Service {
   redaction: Redaction;
   copier: LogCopier;
   relay: OutboxRelay;
+  fabric: RunnerFabric;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -184,6 +186,13 @@ export async function startService(
     await relay.start();
     cleanups.push(() => relay.stop());
 
+    // The runner fabric: sessions of connected runners, whichever transport carries them.
+    const fabric = new RunnerFabric(
+      { sql: db.sql, logger: log.child({ role: 'fabric' }) },
+      { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS },
+    );
+    cleanups.push(() => fabric.shutdown());
+
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
       const opts = { perMinute: config.RATE_LIMIT_PER_MINUTE, burst: config.RATE_LIMIT_PER_MINUTE };
@@ -218,6 +227,7 @@ export async function startService(
       paymentEnabled: false,
       eventLog,
       retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
+      disconnectRunner: (id, code, reason) => fabric.disconnect(id, code, reason),
     };
 
     const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });
@@ -243,6 +253,7 @@ export async function startService(
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
         forwarder,
         log: log.child({ role: 'edge' }),
+        fabric,
         sse: {
           sql: db.sql,
           log: eventLog,
@@ -271,6 +282,7 @@ export async function startService(
       redaction,
       copier,
       relay,
+      fabric,
       routes: routeTable.entries,
       close: closeAll,
     };

@@ -1,8 +1,7 @@
 /**
  * runner-agent: installed on tenant machines, it connects out to the service over `ws`,
- * builds sandboxes in a directory it owns and streams runtime output back.
- *
- * Not built yet: the runner fabric is issue 6. This package exists so the workspace has its
- * final shape; it exports only the protocol version it will speak.
+ * says who it is, keeps heartbeats and reconnects; sandboxes and runtimes come next (issue 6).
+ * The CLI is `svc-runner` (src/cli.ts); this is the library.
  */
-export const RUNNER_PROTOCOL_VERSION = 1;
+export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
+export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';

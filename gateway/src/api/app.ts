@@ -26,6 +26,7 @@ import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { linkPages } from './routes/pages.ts';
+import { runnerRoutes } from './routes/runners.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 
 export interface ApiOptions {
@@ -147,6 +148,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   linkPages(app, deps);
   environmentRoutes(app, deps);
   vaultRoutes(app, deps);
+  runnerRoutes(app, deps);
   await agentRoutes(app, deps);
   catalogRoutes(app, deps);
   applyRoutes(app, deps);

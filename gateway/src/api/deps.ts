@@ -25,4 +25,6 @@ export interface ApiDeps {
   eventLog: EventLog;
   /** The seam that retires sandboxes whose identity changed (filled in by the sandbox issue). */
   retireSandboxes: RetireSandboxesBuiltOn;
+  /** Closes a runner's live connection (the runner fabric, wherever its transport runs). */
+  disconnectRunner: (runnerId: string, code: number, reason: string) => void;
 }

@@ -1,9 +1,11 @@
 import uWS from 'uWebSockets.js';
 import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
+import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import { canonicalIp, exemptList, isExempt } from './client-ip.ts';
 import type { Admission, Forwarder } from './forward.ts';
+import { registerRunnerSocket } from './runners.ts';
 import { registerSse, type SseDeps } from './sse.ts';
 
 export interface EdgeOptions {
@@ -15,6 +17,8 @@ export interface EdgeOptions {
   log: Logger;
   /** Streams the edge serves itself; without it every request is forwarded. */
   sse?: Omit<SseDeps, 'logger'>;
+  /** The runner fabric, whose WebSocket transport the edge serves. */
+  fabric?: RunnerFabric;
 }
 
 export interface Edge {
@@ -52,6 +56,7 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
 
   const app = uWS.App();
   const streams = options.sse ? registerSse(app, { ...options.sse, logger: log }, admitFor) : undefined;
+  if (options.fabric) registerRunnerSocket(app, options.fabric, admitFor, log);
   app.any('/*', (res, req) => {
     const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
     forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()));

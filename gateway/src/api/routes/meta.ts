@@ -187,6 +187,19 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
         },
       },
     }) as never;
+  d.paths['/api/runners/connect'] = {
+    get: {
+      tags: ['runners'],
+      summary: 'The runner fabric: a WebSocket for svc-runner (served by the edge)',
+      description:
+        'Upgrade with `Authorization: Bearer <runner token>`. Binary frames, each one msgpack message of the runner protocol (schemas in core/src/runner-protocol.ts): the runner sends `hello` first (protocol version, runner-agent version, instance, hostname, root, capabilities, sandboxes held), the service answers `welcome` (runner id, connection epoch, heartbeat interval), then `heartbeat` at that interval. One live connection per runner: a newer one closes the older with 4001. Close codes: 4001 replaced, 4002 runner deleted, 4003 not a protocol message, 4004 unsupported protocol version, 4005 no hello in time, 1001 going away (reconnect).',
+      responses: {
+        '101': { description: 'Switching to the WebSocket protocol' },
+        '401': { description: 'No runner token, or not a valid one', content: error },
+        '429': { description: 'Rate limited', content: error },
+      },
+    },
+  } as never;
   d.paths['/api/events/stream'] = multiplexed(
     'Every conversation of the caller as one Server-Sent Events stream (served by the edge)',
     'Each event is a conversation log event plus `conversation_id`; new conversations are followed on their own (and deleted ones vanish from replays). `event: conversations` with `{"reason":"changed"}` on create, title, read, delete or finish, at most once a second (a burst folds into one, whose id is the position reached).',

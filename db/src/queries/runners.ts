@@ -1,0 +1,81 @@
+import type { Sql } from '../connect.ts';
+
+export interface RunnerRow {
+  id: string;
+  account_id: string;
+  name: string;
+  token_prefix: string;
+  hostname: string | null;
+  path: string | null;
+  version: string | null;
+  instance: string | null;
+  epoch: number;
+  connected: boolean;
+  last_seen_at: Date | null;
+  created_at: Date;
+}
+
+const columns = (sql: Sql) =>
+  sql`id, account_id, name, token_prefix, hostname, path, version, instance, epoch, connected, last_seen_at, created_at`;
+
+export async function insertRunner(
+  sql: Sql,
+  r: { id: string; accountId: string; name: string; tokenHash: Buffer; tokenPrefix: string },
+): Promise<RunnerRow> {
+  const rows = await sql<RunnerRow[]>`
+    INSERT INTO runners (id, account_id, name, token_hash, token_prefix)
+    VALUES (${r.id}, ${r.accountId}, ${r.name}, ${r.tokenHash}, ${r.tokenPrefix})
+    RETURNING ${columns(sql)}`;
+  return rows[0] as RunnerRow;
+}
+
+export async function listRunners(sql: Sql, accountId: string): Promise<RunnerRow[]> {
+  return sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE account_id = ${accountId} ORDER BY created_at, id`;
+}
+
+export async function getRunner(sql: Sql, accountId: string, id: string): Promise<RunnerRow | undefined> {
+  const rows = await sql<
+    RunnerRow[]
+  >`SELECT ${columns(sql)} FROM runners WHERE account_id = ${accountId} AND id = ${id}`;
+  return rows[0];
+}
+
+export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<RunnerRow | undefined> {
+  const rows = await sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE token_hash = ${tokenHash}`;
+  return rows[0];
+}
+
+export async function deleteRunner(sql: Sql, accountId: string, id: string): Promise<boolean> {
+  const rows = await sql`DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
+  return rows.length === 1;
+}
+
+/** Records an accepted connection; returns its epoch (one more than the last). */
+export async function connected(
+  sql: Sql,
+  id: string,
+  hello: { hostname: string; path: string; version: string; instance: string },
+): Promise<number | undefined> {
+  const rows = await sql<{ epoch: number }[]>`
+    UPDATE runners SET hostname = ${hello.hostname}, path = ${hello.path}, version = ${hello.version},
+      instance = ${hello.instance}, epoch = epoch + 1, connected = true, last_seen_at = now()
+    WHERE id = ${id} RETURNING epoch`;
+  return rows[0]?.epoch;
+}
+
+/**
+ * A heartbeat of the connection `epoch`: recorded when that connection is still the runner's
+ * newest. Returns the runner's current epoch (undefined when the runner was deleted), so a
+ * node holding a replaced or deleted runner's connection learns it and closes it.
+ */
+export async function seen(sql: Sql, id: string, epoch: number): Promise<number | undefined> {
+  const rows = await sql<{ epoch: number }[]>`
+    UPDATE runners SET last_seen_at = CASE WHEN epoch = ${epoch} THEN now() ELSE last_seen_at END
+    WHERE id = ${id} RETURNING epoch`;
+  return rows[0]?.epoch;
+}
+
+/** The connection `epoch` ended; a newer one that took over stays connected. */
+export async function disconnected(sql: Sql, id: string, epoch: number): Promise<void> {
+  await sql`UPDATE runners SET connected = false, last_seen_at = now() WHERE id = ${id} AND epoch = ${epoch}`;
+}

@@ -1,0 +1,61 @@
+import { ErrorBody, IdParam, listOf, Runner, RunnerCreated, RunnerFields } from '@svc/core';
+import { runners as rows } from '@svc/db';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { actorOf } from '../../services/principal.ts';
+import * as runners from '../../services/runners.ts';
+import { requirePrincipal } from '../auth.ts';
+import type { ApiDeps } from '../deps.ts';
+
+const tags = ['runners'];
+
+/**
+ * Self-hosted runners (SPEC names them without routes; these are ours, in OpenAPI). A runner
+ * connects to `wss://<base>/api/runners/connect` with the token shown once at creation.
+ */
+export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  const config = { auth: 'user' as const };
+  const offlineAfterMs = deps.config.RUNNER_GRACE_MS;
+
+  r.get('/api/runners', {
+    config,
+    schema: { tags, summary: 'List runners with their presence', response: { 200: listOf(Runner) } },
+    handler: async (req) => ({
+      data: (await rows.listRunners(deps.sql, requirePrincipal(req).accountId)).map((row) =>
+        runners.shapeRunner(row, offlineAfterMs),
+      ),
+    }),
+  });
+
+  r.post('/api/runners', {
+    config,
+    schema: {
+      tags,
+      summary: 'Register a runner; its token is shown once',
+      description:
+        'Run it on the machine: `npx svc-runner --url <base> --token <token> --root <dir>`. Only a hash of the token is kept.',
+      body: RunnerFields,
+      response: { 201: RunnerCreated, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const { row, token } = await runners.createRunner(deps.sql, actorOf(requirePrincipal(req)), req.body.name);
+      return reply.code(201).send({ ...runners.shapeRunner(row, offlineAfterMs), token });
+    },
+  });
+
+  r.delete('/api/runners/:id', {
+    config,
+    schema: {
+      tags,
+      summary: 'Delete a runner: its token stops working and its connection is closed',
+      params: IdParam,
+      response: { 204: z.null(), 404: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      await runners.deleteRunner(deps.sql, actorOf(requirePrincipal(req)), req.params.id, deps.disconnectRunner);
+      return reply.code(204).send(null);
+    },
+  });
+}

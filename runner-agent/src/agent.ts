@@ -1,0 +1,189 @@
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { hostname as osHostname } from 'node:os';
+import {
+  decodeFrame,
+  encodeFrame,
+  RUNNER_CLOSE,
+  RUNNER_CONNECT_PATH,
+  RUNNER_PROTOCOL_VERSION,
+  type RunnerMessage,
+  ServiceMessage,
+} from '@svc/core';
+import WebSocket from 'ws';
+
+export const AGENT_VERSION = (
+  JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
+
+export interface AgentOptions {
+  /** The service's base URL (http(s)://, or ws(s)://). */
+  url: string;
+  token: string;
+  /** The directory sandboxes live under. */
+  root: string;
+  hostname?: string;
+  /** Reconnect backoff: first delay and ceiling (exponential with full jitter between). */
+  backoffMs?: { first: number; max: number };
+}
+
+/** What the agent reports as it goes; the CLI prints these in plain words. */
+export type AgentEvent =
+  | { type: 'connecting'; url: string; attempt: number }
+  | { type: 'connected'; runnerId: string; epoch: number; reconnected: boolean }
+  | { type: 'disconnected'; code: number; reason: string; retryInMs: number }
+  | { type: 'stopped'; reason: AgentStop; message: string };
+
+/** Why the agent stopped for good (each is an exit code of the CLI). */
+export type AgentStop = 'bad_url' | 'bad_token' | 'unreachable' | 'revoked' | 'replaced' | 'refused' | 'closed';
+
+/** The WebSocket URL of the runner endpoint under a base URL; throws on anything else. */
+export function connectUrl(base: string): string {
+  let u: URL;
+  try {
+    u = new URL(base);
+  } catch {
+    throw new Error(`not a URL: ${base}`);
+  }
+  const scheme = { 'http:': 'ws:', 'https:': 'wss:', 'ws:': 'ws:', 'wss:': 'wss:' }[u.protocol];
+  if (!scheme) throw new Error(`the URL must start with http(s):// or ws(s):// (got ${u.protocol}//)`);
+  u.protocol = scheme;
+  u.pathname = `${u.pathname.replace(/\/+$/, '')}${RUNNER_CONNECT_PATH}`;
+  u.search = '';
+  u.hash = '';
+  return u.toString();
+}
+
+/**
+ * The runner's connection to the service: connects out, says hello, keeps heartbeats, and
+ * reconnects with exponential backoff and jitter after a connection that had been accepted
+ * drops. It stops for good, with a reason, when the service refuses the token, the runner is
+ * deleted or replaced, or the very first connection cannot be made (a wrong URL should fail
+ * loudly, not retry forever).
+ */
+export class RunnerAgent {
+  readonly instance = randomBytes(12).toString('hex');
+  private ws: WebSocket | undefined;
+  private heartbeat: NodeJS.Timeout | undefined;
+  private retry: NodeJS.Timeout | undefined;
+  private everConnected = false;
+  private attempt = 0;
+  private stopping = false;
+  private readonly url: string;
+  readonly done: Promise<{ reason: AgentStop; message: string }>;
+  private finish!: (r: { reason: AgentStop; message: string }) => void;
+
+  constructor(
+    private readonly options: AgentOptions,
+    private readonly report: (event: AgentEvent) => void = () => {},
+  ) {
+    this.url = connectUrl(options.url);
+    this.done = new Promise((resolve) => {
+      this.finish = resolve;
+    });
+  }
+
+  start(): this {
+    this.connect();
+    return this;
+  }
+
+  /** Stops: closes the connection and reconnects no more. */
+  stop(message = 'stopped'): void {
+    this.end('closed', message);
+  }
+
+  private end(reason: AgentStop, message: string): void {
+    if (this.stopping) return;
+    this.stopping = true;
+    clearInterval(this.heartbeat);
+    clearTimeout(this.retry);
+    this.ws?.close(1000, 'runner stopping');
+    this.report({ type: 'stopped', reason, message });
+    this.finish({ reason, message });
+  }
+
+  private send(message: RunnerMessage): void {
+    if (this.ws?.readyState === WebSocket.OPEN) this.ws.send(encodeFrame(message));
+  }
+
+  private connect(): void {
+    this.attempt++;
+    this.report({ type: 'connecting', url: this.url, attempt: this.attempt });
+    const ws = new WebSocket(this.url, {
+      headers: { authorization: `Bearer ${this.options.token}` },
+      handshakeTimeout: 10_000,
+      maxPayload: 16 * 1024 * 1024,
+    });
+    this.ws = ws;
+    let accepted = false;
+
+    // Set when the answer to the upgrade was already dealt with; the close that follows is not news.
+    let handled = false;
+    ws.on('unexpected-response', (_req, res) => {
+      const status = res.statusCode ?? 0;
+      handled = true;
+      res.resume();
+      ws.terminate();
+      if (status === 401) return this.end('bad_token', 'the service refused the runner token (401)');
+      if (status === 404) return this.end('bad_url', `no runner endpoint at ${this.url} (404)`);
+      if (!this.everConnected) return this.end('refused', `the service answered ${status} to the connection`);
+      this.scheduleReconnect(1006, `the service answered ${status}`);
+    });
+    ws.on('open', () => {
+      this.send({
+        t: 'hello',
+        protocol: RUNNER_PROTOCOL_VERSION,
+        version: AGENT_VERSION,
+        instance: this.instance,
+        hostname: this.options.hostname ?? osHostname(),
+        root: this.options.root,
+        capabilities: [],
+        sandboxes: [],
+      });
+    });
+    ws.on('message', (data, isBinary) => {
+      if (!isBinary) return;
+      const message = decodeFrame(ServiceMessage, new Uint8Array(data as Buffer));
+      if (!message) return;
+      if (message.t === 'welcome') {
+        accepted = true;
+        const reconnected = this.everConnected;
+        this.everConnected = true;
+        this.attempt = 0;
+        clearInterval(this.heartbeat);
+        this.heartbeat = setInterval(() => this.send({ t: 'heartbeat' }), message.heartbeat_ms);
+        this.report({ type: 'connected', runnerId: message.runner_id, epoch: message.epoch, reconnected });
+      }
+    });
+    ws.on('error', (err: NodeJS.ErrnoException) => {
+      if (this.stopping || accepted || this.everConnected) return;
+      // The first connection failed outright: say why and stop rather than retry forever.
+      const why =
+        err.code === 'ECONNREFUSED' ? 'connection refused' : err.code === 'ENOTFOUND' ? 'unknown host' : err.message;
+      this.end('unreachable', `cannot reach ${this.url}: ${why}`);
+    });
+    ws.on('close', (code, reasonBuffer) => {
+      clearInterval(this.heartbeat);
+      if (this.stopping || this.ws !== ws || handled) return;
+      const reason = reasonBuffer.toString();
+      if (code === RUNNER_CLOSE.revoked) return this.end('revoked', reason || 'this runner was deleted');
+      if (code === RUNNER_CLOSE.replaced) return this.end('replaced', reason || 'another connection took over');
+      if (code === RUNNER_CLOSE.unsupported_protocol || code === RUNNER_CLOSE.protocol_error) {
+        return this.end('refused', reason || `closed with ${code}`);
+      }
+      if (!this.everConnected) return;
+      this.scheduleReconnect(code, reason);
+    });
+  }
+
+  private scheduleReconnect(code: number, reason: string): void {
+    if (this.stopping) return;
+    const { first, max } = this.options.backoffMs ?? { first: 500, max: 30_000 };
+    // Full jitter: a fleet of runners cut off at once does not come back at once.
+    const ceiling = Math.min(max, first * 2 ** Math.min(this.attempt, 16));
+    const delay = Math.round(first / 2 + Math.random() * ceiling);
+    this.report({ type: 'disconnected', code, reason, retryInMs: delay });
+    this.retry = setTimeout(() => this.connect(), delay);
+  }
+}

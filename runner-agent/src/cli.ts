@@ -1,0 +1,119 @@
+/**
+ * `svc-runner`: connects this machine to the service as a self-hosted runner.
+ *
+ *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
+ *
+ * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME. It says
+ * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
+ */
+import { mkdirSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+
+/** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
+export const EXIT: Record<AgentStop | 'usage', number> = {
+  closed: 0,
+  usage: 2,
+  bad_url: 3,
+  unreachable: 4,
+  bad_token: 5,
+  revoked: 6,
+  replaced: 7,
+  refused: 8,
+};
+
+const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME)
+Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
+
+function say(line: string): void {
+  process.stdout.write(`svc-runner: ${line}\n`);
+}
+function fail(code: number, line: string): never {
+  process.stderr.write(`svc-runner: error: ${line}\n`);
+  process.exit(code);
+}
+
+const { values } = (() => {
+  try {
+    return parseArgs({
+      options: {
+        url: { type: 'string' },
+        token: { type: 'string' },
+        root: { type: 'string' },
+        name: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+        version: { type: 'boolean' },
+      },
+    });
+  } catch (err) {
+    fail(EXIT.usage, `${(err as Error).message}\n${USAGE}`);
+  }
+})();
+if (values.help) {
+  process.stdout.write(`${USAGE}\n`);
+  process.exit(0);
+}
+if (values.version) {
+  process.stdout.write(`${AGENT_VERSION}\n`);
+  process.exit(0);
+}
+const url = values.url ?? process.env.SVC_RUNNER_URL;
+const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
+const root = values.root ?? process.env.SVC_RUNNER_ROOT;
+const name = values.name ?? process.env.SVC_RUNNER_NAME;
+if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
+if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
+if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
+if (!token.startsWith('svcr_')) {
+  fail(EXIT.bad_token, 'that is not a runner token (they start with svcr_); create one with POST /api/runners');
+}
+try {
+  connectUrl(url);
+} catch (err) {
+  fail(EXIT.bad_url, `--url: ${(err as Error).message}`);
+}
+const rootDir = resolve(root);
+try {
+  mkdirSync(rootDir, { recursive: true, mode: 0o700 });
+} catch (err) {
+  fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
+}
+
+say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}`);
+const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname: name } : {}) }, (e) => {
+  switch (e.type) {
+    case 'connecting':
+      if (e.attempt === 1) say(`connecting to ${e.url}`);
+      break;
+    case 'connected':
+      say(
+        `${e.reconnected ? 'reconnected' : 'connected'} as runner ${e.runnerId} (connection ${e.epoch}); waiting for work`,
+      );
+      break;
+    case 'disconnected':
+      say(
+        `connection lost (${e.code}${e.reason ? `: ${e.reason}` : ''}); trying again in ${(e.retryInMs / 1000).toFixed(1)} s`,
+      );
+      break;
+    case 'stopped':
+      break;
+  }
+});
+agent.start();
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.on(signal, () => agent.stop(`stopped by ${signal}`));
+}
+const { reason, message } = await agent.done;
+if (reason === 'closed') {
+  say(message);
+  process.exit(0);
+}
+const advice: Partial<Record<AgentStop, string>> = {
+  bad_token: 'check --token; a deleted runner’s token stops working',
+  revoked: 'the owner deleted this runner; create a new one to connect again',
+  replaced: 'another svc-runner started with this token; one token serves one machine',
+  unreachable: 'check --url and that the service is running',
+};
+fail(EXIT[reason], `${message}${advice[reason] ? ` (${advice[reason]})` : ''}`);
