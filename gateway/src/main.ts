@@ -227,7 +227,7 @@ export async function startService(
       paymentEnabled: false,
       eventLog,
       retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
-      disconnectRunner: (id, code, reason) => fabric.disconnect(id, code, reason),
+      fabric,
     };
 
     const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });

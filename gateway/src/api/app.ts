@@ -26,6 +26,7 @@ import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { linkPages } from './routes/pages.ts';
+import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 
@@ -149,6 +150,8 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   environmentRoutes(app, deps);
   vaultRoutes(app, deps);
   runnerRoutes(app, deps);
+  // Behind the edge, runners connect to the edge; alone, the api role takes them itself.
+  if (!options.behindEdge) await runnerSocketRoute(app, deps);
   await agentRoutes(app, deps);
   catalogRoutes(app, deps);
   applyRoutes(app, deps);

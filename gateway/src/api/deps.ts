@@ -1,6 +1,7 @@
 import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { Config } from '../config.ts';
+import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
@@ -25,6 +26,6 @@ export interface ApiDeps {
   eventLog: EventLog;
   /** The seam that retires sandboxes whose identity changed (filled in by the sandbox issue). */
   retireSandboxes: RetireSandboxesBuiltOn;
-  /** Closes a runner's live connection (the runner fabric, wherever its transport runs). */
-  disconnectRunner: (runnerId: string, code: number, reason: string) => void;
+  /** The runner fabric's sessions (its transport is the edge's, or the api role's alone). */
+  fabric: RunnerFabric;
 }
