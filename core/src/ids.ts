@@ -23,4 +23,5 @@ export type IdPrefix =
   | 'sec'
   | 'cnv'
   | 'trn'
-  | 'rnr';
+  | 'rnr'
+  | 'sbx';

@@ -50,7 +50,41 @@ export const RunnerHello = z.object({
 
 export const RunnerHeartbeat = z.object({ t: z.literal('heartbeat') });
 
-export const RunnerMessage = z.discriminatedUnion('t', [RunnerHello, RunnerHeartbeat]);
+/** One log event as a runner emits it; the service appends it and the log gives it its id. */
+export const RunnerEvent = z.object({
+  conversation_id: z.string().min(1).max(64),
+  turn_id: z.string().max(64).nullable().optional(),
+  kind: z.enum(['output', 'stage']),
+  stream: z.enum(['stdout', 'stderr', 'stage', 'acp']),
+  data: z
+    .string()
+    .max(1024 * 1024)
+    .nullable()
+    .optional(),
+  stage: z.string().max(32).nullable().optional(),
+  state: z.string().max(32).nullable().optional(),
+  duration_ms: z.number().int().min(0).nullable().optional(),
+});
+export type RunnerEvent = z.infer<typeof RunnerEvent>;
+
+/**
+ * Output of one sandbox incarnation, numbered from 1 without holes: `seq` is the number of
+ * the first event, the rest follow. The service answers `appended` with how far it holds
+ * the incarnation's output; the runner keeps (and after a reconnect resends) what is beyond.
+ */
+export const RunnerOutput = z.object({
+  t: z.literal('output'),
+  sandbox: z.string().min(1).max(64),
+  incarnation: z.number().int().min(0),
+  seq: z.number().int().min(1),
+  events: z.array(RunnerEvent).min(1).max(1000),
+});
+export type RunnerOutput = z.infer<typeof RunnerOutput>;
+
+/** The runner took command `n` (it acts on it; results arrive as output). */
+export const RunnerAck = z.object({ t: z.literal('ack'), n: z.number().int().min(1) });
+
+export const RunnerMessage = z.discriminatedUnion('t', [RunnerHello, RunnerHeartbeat, RunnerOutput, RunnerAck]);
 export type RunnerMessage = z.infer<typeof RunnerMessage>;
 export type RunnerHello = z.infer<typeof RunnerHello>;
 
@@ -63,7 +97,65 @@ export const ServiceWelcome = z.object({
   heartbeat_ms: z.number().int().min(100),
 });
 
-export const ServiceMessage = z.discriminatedUnion('t', [ServiceWelcome]);
+/** What a sandbox is built with: its directory under the runner's root, its environment. */
+export const SandboxCreate = z.object({
+  kind: z.literal('sandbox.create'),
+  sandbox: z.string().min(1).max(64),
+  incarnation: z.number().int().min(0),
+  /** The conversation the build's stage events belong to. */
+  conversation_id: z.string().min(1).max(64),
+  /** Variables and secrets for the runtime's environment (never the prompt, never the log). */
+  env: z.record(z.string(), z.string()),
+  setup_script: z.string().max(100_000).nullable(),
+});
+
+export const SandboxDestroy = z.object({
+  kind: z.literal('sandbox.destroy'),
+  sandbox: z.string().min(1).max(64),
+  incarnation: z.number().int().min(0),
+});
+
+export const RunnerCommandBody = z.discriminatedUnion('kind', [SandboxCreate, SandboxDestroy]);
+export type RunnerCommandBody = z.infer<typeof RunnerCommandBody>;
+
+/** A command, numbered per connection, for the connection `epoch` (a stale one is refused). */
+export const ServiceCommand = z.object({
+  t: z.literal('command'),
+  n: z.number().int().min(1),
+  epoch: z.number().int().min(1),
+  command: RunnerCommandBody,
+});
+
+/**
+ * How far the log holds a sandbox incarnation's output (appended: live watchers have it; the
+ * runner sends on from `hwm + 1`). The runner still keeps it until `durable`.
+ */
+export const ServiceAppended = z.object({
+  t: z.literal('appended'),
+  sandbox: z.string(),
+  incarnation: z.number().int().min(0),
+  hwm: z.number().int().min(0),
+});
+
+/** The Postgres copy holds the incarnation's output up to `seq`: the runner may forget it. */
+export const ServiceDurable = z.object({
+  t: z.literal('durable'),
+  sandbox: z.string(),
+  incarnation: z.number().int().min(0),
+  seq: z.number().int().min(0),
+});
+
+export const ServiceMessage = z.discriminatedUnion('t', [
+  ServiceWelcome,
+  ServiceCommand,
+  ServiceAppended,
+  ServiceDurable,
+]);
+
+/** The log producer of a sandbox incarnation's output. */
+export function sandboxProducer(sandbox: string, incarnation: number): string {
+  return `sbx:${sandbox}:${incarnation}`;
+}
 export type ServiceMessage = z.infer<typeof ServiceMessage>;
 
 // Plain maps, no records or extensions: a runner of another language can speak this too.

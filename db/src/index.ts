@@ -12,6 +12,7 @@ export * as logEvents from './queries/log-events.ts';
 export * as oauthCodes from './queries/oauth-codes.ts';
 export * as outbox from './queries/outbox.ts';
 export * as runners from './queries/runners.ts';
+export * as sandboxes from './queries/sandboxes.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
 export * as vaults from './queries/vaults.ts';

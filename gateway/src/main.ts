@@ -188,10 +188,11 @@ export async function startService(
 
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(
-      { sql: db.sql, logger: log.child({ role: 'fabric' }) },
-      { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS },
+      { sql: db.sql, logger: log.child({ role: 'fabric' }), appendEvents },
+      { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
     cleanups.push(() => fabric.shutdown());
+    copier.onDurable((_tenant, marks) => fabric.durable(marks));
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {

@@ -7,10 +7,14 @@ import {
   RUNNER_CLOSE,
   RUNNER_CONNECT_PATH,
   RUNNER_PROTOCOL_VERSION,
+  type RunnerCommandBody,
+  type RunnerEvent,
   type RunnerMessage,
   ServiceMessage,
 } from '@svc/core';
 import WebSocket from 'ws';
+import { OutputLog } from './output.ts';
+import { buildSandbox, type Sandbox } from './sandbox.ts';
 
 export const AGENT_VERSION = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -32,6 +36,7 @@ export type AgentEvent =
   | { type: 'connecting'; url: string; attempt: number }
   | { type: 'connected'; runnerId: string; epoch: number; reconnected: boolean }
   | { type: 'disconnected'; code: number; reason: string; retryInMs: number }
+  | { type: 'sandbox'; id: string; state: 'ready' | 'failed' | 'destroyed'; message?: string }
   | { type: 'stopped'; reason: AgentStop; message: string };
 
 /** Why the agent stopped for good (each is an exit code of the CLI). */
@@ -70,6 +75,12 @@ export class RunnerAgent {
   private attempt = 0;
   private stopping = false;
   private readonly url: string;
+  /** The accepted connection's epoch (0 while not connected); commands carry it. */
+  private epoch = 0;
+  private readonly sandboxes = new Map<string, Sandbox>();
+  /** Output per sandbox incarnation, kept until durable. */
+  private readonly outputs = new Map<string, OutputLog>();
+  private flushQueued = false;
   readonly done: Promise<{ reason: AgentStop; message: string }>;
   private finish!: (r: { reason: AgentStop; message: string }) => void;
 
@@ -139,21 +150,41 @@ export class RunnerAgent {
         hostname: this.options.hostname ?? osHostname(),
         root: this.options.root,
         capabilities: [],
-        sandboxes: [],
+        sandboxes: [...this.sandboxes.values()].map((b) => ({ id: b.id, incarnation: b.incarnation })),
       });
     });
     ws.on('message', (data, isBinary) => {
       if (!isBinary) return;
       const message = decodeFrame(ServiceMessage, new Uint8Array(data as Buffer));
       if (!message) return;
-      if (message.t === 'welcome') {
-        accepted = true;
-        const reconnected = this.everConnected;
-        this.everConnected = true;
-        this.attempt = 0;
-        clearInterval(this.heartbeat);
-        this.heartbeat = setInterval(() => this.send({ t: 'heartbeat' }), message.heartbeat_ms);
-        this.report({ type: 'connected', runnerId: message.runner_id, epoch: message.epoch, reconnected });
+      switch (message.t) {
+        case 'welcome': {
+          accepted = true;
+          const reconnected = this.everConnected;
+          this.everConnected = true;
+          this.attempt = 0;
+          this.epoch = message.epoch;
+          clearInterval(this.heartbeat);
+          this.heartbeat = setInterval(() => this.send({ t: 'heartbeat' }), message.heartbeat_ms);
+          this.report({ type: 'connected', runnerId: message.runner_id, epoch: message.epoch, reconnected });
+          // Whatever is not durable yet goes again; the log drops what it already holds.
+          for (const log of this.outputs.values()) log.rewind();
+          this.flush();
+          break;
+        }
+        case 'appended':
+          this.outputs.get(`${message.sandbox}:${message.incarnation}`)?.appended(message.hwm);
+          this.flush();
+          break;
+        case 'durable':
+          this.outputs.get(`${message.sandbox}:${message.incarnation}`)?.durable(message.seq);
+          break;
+        case 'command':
+          // A command for an older connection is not ours to act on.
+          if (message.epoch !== this.epoch) break;
+          this.send({ t: 'ack', n: message.n });
+          this.run(message.command);
+          break;
       }
     });
     ws.on('error', (err: NodeJS.ErrnoException) => {
@@ -165,6 +196,7 @@ export class RunnerAgent {
     });
     ws.on('close', (code, reasonBuffer) => {
       clearInterval(this.heartbeat);
+      if (this.ws === ws) this.epoch = 0;
       if (this.stopping || this.ws !== ws || handled) return;
       const reason = reasonBuffer.toString();
       if (code === RUNNER_CLOSE.revoked) return this.end('revoked', reason || 'this runner was deleted');
@@ -175,6 +207,67 @@ export class RunnerAgent {
       if (!this.everConnected) return;
       this.scheduleReconnect(code, reason);
     });
+  }
+
+  /** Numbers an event of a sandbox incarnation, keeps it, and sends it soon. */
+  emit(sandbox: string, incarnation: number, event: RunnerEvent): void {
+    const key = `${sandbox}:${incarnation}`;
+    let log = this.outputs.get(key);
+    if (!log) {
+      log = new OutputLog(sandbox, incarnation);
+      this.outputs.set(key, log);
+    }
+    log.push(event);
+    if (!this.flushQueued) {
+      this.flushQueued = true;
+      // Events emitted in one turn of the event loop go out in one frame.
+      setImmediate(() => {
+        this.flushQueued = false;
+        this.flush();
+      });
+    }
+  }
+
+  /** Events kept and not yet durable, over every sandbox (for tests and status). */
+  get keptEvents(): number {
+    let n = 0;
+    for (const log of this.outputs.values()) n += log.kept;
+    return n;
+  }
+
+  private flush(): void {
+    if (this.epoch === 0 || this.ws?.readyState !== WebSocket.OPEN) return;
+    for (const log of this.outputs.values()) for (const frame of log.unsent()) this.send(frame);
+  }
+
+  private run(command: RunnerCommandBody): void {
+    switch (command.kind) {
+      case 'sandbox.create': {
+        const emit = (e: RunnerEvent) => this.emit(command.sandbox, command.incarnation, e);
+        buildSandbox(
+          this.options.root,
+          {
+            id: command.sandbox,
+            incarnation: command.incarnation,
+            conversationId: command.conversation_id,
+            env: command.env,
+            setupScript: command.setup_script,
+          },
+          emit,
+        ).then(
+          (sandbox) => {
+            this.sandboxes.set(sandbox.id, sandbox);
+            this.report({ type: 'sandbox', id: sandbox.id, state: 'ready' });
+          },
+          (err: Error) => this.report({ type: 'sandbox', id: command.sandbox, state: 'failed', message: err.message }),
+        );
+        break;
+      }
+      case 'sandbox.destroy':
+        this.sandboxes.delete(command.sandbox);
+        this.report({ type: 'sandbox', id: command.sandbox, state: 'destroyed' });
+        break;
+    }
   }
 
   private scheduleReconnect(code: number, reason: string): void {

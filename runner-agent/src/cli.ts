@@ -97,6 +97,9 @@ const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname
         `connection lost (${e.code}${e.reason ? `: ${e.reason}` : ''}); trying again in ${(e.retryInMs / 1000).toFixed(1)} s`,
       );
       break;
+    case 'sandbox':
+      say(`sandbox ${e.id} ${e.state}${e.message ? `: ${e.message}` : ''}`);
+      break;
     case 'stopped':
       break;
   }

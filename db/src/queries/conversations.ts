@@ -209,3 +209,8 @@ export async function lookup(
   if (ids.length === 0) return [];
   return sql`SELECT id, agent_id, channel_id FROM conversations WHERE account_id = ${accountId} AND id = ANY(${ids})`;
 }
+
+/** Puts the conversation on a sandbox. */
+export async function setSandbox(sql: Sql, accountId: string, id: string, sandboxId: string): Promise<void> {
+  await sql`UPDATE conversations SET sandbox_id = ${sandboxId}, updated_at = now() WHERE account_id = ${accountId} AND id = ${id}`;
+}

@@ -1,13 +1,18 @@
 import {
+  ApiError,
   decodeFrame,
   encodeFrame,
   RUNNER_CLOSE,
   RUNNER_PROTOCOL_VERSION,
+  type RunnerCommandBody,
   RunnerMessage,
+  type RunnerOutput,
   type ServiceMessage,
+  sandboxProducer,
 } from '@svc/core';
-import { runners, type Sql } from '@svc/db';
+import { logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
+import type { AppendEvents } from '../log/log.append.ts';
 import { hashSecret } from '../secrets/tokens.ts';
 
 /** What a transport gives the fabric for one accepted connection. */
@@ -27,6 +32,15 @@ export interface FabricOptions {
   heartbeatMs: number;
   /** A connection that sent no hello, or no heartbeat, for this long is closed. */
   silenceMs: number;
+  /** A command not acknowledged within this long answers `runner_offline`. */
+  commandTimeoutMs: number;
+}
+
+/** What a session knows of a sandbox it speaks for (loaded once, from its row). */
+interface SandboxSeen {
+  accountId: string;
+  incarnation: number;
+  conversations: Set<string>;
 }
 
 interface Live {
@@ -39,6 +53,12 @@ interface Live {
   openedAt: number;
   lastHeardAt: number;
   closed: boolean;
+  /** Output is appended in the order it arrived: one append at a time per connection. */
+  queue: Promise<void>;
+  sandboxes: Map<string, SandboxSeen>;
+  /** Commands sent and not yet acknowledged, by number. */
+  pending: Map<number, { resolve(): void; reject(err: Error): void; timer: NodeJS.Timeout }>;
+  nextCommand: number;
 }
 
 /**
@@ -51,11 +71,13 @@ interface Live {
 export class RunnerFabric {
   /** Live connections on this node, by runner id. */
   private readonly live = new Map<string, Live>();
+  /** The connection that last spoke for each sandbox (to tell it what became durable). */
+  private readonly bySandbox = new Map<string, Live>();
   private readonly sessions = new Set<Live>();
   private readonly timer: NodeJS.Timeout;
 
   constructor(
-    private readonly deps: { sql: Sql; logger: Logger },
+    private readonly deps: { sql: Sql; logger: Logger; appendEvents: AppendEvents },
     readonly options: FabricOptions,
   ) {
     this.timer = setInterval(() => this.sweep(), Math.max(50, Math.floor(options.heartbeatMs / 2)));
@@ -81,6 +103,10 @@ export class RunnerFabric {
       openedAt: now,
       lastHeardAt: now,
       closed: false,
+      queue: Promise.resolve(),
+      sandboxes: new Map(),
+      pending: new Map(),
+      nextCommand: 0,
     };
     this.sessions.add(s);
     let helloSeen = false;
@@ -100,6 +126,29 @@ export class RunnerFabric {
           return;
         }
         if (!helloSeen) return this.close(s, RUNNER_CLOSE.protocol_error, 'the first message must be a hello');
+        if (message.t === 'output') {
+          s.queue = s.queue.then(() =>
+            this.output(s, message).catch((err: Error) => {
+              if (err instanceof ApiError) return this.close(s, RUNNER_CLOSE.protocol_error, err.message);
+              // The log refused it for now (Redis away): the runner resends after reconnecting.
+              this.deps.logger.error(
+                { err: { message: err.message }, runner: s.runnerId },
+                'runner output not appended',
+              );
+              this.close(s, RUNNER_CLOSE.going_away, 'output could not be appended; reconnect and resend');
+            }),
+          );
+          return;
+        }
+        if (message.t === 'ack') {
+          const p = s.pending.get(message.n);
+          if (p) {
+            s.pending.delete(message.n);
+            clearTimeout(p.timer);
+            p.resolve();
+          }
+          return;
+        }
         if (message.t === 'heartbeat' && s.epoch > 0) {
           runners
             .seen(this.deps.sql, s.runnerId, s.epoch)
@@ -154,6 +203,102 @@ export class RunnerFabric {
     this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
   }
 
+  /**
+   * Appends a sandbox's output through the single write path, as the producer of its
+   * incarnation, and tells the runner how far the log holds it (and, for a resend, how far
+   * the copy does). A runner speaks only for its own sandboxes and their conversations.
+   */
+  private async output(s: Live, m: RunnerOutput): Promise<void> {
+    if (s.closed) return;
+    const sbx = await this.sandboxFor(s, m.sandbox);
+    if (!sbx || m.incarnation > sbx.incarnation) {
+      throw new ApiError(
+        'invalid_request',
+        `sandbox ${m.sandbox} (incarnation ${m.incarnation}) is not on this runner`,
+      );
+    }
+    for (const e of m.events) {
+      if (!sbx.conversations.has(e.conversation_id)) {
+        // A conversation attached since the sandbox was loaded: look again once.
+        const fresh = await sandboxes.conversationIds(this.deps.sql, sbx.accountId, m.sandbox);
+        sbx.conversations = new Set(fresh);
+        if (!sbx.conversations.has(e.conversation_id)) {
+          throw new ApiError('invalid_request', `conversation ${e.conversation_id} is not on sandbox ${m.sandbox}`);
+        }
+      }
+    }
+    const producer = sandboxProducer(m.sandbox, m.incarnation);
+    this.bySandbox.set(m.sandbox, s);
+    const result = await this.deps.appendEvents({
+      tenant: sbx.accountId,
+      producer,
+      seq: m.seq,
+      events: m.events.map((e) => ({
+        conversationId: e.conversation_id,
+        turnId: e.turn_id ?? null,
+        kind: e.kind,
+        stream: e.stream,
+        data: e.data ?? null,
+        stage: e.stage ?? null,
+        state: e.state ?? null,
+        durationMs: e.duration_ms ?? null,
+      })),
+    });
+    this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
+    if (result.status === 'duplicate') {
+      // A resend after a reconnect: what the copy holds may be forgotten now.
+      const durable = await logEvents.durableMark(this.deps.sql, sbx.accountId, producer);
+      if (durable !== undefined)
+        this.send(s, { t: 'durable', sandbox: m.sandbox, incarnation: m.incarnation, seq: durable });
+    }
+  }
+
+  private async sandboxFor(s: Live, id: string): Promise<SandboxSeen | undefined> {
+    const known = s.sandboxes.get(id);
+    if (known) return known;
+    const row = await sandboxes.onRunner(this.deps.sql, s.runnerId, id);
+    if (!row) return undefined;
+    const seen: SandboxSeen = {
+      accountId: row.account_id,
+      incarnation: row.incarnation,
+      conversations: new Set(await sandboxes.conversationIds(this.deps.sql, row.account_id, id)),
+    };
+    s.sandboxes.set(id, seen);
+    return seen;
+  }
+
+  /**
+   * The copy committed output up to these marks (LogCopier.onDurable): each sandbox producer's
+   * runner, when connected here, may forget it.
+   */
+  durable(marks: ReadonlyMap<string, number>): void {
+    for (const [producer, seq] of marks) {
+      const m = /^sbx:(.+):(\d+)$/.exec(producer);
+      if (!m?.[1]) continue;
+      const s = this.bySandbox.get(m[1]);
+      if (s && !s.closed) this.send(s, { t: 'durable', sandbox: m[1], incarnation: Number(m[2]), seq });
+    }
+  }
+
+  /**
+   * Sends a command to the runner and resolves once it is acknowledged. 503 `runner_offline`
+   * when the runner has no live connection here or does not acknowledge in time.
+   */
+  command(runnerId: string, body: RunnerCommandBody): Promise<void> {
+    const s = this.live.get(runnerId);
+    if (!s || s.closed || s.epoch === 0) return Promise.reject(new ApiError('runner_offline'));
+    const n = ++s.nextCommand;
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        s.pending.delete(n);
+        reject(new ApiError('runner_offline', 'The runner did not acknowledge the command in time.'));
+      }, this.options.commandTimeoutMs);
+      timer.unref();
+      s.pending.set(n, { resolve, reject, timer });
+      this.send(s, { t: 'command', n, epoch: s.epoch, command: body });
+    });
+  }
+
   private send(s: Live, message: ServiceMessage): void {
     if (!s.closed) s.conn.send(encodeFrame(message));
   }
@@ -169,6 +314,12 @@ export class RunnerFabric {
     s.closed = true;
     this.sessions.delete(s);
     if (this.live.get(s.runnerId) === s) this.live.delete(s.runnerId);
+    for (const [id, holder] of this.bySandbox) if (holder === s) this.bySandbox.delete(id);
+    for (const p of s.pending.values()) {
+      clearTimeout(p.timer);
+      p.reject(new ApiError('runner_offline', 'The runner disconnected before acknowledging the command.'));
+    }
+    s.pending.clear();
     if (s.epoch > 0) {
       runners.disconnected(this.deps.sql, s.runnerId, s.epoch).catch((err: Error) => {
         this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'runner disconnect not recorded');

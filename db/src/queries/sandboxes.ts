@@ -1,0 +1,63 @@
+import type { Sql } from '../connect.ts';
+
+export type SandboxStatus = 'provisioning' | 'ready' | 'suspended' | 'terminated' | 'failed';
+
+export interface SandboxRow {
+  id: string;
+  account_id: string;
+  provider: 'runner' | 'local' | 'sprites' | 'e2b' | 'daytona';
+  mode: 'ephemeral' | 'persistent';
+  status: SandboxStatus;
+  runner_id: string | null;
+  agent_id: string;
+  environment_id: string | null;
+  vault_id: string | null;
+  incarnation: number;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export async function insertSandbox(
+  sql: Sql,
+  s: {
+    id: string;
+    accountId: string;
+    provider: SandboxRow['provider'];
+    mode: SandboxRow['mode'];
+    runnerId: string | null;
+    agentId: string;
+    environmentId: string | null;
+    vaultId: string | null;
+  },
+): Promise<SandboxRow> {
+  const rows = await sql<SandboxRow[]>`
+    INSERT INTO sandboxes (id, account_id, provider, mode, runner_id, agent_id, environment_id, vault_id)
+    VALUES (${s.id}, ${s.accountId}, ${s.provider}, ${s.mode}, ${s.runnerId}, ${s.agentId}, ${s.environmentId}, ${s.vaultId})
+    RETURNING *`;
+  return rows[0] as SandboxRow;
+}
+
+export async function getSandbox(sql: Sql, accountId: string, id: string): Promise<SandboxRow | undefined> {
+  const rows = await sql<SandboxRow[]>`SELECT * FROM sandboxes WHERE account_id = ${accountId} AND id = ${id}`;
+  return rows[0];
+}
+
+/** The sandbox if it is on this runner (a runner speaks only for its own sandboxes). */
+export async function onRunner(sql: Sql, runnerId: string, id: string): Promise<SandboxRow | undefined> {
+  const rows = await sql<SandboxRow[]>`SELECT * FROM sandboxes WHERE runner_id = ${runnerId} AND id = ${id}`;
+  return rows[0];
+}
+
+/** Moves the status when it is still `from` (compare-and-set: two nodes never both move it). */
+export async function moveStatus(sql: Sql, id: string, from: SandboxStatus[], to: SandboxStatus): Promise<boolean> {
+  const rows = await sql`UPDATE sandboxes SET status = ${to}, updated_at = now()
+                         WHERE id = ${id} AND status = ANY(${from}) RETURNING id`;
+  return rows.length === 1;
+}
+
+/** Conversations on the sandbox (a runner's output may name only these). */
+export async function conversationIds(sql: Sql, accountId: string, sandboxId: string): Promise<string[]> {
+  const rows = await sql<{ id: string }[]>`
+    SELECT id FROM conversations WHERE account_id = ${accountId} AND sandbox_id = ${sandboxId}`;
+  return rows.map((r) => r.id);
+}
