@@ -38,6 +38,7 @@ export const errorCatalogue = {
   sandbox_identity_mismatch: [422, 'The sandbox was built for another agent, environment or vault.'],
   sandbox_not_resettable: [422, 'Only a live persistent sandbox can be reset.'],
   no_openai_key: [422, 'Set an OpenAI credential first.'],
+  missing_credential: [422, "Set an inference credential for the agent's model provider first."],
   invalid: [422, 'The provider rejected the credential.'],
   provider_error: [424, 'An upstream provider failed.'],
   rate_limited: [429, 'Too many requests; retry later.'],

@@ -115,7 +115,37 @@ export const SandboxDestroy = z.object({
   incarnation: z.number().int().min(0),
 });
 
-export const RunnerCommandBody = z.discriminatedUnion('kind', [SandboxCreate, SandboxDestroy]);
+/**
+ * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
+ * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
+ * notifications come back as `acp` events, its stderr as `stderr`, and the turn ends with a
+ * `turn` stage event whose state is the result and whose data is `{"usage": ...}`.
+ */
+export const TurnStart = z.object({
+  kind: z.literal('turn.start'),
+  sandbox: z.string().min(1).max(64),
+  incarnation: z.number().int().min(0),
+  conversation_id: z.string().min(1).max(64),
+  turn_id: z.string().min(1).max(64),
+  prompt: z.string().max(1_000_000),
+  runtime: z.object({ command: z.string().min(1), args: z.array(z.string()), env: z.record(z.string(), z.string()) }),
+  /** The turn is failed with `timeout` after this long. */
+  time_limit_ms: z.number().int().min(1000),
+});
+
+export const TurnInterrupt = z.object({
+  kind: z.literal('turn.interrupt'),
+  sandbox: z.string().min(1).max(64),
+  conversation_id: z.string().min(1).max(64),
+  turn_id: z.string().min(1).max(64),
+});
+
+export const RunnerCommandBody = z.discriminatedUnion('kind', [
+  SandboxCreate,
+  SandboxDestroy,
+  TurnStart,
+  TurnInterrupt,
+]);
 export type RunnerCommandBody = z.infer<typeof RunnerCommandBody>;
 
 /** A command, numbered per connection, for the connection `epoch` (a stale one is refused). */

@@ -76,3 +76,12 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
     },
   };
 }
+
+/**
+ * Runs `fn` in a transaction: inside the caller's when `sql` already is one (a query function
+ * called from a service's transaction), else in a new one.
+ */
+export function transaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
+  if (typeof (sql as unknown as { savepoint?: unknown }).savepoint === 'function') return fn(sql);
+  return sql.begin((tx) => fn(tx as unknown as Sql)) as Promise<T>;
+}

@@ -77,6 +77,15 @@ export const ConfigSchema = z.object({
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
+  RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
+  RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),
+  RUNTIME_GEMINI_COMMAND: z.string().min(1).default('gemini --experimental-acp'),
+  RUNTIME_OPENCODE_COMMAND: z.string().min(1).default('opencode acp'),
+  TURN_TIME_LIMIT_MS: z.coerce
+    .number()
+    .int()
+    .min(1000)
+    .default(30 * 60_000),
   RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
 });
 

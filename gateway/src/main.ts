@@ -22,6 +22,7 @@ import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
+import { finishTurn } from './services/conversations.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
@@ -188,7 +189,12 @@ export async function startService(
 
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(
-      { sql: db.sql, logger: log.child({ role: 'fabric' }), appendEvents },
+      {
+        sql: db.sql,
+        logger: log.child({ role: 'fabric' }),
+        appendEvents,
+        onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
+      },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
     cleanups.push(() => fabric.shutdown());
@@ -229,6 +235,7 @@ export async function startService(
       eventLog,
       retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
       fabric,
+      redaction,
     };
 
     const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });

@@ -90,3 +90,12 @@ export const EventsPage = z.object({
   data: z.array(LogEventWire),
   meta: z.object({ limit: z.int(), has_more: z.boolean(), next_cursor: z.int().nullable() }),
 });
+
+/** `POST /api/conversations`: the agent, and optionally what to run it with and the first prompt. */
+export const ConversationCreate = z.object({
+  agent_id: z.string().min(1).max(64),
+  prompt: z.string().min(1).max(200_000).optional(),
+  environment_id: z.string().min(1).max(64).optional(),
+  vault_id: z.string().min(1).max(64).optional(),
+  sandbox_mode: z.enum(['ephemeral', 'persistent']).optional(),
+});

@@ -1,5 +1,5 @@
 import type postgres from 'postgres';
-import type { Sql } from '../connect.ts';
+import { type Sql, transaction } from '../connect.ts';
 import { enqueue, type OutboxEvent } from './outbox.ts';
 
 export interface ConversationRow {
@@ -92,8 +92,7 @@ export async function insertConversation(
   },
   events: OutboxEvent[] = [],
 ): Promise<void> {
-  await sql.begin(async (tx) => {
-    const t = tx as unknown as Sql;
+  await transaction(sql, async (t) => {
     await t`INSERT INTO conversations (id, account_id, agent_id, title, source, parent_id, channel_id, environment_id, vault_id)
             VALUES (${c.id}, ${c.accountId}, ${c.agentId}, ${c.title}, ${c.source}, ${c.parentId ?? null},
                     ${c.channelId ?? null}, ${c.environmentId ?? null}, ${c.vaultId ?? null})`;
@@ -102,8 +101,7 @@ export async function insertConversation(
 }
 
 export async function markRead(sql: Sql, accountId: string, id: string, events: OutboxEvent[] = []): Promise<boolean> {
-  return sql.begin(async (tx) => {
-    const t = tx as unknown as Sql;
+  return transaction(sql, async (t) => {
     const rows =
       await t`UPDATE conversations SET last_read_at = now() WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
     if (rows.length === 1) await enqueue(t, accountId, events);
@@ -117,8 +115,7 @@ export async function deleteConversation(
   id: string,
   events: OutboxEvent[] = [],
 ): Promise<boolean> {
-  return sql.begin(async (tx) => {
-    const t = tx as unknown as Sql;
+  return transaction(sql, async (t) => {
     const rows = await t`DELETE FROM conversations WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
     if (rows.length) {
       await t`DELETE FROM log_events WHERE account_id = ${accountId} AND conversation_id = ${id}`;
@@ -160,8 +157,7 @@ export async function startTurn(
     imageCount?: number;
   },
 ): Promise<TurnRow> {
-  return sql.begin(async (tx) => {
-    const s = tx as unknown as Sql;
+  return transaction(sql, async (s) => {
     const rows = await s<TurnRow[]>`
       INSERT INTO turns (id, account_id, conversation_id, number, prompt, origin, image_count)
       VALUES (${t.id}, ${t.accountId}, ${t.conversationId},
@@ -186,8 +182,7 @@ export async function endTurn(
   usage: TurnRow['usage'],
   events: OutboxEvent[] = [],
 ): Promise<boolean> {
-  return sql.begin(async (tx) => {
-    const s = tx as unknown as Sql;
+  return transaction(sql, async (s) => {
     const rows = await s<{ conversation_id: string }[]>`
       UPDATE turns SET state = ${state}, usage = ${usage === null ? null : s.json(usage as postgres.JSONValue)}, ended_at = now()
       WHERE account_id = ${accountId} AND id = ${turnId} AND state = 'running' RETURNING conversation_id`;

@@ -2,6 +2,7 @@ import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { Config } from '../config.ts';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { Redaction } from '../log/log.append.ts';
 import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
@@ -28,4 +29,6 @@ export interface ApiDeps {
   retireSandboxes: RetireSandboxesBuiltOn;
   /** The runner fabric's sessions (its transport is the edge's, or the api role's alone). */
   fabric: RunnerFabric;
+  /** Secret values to redact, registered per conversation when its sandbox is built. */
+  redaction: Redaction;
 }

@@ -15,6 +15,21 @@ import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import { hashSecret } from '../secrets/tokens.ts';
 
+type TurnResult = 'done' | 'failed' | 'interrupted' | 'timeout';
+const TURN_RESULTS = new Set<string>(['done', 'failed', 'interrupted', 'timeout']);
+type Usage = { input: number; output: number; cache_read?: number; cache_write?: number };
+
+/** The usage a turn's end event carries (`{"usage": {...}}`), or null. */
+function usageOf(data: string | null): Usage | null {
+  if (!data) return null;
+  try {
+    const u = (JSON.parse(data) as { usage?: Usage | null }).usage;
+    return u && Number.isFinite(u.input) && Number.isFinite(u.output) ? u : null;
+  } catch {
+    return null;
+  }
+}
+
 /** What a transport gives the fabric for one accepted connection. */
 export interface RunnerConnection {
   send(frame: Uint8Array): void;
@@ -77,7 +92,13 @@ export class RunnerFabric {
   private readonly timer: NodeJS.Timeout;
 
   constructor(
-    private readonly deps: { sql: Sql; logger: Logger; appendEvents: AppendEvents },
+    private readonly deps: {
+      sql: Sql;
+      logger: Logger;
+      appendEvents: AppendEvents;
+      /** A turn's end arrived from its runner: record the result (once). */
+      onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
+    },
     readonly options: FabricOptions,
   ) {
     this.timer = setInterval(() => this.sweep(), Math.max(50, Math.floor(options.heartbeatMs / 2)));
@@ -245,6 +266,12 @@ export class RunnerFabric {
       })),
     });
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
+    // A turn's end, now in the log, ends the turn's record (compare-and-set: once).
+    for (const e of result.events) {
+      if (e.kind === 'stage' && e.stage === 'turn' && e.turnId && TURN_RESULTS.has(e.state ?? '')) {
+        await this.deps.onTurnEnd(sbx.accountId, e.turnId, e.state as TurnResult, usageOf(e.data));
+      }
+    }
     if (result.status === 'duplicate') {
       // A resend after a reconnect: what the copy holds may be forgotten now.
       const durable = await logEvents.durableMark(this.deps.sql, sbx.accountId, producer);

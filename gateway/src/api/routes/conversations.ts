@@ -1,5 +1,6 @@
 import {
   Conversation,
+  ConversationCreate,
   ConversationQuery,
   ErrorBody,
   EventsPage,
@@ -13,6 +14,7 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import * as convs from '../../services/conversations.ts';
+import { startConversation } from '../../services/launch.ts';
 import { actorOf } from '../../services/principal.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
@@ -38,6 +40,40 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         convs.shapeConversation,
       ),
     }),
+  });
+
+  r.post('/api/conversations', {
+    config,
+    schema: {
+      tags,
+      summary: 'Start a conversation: build its sandbox and run the first prompt',
+      description:
+        'The agent runs on a sandbox of its provider (`runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). 409 `no_runner_online` when no runner of the account is connected; 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists.',
+      body: ConversationCreate,
+      response: { 201: Conversation, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const row = await startConversation(
+        {
+          sql: deps.sql,
+          keyring: deps.keyring,
+          fabric: deps.fabric,
+          redaction: deps.redaction,
+          logger: deps.log,
+          runtimeCommands: {
+            claude: deps.config.RUNTIME_CLAUDE_COMMAND,
+            codex: deps.config.RUNTIME_CODEX_COMMAND,
+            gemini: deps.config.RUNTIME_GEMINI_COMMAND,
+            opencode: deps.config.RUNTIME_OPENCODE_COMMAND,
+          },
+          turnTimeLimitMs: deps.config.TURN_TIME_LIMIT_MS,
+          offlineAfterMs: deps.config.RUNNER_GRACE_MS,
+        },
+        actorOf(requirePrincipal(req)),
+        req.body,
+      );
+      return reply.code(201).send(convs.shapeConversation(row));
+    },
   });
 
   r.get('/api/conversations/:id', {
