@@ -1,7 +1,15 @@
 /**
  * runner-agent: installed on tenant machines, it connects out to the service over `ws`,
- * says who it is, keeps heartbeats and reconnects; sandboxes and runtimes come next (issue 6).
+ * says who it is, keeps heartbeats and reconnects, and drives ACP runtimes over stdio
+ * (`AcpRuntime`); sandboxes come next (issue 6).
  * The CLI is `svc-runner` (src/cli.ts); this is the library.
  */
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
 export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+export {
+  AcpRuntime,
+  type AcpRuntimeOptions,
+  type PermissionAnswer,
+  type PromptResult,
+  type TurnUsage,
+} from './runtime.ts';

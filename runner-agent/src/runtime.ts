@@ -1,0 +1,333 @@
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { basename } from 'node:path';
+import { Readable, Writable } from 'node:stream';
+// The /unstable entrypoint of the exactly pinned SDK: ACP v1 carries a turn's token usage on the
+// `session/prompt` response only as an unstable field (`PromptResponse.usage`), which the stable
+// entrypoint's types leave out. The wire protocol is the same ACP v1 either way.
+import * as acp from '@agentclientprotocol/sdk/unstable';
+import { AGENT_VERSION } from './agent.ts';
+
+/** The answer to one `session/request_permission`: an option the agent offered, or none. */
+export type PermissionAnswer = { outcome: 'selected'; optionId: string } | { outcome: 'cancelled' };
+
+/** A turn's token counts, as the agent reported them on its `session/prompt` response. */
+export interface TurnUsage {
+  input: number;
+  output: number;
+  cache_read?: number;
+  cache_write?: number;
+}
+
+export interface PromptResult {
+  /** ACP's stop reason: `end_turn`, `max_tokens`, `max_turn_requests`, `refusal`, `cancelled`. */
+  stopReason: string;
+  /** Null when the agent did not report usage (the field is optional and unstable in ACP v1). */
+  usage: TurnUsage | null;
+}
+
+export interface AcpRuntimeOptions {
+  command: string;
+  args: string[];
+  cwd: string;
+  /** The agent's whole environment. Only PATH and HOME are taken from ours, and only when absent. */
+  env: Record<string, string>;
+  /**
+   * The params of each `session/update` notification, exactly as received, in the order the
+   * agent sent them. Every update the agent sent before answering a prompt has been delivered
+   * by the time that prompt resolves. Must not throw: an exception ends the connection.
+   */
+  onUpdate(update: unknown): void;
+  /**
+   * The agent's stderr, one line at a time (without the line ending). A pipe of its own, so a
+   * line has no order with the updates: it may come after the response of its turn.
+   */
+  onStderr(line: string): void;
+  /**
+   * The params of a `session/request_permission` request, as received. Its answer goes back to
+   * the agent; `cancel()` answers every request still open with `cancelled` and ignores the
+   * later answer. A rejection is sent to the agent as a JSON-RPC error.
+   */
+  onPermission(request: unknown): Promise<PermissionAnswer>;
+  /** ACP `McpServer` entries for `session/new`. */
+  mcpServers?: unknown[];
+}
+
+/** How many of the last stderr lines an unexpected exit quotes. */
+const STDERR_TAIL_LINES = 20;
+const STDERR_TAIL_LINE_CHARS = 1000;
+const STDERR_MAX_LINE_CHARS = 64 * 1024;
+/** close(): how long the group has between SIGTERM and SIGKILL. */
+const KILL_GRACE_MS = 2000;
+/** After a request fails, how long to wait for the exit that probably caused it. */
+const EXIT_SETTLE_MS = 1000;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+function isSessionUpdate(message: acp.AnyMessage): message is acp.AnyNotification {
+  return 'method' in message && message.method === acp.methods.client.session.update && !('id' in message);
+}
+
+/** True while any process of the group `pgid` exists (zombies included, where the OS counts them). */
+function groupExists(pgid: number): boolean {
+  try {
+    process.kill(-pgid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+function signalGroup(pgid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pgid, signal);
+  } catch {
+    // ESRCH: the group is already gone.
+  }
+}
+
+function turnUsage(usage: acp.Usage | null | undefined): TurnUsage | null {
+  if (!usage || typeof usage.inputTokens !== 'number' || typeof usage.outputTokens !== 'number') return null;
+  const out: TurnUsage = { input: usage.inputTokens, output: usage.outputTokens };
+  if (typeof usage.cachedReadTokens === 'number') out.cache_read = usage.cachedReadTokens;
+  if (typeof usage.cachedWriteTokens === 'number') out.cache_write = usage.cachedWriteTokens;
+  return out;
+}
+
+/**
+ * One ACP agent process (a runtime such as `claude-agent-acp` or `gemini --experimental-acp`)
+ * and its one session, driven over stdio as an ACP client (DESIGN "The life of a prompt", 4).
+ *
+ * The process runs in its own process group with exactly the environment it is given, so a
+ * secret reaches it only when the caller puts it there and `close()` can end everything it
+ * started. The client offers no file system and no terminal: the agent works in `cwd` with its
+ * own tools. If the process exits on its own, the prompt in flight rejects with an Error naming
+ * the exit code or signal and quoting the last stderr lines.
+ */
+export class AcpRuntime {
+  readonly pid: number;
+  private session = '';
+  private agentCapabilities: acp.AgentCapabilities = {};
+  private readonly connection: acp.ClientConnection;
+  private readonly label: string;
+  private readonly stderrTail: string[] = [];
+  private exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
+  private readonly exited: Promise<void>;
+  private closing: Promise<void> | undefined;
+  private turnRunning = false;
+  /** Answers of the permission requests still open, so `cancel()` can answer them. */
+  private readonly openPermissions = new Set<(answer: PermissionAnswer) => void>();
+
+  /** The id of the session `start()` opened (ACP `session/new`). */
+  get sessionId(): string {
+    return this.session;
+  }
+
+  private constructor(child: ChildProcessWithoutNullStreams, options: AcpRuntimeOptions) {
+    this.pid = child.pid as number;
+    this.label = `ACP agent ${basename(options.command)} (pid ${this.pid})`;
+
+    let partial = '';
+    const line = (text: string) => {
+      const clean = text.endsWith('\r') ? text.slice(0, -1) : text;
+      this.stderrTail.push(clean.slice(0, STDERR_TAIL_LINE_CHARS));
+      if (this.stderrTail.length > STDERR_TAIL_LINES) this.stderrTail.shift();
+      options.onStderr(clean);
+    };
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (chunk: string) => {
+      const lines = (partial + chunk).split('\n');
+      partial = lines.pop() ?? '';
+      for (const l of lines) line(l);
+      // A line without end is passed on in pieces rather than held without bound.
+      if (partial.length > STDERR_MAX_LINE_CHARS) {
+        line(partial);
+        partial = '';
+      }
+    });
+    const stderrEnded = new Promise<void>((resolve) =>
+      child.stderr.on('close', () => {
+        if (partial) line(partial);
+        partial = '';
+        resolve();
+      }),
+    );
+    // Writes to an agent that has gone fail the connection; they must not crash us.
+    child.stdin.on('error', () => {});
+
+    this.exited = new Promise((resolve) => {
+      child.once('exit', async (code, signal) => {
+        this.exit = { code, signal };
+        // Its last words may still be in the pipe (unless a grandchild holds stderr open).
+        await Promise.race([stderrEnded, sleep(200)]);
+        this.connection.close(this.exitError());
+        resolve();
+      });
+    });
+
+    const wire = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout) as ReadableStream);
+    // Updates are taken off the wire in arrival order, before the SDK dispatches anything:
+    // its handlers run concurrently, and a prompt's response could otherwise overtake the last
+    // updates of its turn. The SDK has no handler for them and ignores them.
+    const readable = wire.readable.pipeThrough(
+      new TransformStream<acp.AnyMessage, acp.AnyMessage>({
+        transform(message, controller) {
+          if (isSessionUpdate(message)) options.onUpdate(message.params);
+          controller.enqueue(message);
+        },
+      }),
+    );
+    this.connection = acp
+      .client({ name: 'svc-runner' })
+      // The one client method offered; raw params, so the caller sees what the agent sent.
+      .onRequest('*', async ({ method, params, signal }) => {
+        if (method !== acp.methods.client.session.requestPermission) throw acp.RequestError.methodNotFound(method);
+        return { outcome: await this.askPermission(options, params, signal) };
+      })
+      .connect({ readable, writable: wire.writable });
+  }
+
+  /**
+   * Spawns the agent and opens its session: `initialize` (ACP v1, no fs, no terminal), then
+   * `session/new` in `cwd`. Rejects, with the process gone, when the command cannot start, the
+   * agent speaks another protocol version, or either request fails.
+   */
+  static async start(options: AcpRuntimeOptions): Promise<AcpRuntime> {
+    const env = { ...options.env };
+    for (const key of ['PATH', 'HOME'] as const) {
+      if (env[key] === undefined && process.env[key] !== undefined) env[key] = process.env[key];
+    }
+    const child = spawn(options.command, options.args, { cwd: options.cwd, env, detached: true, stdio: 'pipe' });
+    await new Promise<void>((resolve, reject) => {
+      child.once('spawn', resolve);
+      child.on('error', (err) => reject(new Error(`cannot start ${options.command}: ${err.message}`)));
+    });
+    const runtime = new AcpRuntime(child, options);
+    try {
+      await runtime.open(options);
+    } catch (err) {
+      await runtime.close();
+      throw err;
+    }
+    return runtime;
+  }
+
+  private async open(options: AcpRuntimeOptions): Promise<void> {
+    const agent = this.connection.agent;
+    const init = await this.settled(
+      agent.request(acp.methods.agent.initialize, {
+        protocolVersion: acp.PROTOCOL_VERSION,
+        clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+        clientInfo: { name: 'svc-runner', version: AGENT_VERSION },
+      }),
+    );
+    if (init.protocolVersion !== acp.PROTOCOL_VERSION) {
+      throw new Error(`${this.label} speaks ACP version ${init.protocolVersion}; we speak ${acp.PROTOCOL_VERSION}`);
+    }
+    this.agentCapabilities = init.agentCapabilities ?? {};
+    const session = await this.settled(
+      agent.request(acp.methods.agent.session.new, {
+        cwd: options.cwd,
+        mcpServers: (options.mcpServers ?? []) as acp.McpServer[],
+      }),
+    );
+    this.session = session.sessionId;
+  }
+
+  /**
+   * Runs one turn (`session/prompt`) and resolves with the agent's stop reason and usage; the
+   * turn's updates go to `onUpdate` as they come. One turn at a time: a second call while one
+   * runs throws. Images need the agent's `promptCapabilities.image`; without it this throws
+   * rather than send what the agent refuses.
+   */
+  async prompt(text: string, images: { mimeType: string; data: string }[] = []): Promise<PromptResult> {
+    if (this.turnRunning) throw new Error(`${this.label} is already running a prompt`);
+    if (images.length > 0 && !this.agentCapabilities.promptCapabilities?.image) {
+      throw new Error(`${this.label} does not accept images (no promptCapabilities.image)`);
+    }
+    const prompt: acp.ContentBlock[] = [
+      { type: 'text', text },
+      ...images.map((i) => ({ type: 'image' as const, mimeType: i.mimeType, data: i.data })),
+    ];
+    this.turnRunning = true;
+    try {
+      const response = await this.settled(
+        this.connection.agent.request(acp.methods.agent.session.prompt, { sessionId: this.sessionId, prompt }),
+      );
+      return { stopReason: response.stopReason, usage: turnUsage(response.usage) };
+    } finally {
+      this.turnRunning = false;
+    }
+  }
+
+  /**
+   * Interrupts the running turn (`session/cancel`): the agent ends it with stopReason
+   * `cancelled`. Permission requests still open are answered `cancelled`, as ACP asks of the
+   * client. Never throws; nothing happens once the agent is gone.
+   */
+  async cancel(): Promise<void> {
+    const sent = this.connection.agent
+      .notify(acp.methods.agent.session.cancel, { sessionId: this.sessionId })
+      .catch(() => {});
+    for (const answer of this.openPermissions) answer({ outcome: 'cancelled' });
+    this.openPermissions.clear();
+    await sent;
+  }
+
+  /**
+   * Ends the agent: SIGTERM to its whole process group, SIGKILL to the group if anything of it
+   * is left after 2 s. Resolves once the agent process has exited. Idempotent.
+   */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      this.connection.close(new Error(`${this.label} was closed`));
+      signalGroup(this.pid, 'SIGTERM');
+      const deadline = Date.now() + KILL_GRACE_MS;
+      while ((this.exit === undefined || groupExists(this.pid)) && Date.now() < deadline) await sleep(20);
+      // A zombie left to a parent that does not reap counts as a member; SIGKILL is harmless then.
+      if (this.exit === undefined || groupExists(this.pid)) signalGroup(this.pid, 'SIGKILL');
+      await this.exited;
+    })();
+    return this.closing;
+  }
+
+  /**
+   * A request's outcome, except that a failure caused by the agent exiting is reported as
+   * that exit: the connection also fails when the agent's stdout ends, and the exit code and
+   * stderr say why far better than "connection closed".
+   */
+  private async settled<T>(request: Promise<T>): Promise<T> {
+    try {
+      return await request;
+    } catch (err) {
+      if (this.exit === undefined && this.closing === undefined)
+        await Promise.race([this.exited, sleep(EXIT_SETTLE_MS)]);
+      if (this.exit !== undefined && this.closing === undefined) throw this.exitError();
+      throw err;
+    }
+  }
+
+  private exitError(): Error {
+    if (this.closing) return new Error(`${this.label} was closed`);
+    const how = this.exit?.signal ? `was killed by ${this.exit.signal}` : `exited with code ${this.exit?.code}`;
+    const tail = this.stderrTail.length
+      ? `; its last stderr lines:\n${this.stderrTail.join('\n')}`
+      : ' and wrote nothing to stderr';
+    return new Error(`${this.label} ${how}${tail}`);
+  }
+
+  private askPermission(options: AcpRuntimeOptions, request: unknown, signal: AbortSignal): Promise<PermissionAnswer> {
+    return new Promise<PermissionAnswer>((resolve, reject) => {
+      const answer = (a: PermissionAnswer) => {
+        this.openPermissions.delete(answer);
+        resolve(a);
+      };
+      this.openPermissions.add(answer);
+      // The agent may withdraw the request ($/cancel_request).
+      signal.addEventListener('abort', () => answer({ outcome: 'cancelled' }), { once: true });
+      options.onPermission(request).then(answer, (err) => {
+        this.openPermissions.delete(answer);
+        reject(err);
+      });
+    });
+  }
+}
