@@ -133,6 +133,8 @@ export const TurnStart = z.object({
   time_limit_ms: z.number().int().min(1000),
 });
 
+export type TurnStartCommand = z.infer<typeof TurnStart>;
+
 export const TurnInterrupt = z.object({
   kind: z.literal('turn.interrupt'),
   sandbox: z.string().min(1).max(64),

@@ -15,6 +15,7 @@ import {
 import WebSocket from 'ws';
 import { OutputLog } from './output.ts';
 import { buildSandbox, type Sandbox } from './sandbox.ts';
+import { Turns } from './turns.ts';
 
 export const AGENT_VERSION = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -78,6 +79,9 @@ export class RunnerAgent {
   /** The accepted connection's epoch (0 while not connected); commands carry it. */
   private epoch = 0;
   private readonly sandboxes = new Map<string, Sandbox>();
+  /** Each sandbox's build, which its turns wait for. */
+  private readonly building = new Map<string, Promise<Sandbox>>();
+  private readonly turns = new Turns((sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e));
   /** Output per sandbox incarnation, kept until durable. */
   private readonly outputs = new Map<string, OutputLog>();
   private flushQueued = false;
@@ -110,6 +114,7 @@ export class RunnerAgent {
     clearInterval(this.heartbeat);
     clearTimeout(this.retry);
     this.ws?.close(1000, 'runner stopping');
+    void this.turns.closeAll();
     this.report({ type: 'stopped', reason, message });
     this.finish({ reason, message });
   }
@@ -244,7 +249,7 @@ export class RunnerAgent {
     switch (command.kind) {
       case 'sandbox.create': {
         const emit = (e: RunnerEvent) => this.emit(command.sandbox, command.incarnation, e);
-        buildSandbox(
+        const build = buildSandbox(
           this.options.root,
           {
             id: command.sandbox,
@@ -254,7 +259,9 @@ export class RunnerAgent {
             setupScript: command.setup_script,
           },
           emit,
-        ).then(
+        );
+        this.building.set(command.sandbox, build);
+        build.then(
           (sandbox) => {
             this.sandboxes.set(sandbox.id, sandbox);
             this.report({ type: 'sandbox', id: sandbox.id, state: 'ready' });
@@ -263,8 +270,17 @@ export class RunnerAgent {
         );
         break;
       }
+      case 'turn.start': {
+        const build = this.building.get(command.sandbox) ?? Promise.reject(new Error('no such sandbox on this runner'));
+        void this.turns.start(command, build);
+        break;
+      }
+      case 'turn.interrupt':
+        this.turns.interrupt(command.conversation_id, command.turn_id);
+        break;
       case 'sandbox.destroy':
         this.sandboxes.delete(command.sandbox);
+        this.building.delete(command.sandbox);
         this.report({ type: 'sandbox', id: command.sandbox, state: 'destroyed' });
         break;
     }

@@ -1,0 +1,184 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import t from 'tap';
+import { backends, signUp, startTestService } from './harness.ts';
+import { frames, parseFrame, rawGet } from './sse-client.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
+const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
+// The runtime starts in the sandbox's directory: tsx is named by its absolute location.
+const TSX = import.meta.resolve('tsx');
+
+interface WireEvent {
+  id: number;
+  kind: string;
+  stream: string;
+  data: string | null;
+  stage: string | null;
+  state: string | null;
+  turn_id: string | null;
+  blocks?: { kind: string; body?: string; name?: string }[];
+}
+
+for (const backend of backends()) {
+  t.test(`a conversation launched over HTTP runs on a real svc-runner, watched over SSE (${backend})`, async (t) => {
+    const svc = await startTestService(t, {
+      backend,
+      env: {
+        RUNNER_HEARTBEAT_MS: '500',
+        RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
+        SSE_IDLE_CLOSE_MS: '20000',
+      },
+    });
+    const me = await signUp(svc);
+    const { http } = svc;
+    const token = me.key;
+    const env = (
+      await http.post('/api/environments', {
+        token,
+        body: { name: 'main', env_vars: { GREETING: 'hello there' }, setup_script: 'echo "ready in $PWD"' },
+      })
+    ).body;
+    const agent = (
+      await http.post('/api/agents', {
+        token,
+        body: {
+          name: 'coder',
+          runtime: 'claude',
+          model: 'anthropic/claude-sonnet-4-5',
+          environment_id: env.id,
+          sandbox_provider: 'runner',
+        },
+      })
+    ).body;
+    const launch = () =>
+      http.post('/api/conversations', {
+        token,
+        body: { agent_id: agent.id, prompt: 'run a tool and print env GREETING' },
+      });
+
+    t.test('no inference credential: 422 missing_credential naming what to set', async (t) => {
+      const res = await launch();
+      t.equal(res.status, 422);
+      t.equal(res.body.error, 'missing_credential');
+      t.same(res.body.details, { provider: ['anthropic_api_key', 'claude_code_oauth_token'] });
+      t.same((await http.get('/api/conversations', { token })).body.data, [], 'nothing was created');
+    });
+
+    t.test('no runner online: 409 no_runner_online', async (t) => {
+      const put = await http.put('/api/account/inference-credentials/anthropic_api_key', {
+        token,
+        body: { value: 'sk-ant-test-credential-123456' },
+      });
+      t.equal(put.status, 200);
+      const res = await launch();
+      t.equal(res.status, 409);
+      t.equal(res.body.error, 'no_runner_online');
+    });
+
+    t.test('first stage to turn end, over SSE, with a real runner and runtime', async (t) => {
+      const runner = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
+      const root = mkdtempSync(join(tmpdir(), 'svc-launch-root-'));
+      const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', runner.token, '--root', root], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      child.stdout.on('data', (d) => {
+        out += d;
+      });
+      child.stderr.on('data', (d) => {
+        out += d;
+      });
+      t.teardown(() => child.kill('SIGTERM'));
+      for (let i = 0; i < 200 && !/connected as runner/.test(out); i++) await sleep(50);
+      t.match(out, /connected as runner/);
+
+      const started = Date.now();
+      const res = await launch();
+      t.equal(res.status, 201, JSON.stringify(res.body));
+      t.match(res.body, { agent_id: agent.id, status: 'running', turn_count: 1 });
+      const id = res.body.id as string;
+      t.ok(res.body.sandbox_id, 'it names its sandbox');
+
+      const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=0`, {
+        authorization: `Bearer ${token}`,
+      });
+      const ended = await Promise.race([watch.closed.then(() => true), sleep(30_000).then(() => false)]);
+      t.ok(ended, 'the stream ended by itself at the end of the turn (wait=false)');
+      const events = frames(watch.text())
+        .map(parseFrame)
+        .filter((e) => e.data !== undefined)
+        .map((e) => JSON.parse(e.data as string) as WireEvent);
+      const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
+      t.same(
+        stages,
+        [
+          'provision started',
+          'provision done',
+          'setup started',
+          'setup done',
+          'turn started',
+          'session started',
+          'session done',
+          'turn done',
+        ],
+        'every stage, in order',
+      );
+      t.match(
+        events
+          .filter((e) => e.stream === 'stdout')
+          .map((e) => e.data)
+          .join(''),
+        /^ready in .*sandboxes\/sbx_/,
+        'the setup script ran in the sandbox',
+      );
+      const blocks = events.flatMap((e) => e.blocks ?? []);
+      const text = blocks
+        .filter((b) => b.kind === 'text')
+        .map((b) => b.body)
+        .join('');
+      t.match(text, /You said: run a tool and print env GREETING/, 'the reply, from its streamed chunks');
+      t.match(text, /GREETING=hello there/, "the environment's variable reached the runtime");
+      t.ok(
+        blocks.some((b) => b.kind === 'thinking'),
+        'a thinking block',
+      );
+      t.ok(
+        blocks.some((b) => b.kind === 'tool_use') && blocks.some((b) => b.kind === 'tool_result'),
+        'a tool call and its result',
+      );
+      const turnEvents = events.filter((e) => e.stream === 'acp' || e.stage === 'turn');
+      t.ok(
+        turnEvents.every((e) => e.turn_id === turnEvents[0]?.turn_id && e.turn_id),
+        'the turn’s events carry its id',
+      );
+      const ids = events.map((e) => e.id);
+      t.ok(
+        ids.every((x, i) => i === 0 || x > (ids[i - 1] as number)),
+        'ids increase',
+      );
+
+      // The record follows the log: the turn ended done with the usage the runtime reported.
+      let turns: { state: string; usage: { input: number; output: number } | null }[] = [];
+      for (let i = 0; i < 100; i++) {
+        turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data;
+        if (turns[0]?.state !== 'running') break;
+        await sleep(50);
+      }
+      t.equal(
+        turns[0]?.state,
+        'done',
+        `runner said: ${out}\nlog: ${JSON.stringify((await http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body.data.slice(-4))}`,
+      );
+      t.match(turns[0]?.usage, { input: 'run a tool and print env GREETING'.length });
+      t.ok((turns[0]?.usage?.output ?? 0) > 0, 'output tokens as reported');
+      const conv = (await http.get(`/api/conversations/${id}`, { token })).body;
+      t.match(conv, { status: 'idle', usage_total: { input: 'run a tool and print env GREETING'.length } });
+      t.comment(`first event to turn end took ${Date.now() - started} ms`);
+    });
+  });
+}
