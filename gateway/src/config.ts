@@ -81,6 +81,7 @@ export const ConfigSchema = z.object({
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),
   RUNTIME_GEMINI_COMMAND: z.string().min(1).default('gemini --experimental-acp'),
   RUNTIME_OPENCODE_COMMAND: z.string().min(1).default('opencode acp'),
+  SANDBOX_PROVIDER_DEFAULT: z.enum(['local', 'runner']).default('local'),
   TURN_TIME_LIMIT_MS: z.coerce
     .number()
     .int()

@@ -21,6 +21,7 @@ import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
+import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { finishTurn } from './services/conversations.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
@@ -90,6 +91,8 @@ export interface Service {
   copier: LogCopier;
   relay: OutboxRelay;
   fabric: RunnerFabric;
+  /** The local sandbox provider's runner-agent children. */
+  local: LocalSandboxes;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -199,6 +202,15 @@ export async function startService(
     );
     cleanups.push(() => fabric.shutdown());
     copier.onDurable((_tenant, marks) => fabric.durable(marks));
+    const local = new LocalSandboxes({
+      sql: db.sql,
+      fabric,
+      logger: log.child({ role: 'local-sandboxes' }),
+      // Local runner-agents connect to this process directly, whatever PUBLIC_URL says.
+      baseUrl: () => publicUrl({ ...config, PUBLIC_URL: undefined }, boundPort),
+      root: join(config.DATA_DIR, 'local-sandboxes'),
+    });
+    cleanups.push(() => local.stopAll());
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
@@ -235,7 +247,24 @@ export async function startService(
       eventLog,
       retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
       fabric,
-      redaction,
+      launch: {
+        sql: db.sql,
+        keyring,
+        fabric,
+        redaction,
+        logger: log.child({ role: 'launch' }),
+        runtimeCommands: {
+          claude: config.RUNTIME_CLAUDE_COMMAND,
+          codex: config.RUNTIME_CODEX_COMMAND,
+          gemini: config.RUNTIME_GEMINI_COMMAND,
+          opencode: config.RUNTIME_OPENCODE_COMMAND,
+        },
+        turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+        offlineAfterMs: config.RUNNER_GRACE_MS,
+        defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
+        local,
+        relay,
+      },
     };
 
     const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });
@@ -291,6 +320,7 @@ export async function startService(
       copier,
       relay,
       fabric,
+      local,
       routes: routeTable.entries,
       close: closeAll,
     };

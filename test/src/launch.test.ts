@@ -94,7 +94,7 @@ for (const backend of backends()) {
         out += d;
       });
       t.teardown(() => child.kill('SIGTERM'));
-      for (let i = 0; i < 200 && !/connected as runner/.test(out); i++) await sleep(50);
+      for (let i = 0; i < 600 && !/connected as runner/.test(out); i++) await sleep(50);
       t.match(out, /connected as runner/);
 
       const started = Date.now();
@@ -179,6 +179,57 @@ for (const backend of backends()) {
       const conv = (await http.get(`/api/conversations/${id}`, { token })).body;
       t.match(conv, { status: 'idle', usage_total: { input: 'run a tool and print env GREETING'.length } });
       t.comment(`first event to turn end took ${Date.now() - started} ms`);
+    });
+
+    t.test('the local provider (the instance default) starts a runner-agent for the sandbox', async (t) => {
+      const localAgent = (
+        await http.post('/api/agents', {
+          token,
+          body: {
+            name: 'local coder',
+            runtime: 'claude',
+            model: 'anthropic/claude-sonnet-4-5',
+            environment_id: env.id,
+          },
+        })
+      ).body;
+      const before = (await http.get('/api/runners', { token })).body.data.length;
+      const res = await http.post('/api/conversations', {
+        token,
+        body: { agent_id: localAgent.id, prompt: 'hello from local' },
+      });
+      t.equal(res.status, 201, JSON.stringify(res.body));
+      const watch = rawGet(svc, `/api/conversations/${res.body.id}/stream?blocks=true&last_event_id=0`, {
+        authorization: `Bearer ${token}`,
+      });
+      t.ok(await Promise.race([watch.closed.then(() => true), sleep(40_000).then(() => false)]), 'the turn ended');
+      const events = frames(watch.text())
+        .map(parseFrame)
+        .filter((e) => e.data !== undefined)
+        .map((e) => JSON.parse(e.data as string) as WireEvent);
+      t.same(
+        events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
+        [
+          'sandbox started',
+          'sandbox done',
+          'provision started',
+          'provision done',
+          'setup started',
+          'setup done',
+          'turn started',
+          'session started',
+          'session done',
+          'turn done',
+        ],
+      );
+      const text = events
+        .flatMap((e) => e.blocks ?? [])
+        .filter((b) => b.kind === 'text')
+        .map((b) => b.body)
+        .join('');
+      t.match(text, /You said: hello from local/);
+      t.equal((await http.get('/api/runners', { token })).body.data.length, before, 'local runners are not listed');
+      t.equal(svc.local.running, 1, 'one runner-agent child for the sandbox');
     });
   });
 }

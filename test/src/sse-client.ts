@@ -13,8 +13,10 @@ export function rawGet(
   let received = '';
   const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
   sock.on('error', () => {});
-  sock.on('data', (d) => {
-    received += d.toString();
+  // Kept one character per byte (latin1), so chunk sizes, which count bytes, line up with
+  // string offsets; frames() decodes the body as UTF-8.
+  sock.on('data', (d: Buffer) => {
+    received += d.toString('latin1');
   });
   if (opts.paused) sock.pause();
   // Connection: close, so the socket closes when the response ends rather than idling.
@@ -25,7 +27,7 @@ export function rawGet(
   return { sock, closed, text: () => received };
 }
 
-/** The SSE frames of a chunked response body. */
+/** The SSE frames of a chunked response body (`raw` as rawGet keeps it: a char per byte). */
 export function frames(raw: string): string[] {
   const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
   let text = '';
@@ -38,7 +40,7 @@ export function frames(raw: string): string[] {
     text += body.slice(eol + 2, eol + 2 + size);
     i = eol + 2 + size + 2;
   }
-  return text.split('\n\n').filter(Boolean);
+  return Buffer.from(text, 'latin1').toString('utf8').split('\n\n').filter(Boolean);
 }
 
 /** An SSE event parsed from a frame: its fields as the WHATWG parser reads them. */

@@ -20,24 +20,31 @@ const columns = (sql: Sql) =>
 
 export async function insertRunner(
   sql: Sql,
-  r: { id: string; accountId: string; name: string; tokenHash: Buffer; tokenPrefix: string },
+  r: { id: string; accountId: string; name: string; tokenHash: Buffer; tokenPrefix: string; kind?: 'self' | 'local' },
 ): Promise<RunnerRow> {
   const rows = await sql<RunnerRow[]>`
-    INSERT INTO runners (id, account_id, name, token_hash, token_prefix)
-    VALUES (${r.id}, ${r.accountId}, ${r.name}, ${r.tokenHash}, ${r.tokenPrefix})
+    INSERT INTO runners (id, account_id, name, token_hash, token_prefix, kind)
+    VALUES (${r.id}, ${r.accountId}, ${r.name}, ${r.tokenHash}, ${r.tokenPrefix}, ${r.kind ?? 'self'})
     RETURNING ${columns(sql)}`;
   return rows[0] as RunnerRow;
 }
 
+/** The owner's runners (not those the instance starts for local sandboxes). */
 export async function listRunners(sql: Sql, accountId: string): Promise<RunnerRow[]> {
-  return sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE account_id = ${accountId} ORDER BY created_at, id`;
+  return sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners
+                          WHERE account_id = ${accountId} AND kind = 'self' ORDER BY created_at, id`;
 }
 
 export async function getRunner(sql: Sql, accountId: string, id: string): Promise<RunnerRow | undefined> {
   const rows = await sql<
     RunnerRow[]
-  >`SELECT ${columns(sql)} FROM runners WHERE account_id = ${accountId} AND id = ${id}`;
+  >`SELECT ${columns(sql)} FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self'`;
   return rows[0];
+}
+
+/** A runner the instance started for a local sandbox goes with it. */
+export async function deleteLocalRunner(sql: Sql, id: string): Promise<void> {
+  await sql`DELETE FROM runners WHERE id = ${id} AND kind = 'local'`;
 }
 
 export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<RunnerRow | undefined> {
@@ -46,7 +53,8 @@ export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<Runn
 }
 
 export async function deleteRunner(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows = await sql`DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
+  const rows =
+    await sql`DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self' RETURNING id`;
   return rows.length === 1;
 }
 

@@ -61,3 +61,8 @@ export async function conversationIds(sql: Sql, accountId: string, sandboxId: st
     SELECT id FROM conversations WHERE account_id = ${accountId} AND sandbox_id = ${sandboxId}`;
   return rows.map((r) => r.id);
 }
+
+/** The runner a sandbox lives on, once it has one (a local sandbox gets its runner after start). */
+export async function setRunner(sql: Sql, id: string, runnerId: string): Promise<void> {
+  await sql`UPDATE sandboxes SET runner_id = ${runnerId}, updated_at = now() WHERE id = ${id}`;
+}

@@ -2,12 +2,12 @@ import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { Config } from '../config.ts';
 import type { RunnerFabric } from '../fabric/fabric.ts';
-import type { Redaction } from '../log/log.append.ts';
 import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
+import type { LaunchDeps } from '../services/launch.ts';
 import type { RetireSandboxesBuiltOn } from '../services/sandboxes.ts';
 
 /** What the api role's routes are given by the composition root. */
@@ -29,6 +29,6 @@ export interface ApiDeps {
   retireSandboxes: RetireSandboxesBuiltOn;
   /** The runner fabric's sessions (its transport is the edge's, or the api role's alone). */
   fabric: RunnerFabric;
-  /** Secret values to redact, registered per conversation when its sandbox is built. */
-  redaction: Redaction;
+  /** What starting a conversation needs (sandbox providers, the fabric, secrets, redaction). */
+  launch: LaunchDeps;
 }

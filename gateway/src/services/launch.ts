@@ -3,7 +3,9 @@ import { agents, conversations, environments, outbox, runners, type Sql, sandbox
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
+import type { LocalSandboxes } from '../sandboxes/local.ts';
 import type { Keyring } from '../secrets/keyring.ts';
+import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { ActorRef } from './principal.ts';
@@ -21,6 +23,10 @@ export interface LaunchDeps {
   turnTimeLimitMs: number;
   /** Runners heard from within this long count as online. */
   offlineAfterMs: number;
+  /** The provider of agents that name none (SANDBOX_PROVIDER_DEFAULT). */
+  defaultProvider: 'local' | 'runner';
+  local: LocalSandboxes;
+  relay: OutboxRelay;
 }
 
 /** The credential each model provider's runtime reads, in the order they are tried. */
@@ -81,20 +87,24 @@ export async function startConversation(
   }
   const modelProvider = providerOf(agent.model) ?? '';
   const credential = await findCredential(deps, who.accountId, modelProvider);
-  const provider = agent.sandbox_provider ?? 'runner';
-  if (provider !== 'runner') {
+  const provider = agent.sandbox_provider ?? deps.defaultProvider;
+  if (provider !== 'runner' && provider !== 'local') {
     throw validationFailed(
       { sandbox_provider: [`${provider} is not available on this instance yet; use runner`] },
       `Sandbox provider ${provider} is not available on this instance yet.`,
     );
   }
-  const runner = (await runners.listRunners(sql, who.accountId)).find(
-    (r) =>
-      deps.fabric.isLive(r.id) &&
-      r.last_seen_at !== null &&
-      Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs,
-  );
-  if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
+  let runnerId: string | null = null;
+  if (provider === 'runner') {
+    const runner = (await runners.listRunners(sql, who.accountId)).find(
+      (r) =>
+        deps.fabric.isLive(r.id) &&
+        r.last_seen_at !== null &&
+        Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs,
+    );
+    if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
+    runnerId = runner.id;
+  }
 
   const conversationId = newId('cnv');
   const sandboxId = newId('sbx');
@@ -104,9 +114,9 @@ export async function startConversation(
     await sandboxes.insertSandbox(t, {
       id: sandboxId,
       accountId: who.accountId,
-      provider: 'runner',
+      provider,
       mode: input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent'),
-      runnerId: runner.id,
+      runnerId,
       agentId: agent.id,
       environmentId,
       vaultId,
@@ -145,7 +155,23 @@ export async function startConversation(
   deps.redaction.register(who.accountId, conversationId, Object.values(runtimeEnv));
 
   void (async () => {
-    await deps.fabric.command(runner.id, {
+    let onRunner = runnerId;
+    if (onRunner === null) {
+      // local: the sandbox's own runner-agent, started now and connected back.
+      const started = Date.now();
+      await emitStage(deps, who.accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
+      onRunner = await deps.local.start(who.accountId, sandboxId);
+      await sandboxes.setRunner(sql, sandboxId, onRunner);
+      await emitStage(deps, who.accountId, {
+        conversationId,
+        turnId,
+        stage: 'sandbox',
+        state: 'done',
+        durationMs: Date.now() - started,
+      });
+    }
+    const target = onRunner;
+    await deps.fabric.command(target, {
       kind: 'sandbox.create',
       sandbox: sandboxId,
       incarnation: 0,
@@ -155,7 +181,7 @@ export async function startConversation(
     });
     if (turnId && input.prompt) {
       const { command, args } = commandLine(deps.runtimeCommands[agent.runtime as Runtime]);
-      await deps.fabric.command(runner.id, {
+      await deps.fabric.command(target, {
         kind: 'turn.start',
         sandbox: sandboxId,
         incarnation: 0,
@@ -189,6 +215,31 @@ async function findCredential(deps: LaunchDeps, accountId: string, modelProvider
       extra: { details: { provider: choices.map((c) => c.provider) } },
     },
   );
+}
+
+/**
+ * A stage event the service emits (through the outbox), in the log before the caller goes on,
+ * so the runner's events that follow come after it.
+ */
+async function emitStage(
+  deps: LaunchDeps,
+  accountId: string,
+  e: { conversationId: string; turnId: string | null; stage: string; state: string; durationMs?: number },
+): Promise<void> {
+  await deps.sql.begin((tx) =>
+    outbox.enqueue(tx as unknown as Sql, accountId, [
+      {
+        conversationId: e.conversationId,
+        turnId: e.turnId,
+        kind: 'stage',
+        stream: 'stage',
+        stage: e.stage,
+        state: e.state,
+        durationMs: e.durationMs ?? null,
+      },
+    ]),
+  );
+  await deps.relay.flush(accountId);
 }
 
 /** The launch failed after the answer: say so in the log, end the turn `failed`. */

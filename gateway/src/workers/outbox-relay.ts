@@ -44,6 +44,14 @@ export class OutboxRelay {
     void this.pass();
   }
 
+  /** Relays the tenant's outbox now and resolves once what was committed before is in the log. */
+  async flush(tenant: string): Promise<void> {
+    this.dirty.add(tenant);
+    await this.pass();
+    // A pass that was already running when the rows committed may have missed them.
+    if (this.dirty.has(tenant)) await this.pass();
+  }
+
   /** The copy holds the tenant's outbox durably up to `seq`: those rows may go. */
   async durable(tenant: string, seq: number): Promise<void> {
     await outbox.forget(this.deps.sql, tenant, seq);

@@ -53,25 +53,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       response: { 201: Conversation, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) => {
-      const row = await startConversation(
-        {
-          sql: deps.sql,
-          keyring: deps.keyring,
-          fabric: deps.fabric,
-          redaction: deps.redaction,
-          logger: deps.log,
-          runtimeCommands: {
-            claude: deps.config.RUNTIME_CLAUDE_COMMAND,
-            codex: deps.config.RUNTIME_CODEX_COMMAND,
-            gemini: deps.config.RUNTIME_GEMINI_COMMAND,
-            opencode: deps.config.RUNTIME_OPENCODE_COMMAND,
-          },
-          turnTimeLimitMs: deps.config.TURN_TIME_LIMIT_MS,
-          offlineAfterMs: deps.config.RUNNER_GRACE_MS,
-        },
-        actorOf(requirePrincipal(req)),
-        req.body,
-      );
+      const row = await startConversation(deps.launch, actorOf(requirePrincipal(req)), req.body);
       return reply.code(201).send(convs.shapeConversation(row));
     },
   });

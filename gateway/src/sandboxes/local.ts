@@ -1,0 +1,92 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ApiError, newId } from '@svc/core';
+import { runners, type Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { RunnerFabric } from '../fabric/fabric.ts';
+import { hashSecret, newSecret } from '../secrets/tokens.ts';
+import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
+
+const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));
+/** How long a started runner-agent has to connect back. */
+const CONNECT_TIMEOUT_MS = 30_000;
+
+/**
+ * The `local` sandbox provider, the instance's default for development: each sandbox gets a
+ * runner-agent child process of its own, started with a one-sandbox runner token and
+ * connected back over the same fabric as any runner, its sandboxes under DATA_DIR. The child
+ * and its runner go with the sandbox, and all of them when the service stops.
+ */
+export class LocalSandboxes {
+  private readonly children = new Map<string, { child: ChildProcess; runnerId: string }>();
+
+  constructor(
+    private readonly deps: {
+      sql: Sql;
+      fabric: RunnerFabric;
+      logger: Logger;
+      /** The service's own base URL (the child connects back to it). */
+      baseUrl: () => string;
+      root: string;
+    },
+  ) {}
+
+  /** Starts the sandbox's runner-agent and resolves with its runner id once it is connected. */
+  async start(accountId: string, sandboxId: string): Promise<string> {
+    const token = newSecret(RUNNER_TOKEN_PREFIX);
+    const runner = await runners.insertRunner(this.deps.sql, {
+      id: newId('rnr'),
+      accountId,
+      name: `local ${sandboxId}`,
+      tokenHash: hashSecret(token),
+      tokenPrefix: token.slice(0, 12),
+      kind: 'local',
+    });
+    const root = join(this.deps.root, accountId);
+    mkdirSync(root, { recursive: true, mode: 0o700 });
+    // The token travels in the environment, not the command line (ps shows arguments).
+    const child = spawn(process.execPath, [RUNNER_BIN, '--url', this.deps.baseUrl(), '--root', root], {
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? root, SVC_RUNNER_TOKEN: token },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.children.set(sandboxId, { child, runnerId: runner.id });
+    const log = this.deps.logger.child({ sandbox: sandboxId, runner: runner.id });
+    const lines = (d: Buffer) => {
+      for (const line of d.toString().split('\n')) if (line.trim()) log.debug(line);
+    };
+    child.stdout?.on('data', lines);
+    child.stderr?.on('data', lines);
+    child.on('exit', (code, signal) => {
+      if (this.children.get(sandboxId)?.child === child) this.children.delete(sandboxId);
+      log.info({ code, signal }, 'local runner-agent exited');
+    });
+    const deadline = Date.now() + CONNECT_TIMEOUT_MS;
+    while (!this.deps.fabric.isLive(runner.id)) {
+      if (child.exitCode !== null || Date.now() > deadline) {
+        await this.stop(sandboxId);
+        throw new ApiError('runner_offline', 'The local runner-agent did not connect.');
+      }
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    return runner.id;
+  }
+
+  /** Stops the sandbox's runner-agent and forgets its runner. */
+  async stop(sandboxId: string): Promise<void> {
+    const held = this.children.get(sandboxId);
+    if (!held) return;
+    this.children.delete(sandboxId);
+    held.child.kill('SIGTERM');
+    await runners.deleteLocalRunner(this.deps.sql, held.runnerId).catch(() => {});
+  }
+
+  async stopAll(): Promise<void> {
+    await Promise.all([...this.children.keys()].map((id) => this.stop(id)));
+  }
+
+  get running(): number {
+    return this.children.size;
+  }
+}
