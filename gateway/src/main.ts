@@ -23,7 +23,7 @@ import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
-import { finishTurn } from './services/conversations.ts';
+import { failTurnsOfRunner, finishTurn } from './services/conversations.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
@@ -197,6 +197,7 @@ export async function startService(
         logger: log.child({ role: 'fabric' }),
         appendEvents,
         onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
+        onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );

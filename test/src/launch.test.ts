@@ -30,6 +30,7 @@ for (const backend of backends()) {
       backend,
       env: {
         RUNNER_HEARTBEAT_MS: '500',
+        RUNNER_GRACE_MS: '1500',
         RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
         SSE_IDLE_CLOSE_MS: '20000',
       },
@@ -180,6 +181,51 @@ for (const backend of backends()) {
       t.match(conv, { status: 'idle', usage_total: { input: 'run a tool and print env GREETING'.length } });
       t.comment(`first event to turn end took ${Date.now() - started} ms`);
     });
+
+    t.test(
+      'a runner killed mid-turn: after the grace its turn ends failed, visibly; nothing stays running',
+      async (t) => {
+        const runner = (await http.post('/api/runners', { token, body: { name: 'doomed' } })).body;
+        const root = mkdtempSync(join(tmpdir(), 'svc-launch-root-'));
+        const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', runner.token, '--root', root], {
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        child.stdout.on('data', (d) => {
+          out += d;
+        });
+        t.teardown(() => child.kill('SIGKILL'));
+        for (let i = 0; i < 600 && !/connected as runner/.test(out); i++) await sleep(50);
+        const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'be slow' } });
+        t.equal(res.status, 201);
+        const id = res.body.id as string;
+        const feed = async () =>
+          (await http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body.data as WireEvent[];
+        for (let i = 0; i < 300 && !(await feed()).some((e) => e.stream === 'acp'); i++) await sleep(50);
+        t.ok(
+          (await feed()).some((e) => e.stream === 'acp'),
+          'the turn is under way',
+        );
+        child.kill('SIGKILL');
+        let turns: { state: string }[] = [];
+        for (let i = 0; i < 200; i++) {
+          turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data;
+          if (turns[0]?.state !== 'running') break;
+          await sleep(50);
+        }
+        t.equal(turns[0]?.state, 'failed', 'the turn failed once the grace ran out');
+        for (let i = 0; i < 100 && !(await feed()).some((e) => e.stage === 'turn' && e.state === 'failed'); i++) {
+          await sleep(50);
+        }
+        const end = (await feed()).find((e) => e.stage === 'turn' && e.state === 'failed');
+        t.match(JSON.parse(end?.data ?? '{}'), { error: /runner went offline/ }, 'and says why in the log');
+        t.match((await http.get(`/api/conversations/${id}`, { token })).body, { status: 'idle' });
+        const [sandbox] = await svc.db.sql<
+          { status: string }[]
+        >`SELECT status FROM sandboxes WHERE id = ${res.body.sandbox_id}`;
+        t.equal(sandbox?.status, 'failed', 'its sandbox is failed');
+      },
+    );
 
     t.test('the local provider (the instance default) starts a runner-agent for the sandbox', async (t) => {
       const localAgent = (

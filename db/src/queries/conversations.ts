@@ -209,3 +209,14 @@ export async function lookup(
 export async function setSandbox(sql: Sql, accountId: string, id: string, sandboxId: string): Promise<void> {
   await sql`UPDATE conversations SET sandbox_id = ${sandboxId}, updated_at = now() WHERE account_id = ${accountId} AND id = ${id}`;
 }
+
+/** Turns still running on sandboxes of a runner (to fail them when the runner is gone). */
+export async function runningTurnsOnRunner(
+  sql: Sql,
+  runnerId: string,
+): Promise<{ account_id: string; turn_id: string; conversation_id: string; sandbox_id: string }[]> {
+  return sql`
+    SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id
+    FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
+    WHERE s.runner_id = ${runnerId} AND t.state = 'running'`;
+}

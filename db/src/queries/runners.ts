@@ -87,3 +87,9 @@ export async function seen(sql: Sql, id: string, epoch: number): Promise<number 
 export async function disconnected(sql: Sql, id: string, epoch: number): Promise<void> {
   await sql`UPDATE runners SET connected = false, last_seen_at = now() WHERE id = ${id} AND epoch = ${epoch}`;
 }
+
+/** Whether the runner holds a connection newer than `epoch` (it came back, maybe through another node). */
+export async function reconnectedSince(sql: Sql, id: string, epoch: number): Promise<boolean> {
+  const rows = await sql<{ ok: boolean }[]>`SELECT (connected AND epoch > ${epoch}) AS ok FROM runners WHERE id = ${id}`;
+  return rows[0]?.ok ?? false;
+}

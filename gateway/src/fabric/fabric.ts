@@ -86,6 +86,8 @@ interface Live {
 export class RunnerFabric {
   /** Live connections on this node, by runner id. */
   private readonly live = new Map<string, Live>();
+  /** Runners whose connection ended here, with when and which epoch, until they return or the grace ends. */
+  private readonly gone = new Map<string, { since: number; epoch: number }>();
   /** The connection that last spoke for each sandbox (to tell it what became durable). */
   private readonly bySandbox = new Map<string, Live>();
   private readonly sessions = new Set<Live>();
@@ -96,6 +98,8 @@ export class RunnerFabric {
       sql: Sql;
       logger: Logger;
       appendEvents: AppendEvents;
+      /** A runner stayed away longer than the grace: its running turns fail, visibly. */
+      onRunnerGone: (runnerId: string) => Promise<unknown>;
       /** A turn's end arrived from its runner: record the result (once). */
       onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
     },
@@ -342,6 +346,7 @@ export class RunnerFabric {
     this.sessions.delete(s);
     if (this.live.get(s.runnerId) === s) this.live.delete(s.runnerId);
     for (const [id, holder] of this.bySandbox) if (holder === s) this.bySandbox.delete(id);
+    if (s.epoch > 0 && !this.live.has(s.runnerId)) this.gone.set(s.runnerId, { since: Date.now(), epoch: s.epoch });
     for (const p of s.pending.values()) {
       clearTimeout(p.timer);
       p.reject(new ApiError('runner_offline', 'The runner disconnected before acknowledging the command.'));
@@ -369,6 +374,21 @@ export class RunnerFabric {
 
   private sweep(): void {
     const now = Date.now();
+    for (const [runnerId, g] of this.gone) {
+      if (this.live.has(runnerId)) {
+        this.gone.delete(runnerId);
+        continue;
+      }
+      if (now - g.since < this.options.silenceMs) continue;
+      this.gone.delete(runnerId);
+      // Back through another node? Then its turns go on there.
+      runners
+        .reconnectedSince(this.deps.sql, runnerId, g.epoch)
+        .then((back) => (back ? undefined : this.deps.onRunnerGone(runnerId)))
+        .catch((err: Error) =>
+          this.deps.logger.error({ err: { message: err.message }, runner: runnerId }, 'runner gone'),
+        );
+    }
     for (const s of this.sessions) {
       if (now - s.lastHeardAt < this.options.silenceMs) continue;
       if (s.epoch === 0) this.close(s, RUNNER_CLOSE.hello_timeout, 'no hello in time');

@@ -1,5 +1,5 @@
 import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
-import { conversations, type Sql } from '@svc/db';
+import { conversations, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
@@ -187,4 +187,30 @@ export async function finishTurn(
   usage: conversations.TurnRow['usage'],
 ): Promise<boolean> {
   return conversations.endTurn(sql, accountId, turnId, state, usage, [changed('conversations')]);
+}
+
+/**
+ * A runner stayed away past the grace period: each turn still running on its sandboxes ends
+ * `failed` with a `turn` stage event saying why (compare-and-set: a turn the runner finished
+ * in time is left alone), and its sandboxes are failed. Nothing is left `running`.
+ */
+export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<number> {
+  let failed = 0;
+  for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
+    const ended = await conversations.endTurn(sql, t.account_id, t.turn_id, 'failed', null, [
+      {
+        conversationId: t.conversation_id,
+        turnId: t.turn_id,
+        kind: 'stage',
+        stream: 'stage',
+        stage: 'turn',
+        state: 'failed',
+        data: JSON.stringify({ usage: null, error: 'the runner went offline and did not come back in time' }),
+      },
+      changed('conversations'),
+    ]);
+    if (ended) failed++;
+    await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+  }
+  return failed;
 }
