@@ -34,7 +34,7 @@ for (const backend of backends()) {
       (e) => seen.push(e.type === 'sandbox' ? `sandbox ${e.state}` : e.type),
     ).start();
     t.teardown(() => tracked.stop());
-    t.ok(await until(() => svc.fabric.isLive(runnerId)), `the runner connected (${seen.join(', ')})`);
+    t.ok(await until(() => svc.fabric.isLive(runnerId), 30_000), `the runner connected (${seen.join(', ')})`);
 
     const who = { accountId: me.accountId, actor: 'api' as const, ip: null };
     const conv = await createConversationRecord(sql, who, { agentId: 'agt_x', title: 'on a runner' });
@@ -158,7 +158,10 @@ for (const backend of backends()) {
 
     t.test('output for a sandbox that is not on this runner closes the connection', async (t) => {
       tracked.emit('sbx_not_mine', 0, { conversation_id: conv.id, kind: 'output', stream: 'stdout', data: 'x' });
-      const end = await tracked.done;
+      const end = await Promise.race([
+        tracked.done,
+        sleep(15_000).then(() => ({ reason: 'timeout', message: `still connected; it saw: ${seen.join(', ')}` })),
+      ]);
       t.equal(end.reason, 'refused');
       t.match(end.message, /sandbox sbx_not_mine .* is not on this runner/);
       await t.rejects(

@@ -90,6 +90,8 @@ export async function disconnected(sql: Sql, id: string, epoch: number): Promise
 
 /** Whether the runner holds a connection newer than `epoch` (it came back, maybe through another node). */
 export async function reconnectedSince(sql: Sql, id: string, epoch: number): Promise<boolean> {
-  const rows = await sql<{ ok: boolean }[]>`SELECT (connected AND epoch > ${epoch}) AS ok FROM runners WHERE id = ${id}`;
+  const rows = await sql<
+    { ok: boolean }[]
+  >`SELECT (connected AND epoch > ${epoch}) AS ok FROM runners WHERE id = ${id}`;
   return rows[0]?.ok ?? false;
 }
