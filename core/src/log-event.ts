@@ -23,6 +23,22 @@ export interface LogEvent {
   seq: number;
 }
 
+/**
+ * What a producer emits: a log event before the log gives it an id (and before the write path
+ * stamps its time and producer). The outbox stores events in this shape too.
+ */
+export interface NewEvent {
+  /** Null for a tenant event (a `conversations`, `team` or `schedule` change). */
+  conversationId: string | null;
+  turnId?: string | null;
+  kind: string;
+  stream: string;
+  data?: string | null;
+  stage?: string | null;
+  state?: string | null;
+  durationMs?: number | null;
+}
+
 /** Kinds of the tenant events, each sent as an SSE event of that name with `{reason: changed}`. */
 export const TENANT_EVENT_KINDS = ['conversations', 'team', 'schedule'] as const;
 export type TenantEventKind = (typeof TENANT_EVENT_KINDS)[number];

@@ -1,16 +1,8 @@
+import type { NewEvent } from '@svc/core';
 import type { Sql } from '../connect.ts';
 
 /** An event the service emits, as written beside the state change that causes it. */
-export interface OutboxEvent {
-  conversationId: string | null;
-  turnId?: string | null;
-  kind: string;
-  stream: string;
-  data?: string | null;
-  stage?: string | null;
-  state?: string | null;
-  durationMs?: number | null;
-}
+export type OutboxEvent = NewEvent;
 
 export interface OutboxRow {
   seq: number;

@@ -1,4 +1,4 @@
-import type { LogEvent } from '@svc/core';
+import type { LogEvent, NewEvent } from '@svc/core';
 
 /**
  * The event log port. One tenant's events share one id space: ids are integers, strictly
@@ -12,20 +12,7 @@ import type { LogEvent } from '@svc/core';
  * every producer goes through.
  */
 
-/** What a producer emits: a log event before the log gives it an id. */
-export interface NewEvent {
-  /** Null for a tenant event (a `conversations`, `team` or `schedule` change). */
-  conversationId: string | null;
-  turnId?: string | null;
-  kind: string;
-  stream: string;
-  data?: string | null;
-  stage?: string | null;
-  state?: string | null;
-  durationMs?: number | null;
-}
-
-export type { LogEvent };
+export type { LogEvent, NewEvent };
 
 /**
  * The stored fields of an event the producer emitted, stamped `ts` and the producer's name and
