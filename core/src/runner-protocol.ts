@@ -131,6 +131,11 @@ export const TurnStart = z.object({
   runtime: z.object({ command: z.string().min(1), args: z.array(z.string()), env: z.record(z.string(), z.string()) }),
   /** The turn is failed with `timeout` after this long. */
   time_limit_ms: z.number().int().min(1000),
+  /** Images sent with the prompt (base64), passed to the runtime as ACP image content. */
+  images: z
+    .array(z.object({ data: z.string(), media_type: z.string().max(100) }))
+    .max(64)
+    .optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;
@@ -142,11 +147,22 @@ export const TurnInterrupt = z.object({
   turn_id: z.string().min(1).max(64),
 });
 
+/**
+ * The conversation has ended: its running turn is cancelled and its runtime stops. The
+ * sandbox stays (it may be persistent or shared; `sandbox.destroy` removes it).
+ */
+export const ConversationClose = z.object({
+  kind: z.literal('conversation.close'),
+  sandbox: z.string().min(1).max(64),
+  conversation_id: z.string().min(1).max(64),
+});
+
 export const RunnerCommandBody = z.discriminatedUnion('kind', [
   SandboxCreate,
   SandboxDestroy,
   TurnStart,
   TurnInterrupt,
+  ConversationClose,
 ]);
 export type RunnerCommandBody = z.infer<typeof RunnerCommandBody>;
 

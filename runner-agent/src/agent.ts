@@ -249,16 +249,20 @@ export class RunnerAgent {
     switch (command.kind) {
       case 'sandbox.create': {
         const emit = (e: RunnerEvent) => this.emit(command.sandbox, command.incarnation, e);
-        const build = buildSandbox(
-          this.options.root,
-          {
-            id: command.sandbox,
-            incarnation: command.incarnation,
-            conversationId: command.conversation_id,
-            env: command.env,
-            setupScript: command.setup_script,
-          },
-          emit,
+        // A new incarnation is a clean machine: runtimes of the one before do not carry over.
+        const closed = this.turns.closeSandbox(command.sandbox);
+        const build = closed.then(() =>
+          buildSandbox(
+            this.options.root,
+            {
+              id: command.sandbox,
+              incarnation: command.incarnation,
+              conversationId: command.conversation_id,
+              env: command.env,
+              setupScript: command.setup_script,
+            },
+            emit,
+          ),
         );
         this.building.set(command.sandbox, build);
         build.then(
@@ -278,7 +282,11 @@ export class RunnerAgent {
       case 'turn.interrupt':
         this.turns.interrupt(command.conversation_id, command.turn_id);
         break;
+      case 'conversation.close':
+        void this.turns.close(command.conversation_id);
+        break;
       case 'sandbox.destroy':
+        void this.turns.closeSandbox(command.sandbox);
         this.sandboxes.delete(command.sandbox);
         this.building.delete(command.sandbox);
         this.report({ type: 'sandbox', id: command.sandbox, state: 'destroyed' });

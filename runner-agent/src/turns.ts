@@ -4,12 +4,19 @@ import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
 
+/** How long a closing conversation's turn has to answer its cancel before the runtime stops. */
+const CLOSE_GRACE_MS = 3000;
+
 interface Session {
+  /** The sandbox the runtime runs on. */
+  sandbox: string;
   runtime: AcpRuntime;
   /** The turn running now, if any. */
   turnId: string | null;
   /** Set when the turn was ended by its time limit (the cancel then reports `timeout`). */
   timedOut: boolean;
+  /** Resolves when the running turn has reported its end. */
+  ended: Promise<void>;
 }
 
 /**
@@ -79,7 +86,7 @@ export class Turns {
             }),
           onPermission: async (request) => firstAllow(request),
         });
-        session = { runtime, turnId: null, timedOut: false };
+        session = { sandbox: command.sandbox, runtime, turnId: null, timedOut: false, ended: Promise.resolve() };
         this.sessions.set(command.conversation_id, session);
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
@@ -90,12 +97,17 @@ export class Turns {
     const s = session;
     s.turnId = command.turn_id;
     s.timedOut = false;
+    let turnEnded = () => {};
+    s.ended = new Promise<void>((resolve) => {
+      turnEnded = resolve;
+    });
     const limit = setTimeout(() => {
       s.timedOut = true;
       void s.runtime.cancel();
     }, command.time_limit_ms);
     try {
-      const result = await s.runtime.prompt(command.prompt);
+      const images = (command.images ?? []).map((i) => ({ mimeType: i.media_type, data: i.data }));
+      const result = await s.runtime.prompt(command.prompt, images);
       const state = result.stopReason === 'cancelled' ? (s.timedOut ? 'timeout' : 'interrupted') : 'done';
       end(state, { usage: result.usage, stop_reason: result.stopReason });
     } catch (err) {
@@ -106,6 +118,7 @@ export class Turns {
     } finally {
       clearTimeout(limit);
       s.turnId = null;
+      turnEnded();
     }
   }
 
@@ -115,7 +128,30 @@ export class Turns {
     if (s?.turnId === turnId) void s.runtime.cancel();
   }
 
-  /** Stops every runtime (the runner is stopping, or the sandbox goes). */
+  /**
+   * The conversation ended: its running turn is cancelled (it ends `interrupted`) and its
+   * runtime stops. A later turn of the same conversation would start a fresh runtime.
+   */
+  async close(conversationId: string): Promise<void> {
+    const s = this.sessions.get(conversationId);
+    if (!s) return;
+    this.sessions.delete(conversationId);
+    if (s.turnId) {
+      // The turn ends `interrupted` as the runtime answers the cancel; one that does not
+      // answer in time is stopped with its runtime.
+      await s.runtime.cancel().catch(() => {});
+      await Promise.race([s.ended, new Promise((resolve) => setTimeout(resolve, CLOSE_GRACE_MS))]);
+    }
+    await s.runtime.close().catch(() => {});
+  }
+
+  /** Closes the runtimes of every conversation on the sandbox (its machine goes or is built again). */
+  async closeSandbox(sandbox: string): Promise<void> {
+    const on = [...this.sessions].filter(([, s]) => s.sandbox === sandbox).map(([id]) => id);
+    await Promise.all(on.map((id) => this.close(id)));
+  }
+
+  /** Stops every runtime (the runner is stopping). */
   async closeAll(): Promise<void> {
     const all = [...this.sessions.values()];
     this.sessions.clear();

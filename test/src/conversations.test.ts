@@ -75,13 +75,13 @@ for (const backend of backends()) {
       const read = await http.post(`/api/conversations/${root.id}/read`, { token });
       t.equal(read.body.unread, false);
       await new Promise((r) => setTimeout(r, 20));
-      const turn = await conversations.startTurn(sql, {
+      const turn = (await conversations.startTurn(sql, {
         id: 'trn_1',
         accountId: me.accountId,
         conversationId: root.id,
         prompt: 'hello',
         origin: 'user',
-      });
+      })) as conversations.TurnRow;
       const running = await http.get(`/api/conversations/${root.id}`, { token });
       t.match(running.body, { status: 'running', unread: true, turn_count: 1 });
       t.ok(

@@ -91,10 +91,40 @@ export const EventsPage = z.object({
   meta: z.object({ limit: z.int(), has_more: z.boolean(), next_cursor: z.int().nullable() }),
 });
 
+/** Images per prompt, and bytes per image (decoded). */
+export const PROMPT_IMAGES_MAX = 8;
+export const PROMPT_IMAGE_MAX_BYTES = 5 * 1024 * 1024;
+
+/** An image sent with a prompt: base64 bytes and their media type (png, jpeg, gif or webp). */
+export const PromptImage = z.object({
+  data: z.base64().max(Math.ceil(PROMPT_IMAGE_MAX_BYTES / 3) * 4),
+  media_type: z.string().max(100),
+});
+
+const PromptImages = z
+  .array(PromptImage)
+  .max(PROMPT_IMAGES_MAX)
+  .meta({
+    description: `At most ${PROMPT_IMAGES_MAX} images of at most 5 MB each, image/png, image/jpeg, image/gif or image/webp (415 \`unsupported_media_type\` when the bytes are not the declared type). Served back by zero-based position.`,
+  });
+
+/** `POST /api/conversations/:id/prompts`: the next turn's words and images. */
+export const PromptCreate = z.object({
+  prompt: z.string().min(1).max(200_000),
+  images: PromptImages.optional(),
+});
+
+export const TurnImageParams = z.object({
+  id: z.string().min(1).max(64),
+  turn_id: z.string().min(1).max(64),
+  position: z.coerce.number().int().min(0),
+});
+
 /** `POST /api/conversations`: the agent, and optionally what to run it with and the first prompt. */
 export const ConversationCreate = z.object({
   agent_id: z.string().min(1).max(64),
   prompt: z.string().min(1).max(200_000).optional(),
+  images: PromptImages.optional(),
   environment_id: z.string().min(1).max(64).optional(),
   vault_id: z.string().min(1).max(64).optional(),
   sandbox_mode: z.enum(['ephemeral', 'persistent']).optional(),

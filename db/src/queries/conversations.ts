@@ -145,7 +145,19 @@ export async function listTurns(sql: Sql, accountId: string, conversationId: str
   >`SELECT * FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} ORDER BY number`;
 }
 
-/** Opens the next turn; the conversation becomes running and active now. */
+/**
+ * Why a turn could not open: the conversation runs one already (`busy`), has ended
+ * (`terminated`), its single-turn sandbox runs another conversation's turn (`at_capacity`), or
+ * it does not exist (`missing`).
+ */
+export type TurnRefusal = 'busy' | 'terminated' | 'at_capacity' | 'missing';
+
+/**
+ * Opens the next turn when the conversation is idle (compare-and-set: of two prompts racing,
+ * one opens a turn and the other is refused); the conversation becomes running and active now.
+ * With `oneTurnPerSandbox` (opencode and gemini sandboxes) the sandbox row is locked and the
+ * turn is refused while another conversation on it runs one.
+ */
 export async function startTurn(
   sql: Sql,
   t: {
@@ -154,19 +166,99 @@ export async function startTurn(
     conversationId: string;
     prompt: string;
     origin: 'user' | 'autonomous';
-    imageCount?: number;
+    images?: { mediaType: string; data: Buffer }[];
+    oneTurnPerSandbox?: boolean;
   },
-): Promise<TurnRow> {
+  events: OutboxEvent[] = [],
+): Promise<TurnRow | TurnRefusal> {
   return transaction(sql, async (s) => {
+    if (t.oneTurnPerSandbox) {
+      // The lock makes two conversations' prompts on one sandbox take turns at this check.
+      const sandbox = await s<{ id: string }[]>`
+        SELECT id FROM sandboxes
+        WHERE id = (SELECT sandbox_id FROM conversations WHERE account_id = ${t.accountId} AND id = ${t.conversationId})
+        FOR UPDATE`;
+      const busy = sandbox[0]
+        ? await s`SELECT 1 FROM conversations c JOIN turns tr ON tr.conversation_id = c.id
+                  WHERE c.sandbox_id = ${sandbox[0].id} AND c.id <> ${t.conversationId} AND tr.state = 'running' LIMIT 1`
+        : [];
+      if (busy.length) return 'at_capacity';
+    }
+    const moved = await s`UPDATE conversations SET status = 'running', last_active_at = now(), updated_at = now()
+                          WHERE account_id = ${t.accountId} AND id = ${t.conversationId} AND status = 'idle'
+                          RETURNING id`;
+    if (moved.length === 0) {
+      const rows = await s<{ status: string }[]>`
+        SELECT status FROM conversations WHERE account_id = ${t.accountId} AND id = ${t.conversationId}`;
+      const status = rows[0]?.status;
+      return status === undefined ? 'missing' : status === 'terminated' ? 'terminated' : 'busy';
+    }
+    const images = t.images ?? [];
     const rows = await s<TurnRow[]>`
       INSERT INTO turns (id, account_id, conversation_id, number, prompt, origin, image_count)
       VALUES (${t.id}, ${t.accountId}, ${t.conversationId},
               (SELECT coalesce(max(number), 0) + 1 FROM turns WHERE conversation_id = ${t.conversationId}),
-              ${t.prompt}, ${t.origin}, ${t.imageCount ?? 0})
+              ${t.prompt}, ${t.origin}, ${images.length})
       RETURNING *`;
-    await s`UPDATE conversations SET status = 'running', last_active_at = now(), updated_at = now()
-            WHERE account_id = ${t.accountId} AND id = ${t.conversationId}`;
+    for (const [position, image] of images.entries()) {
+      await s`INSERT INTO turn_images (account_id, turn_id, position, media_type, data)
+              VALUES (${t.accountId}, ${t.id}, ${position}, ${image.mediaType}, ${image.data})`;
+    }
+    await enqueue(s, t.accountId, events);
     return rows[0] as TurnRow;
+  });
+}
+
+/** One stored image of a turn of the conversation, by position (undefined when any part does not resolve). */
+export async function turnImage(
+  sql: Sql,
+  accountId: string,
+  conversationId: string,
+  turnId: string,
+  position: number,
+): Promise<{ media_type: string; data: Buffer } | undefined> {
+  const rows = await sql<{ media_type: string; data: Buffer }[]>`
+    SELECT i.media_type, i.data FROM turn_images i JOIN turns t ON t.id = i.turn_id
+    WHERE i.account_id = ${accountId} AND t.account_id = ${accountId} AND t.conversation_id = ${conversationId}
+      AND i.turn_id = ${turnId} AND i.position = ${position}`;
+  return rows[0];
+}
+
+/** The running turn of a conversation, if one runs. */
+export async function runningTurn(sql: Sql, accountId: string, conversationId: string): Promise<TurnRow | undefined> {
+  const rows = await sql<TurnRow[]>`
+    SELECT * FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} AND state = 'running'`;
+  return rows[0];
+}
+
+/**
+ * Ends the conversation (compare-and-set: once). A turn still running ends `interrupted`.
+ * Resolves to what the caller must clean up, or undefined when it was already terminated or
+ * does not exist. `othersOnSandbox` counts the sandbox's other conversations still live.
+ */
+export async function terminate(
+  sql: Sql,
+  accountId: string,
+  id: string,
+  events: (interruptedTurnId: string | null) => OutboxEvent[],
+): Promise<{ sandboxId: string | null; interruptedTurnId: string | null; othersOnSandbox: number } | undefined> {
+  return transaction(sql, async (s) => {
+    const rows = await s<{ sandbox_id: string | null }[]>`
+      UPDATE conversations SET status = 'terminated', last_active_at = now(), updated_at = now()
+      WHERE account_id = ${accountId} AND id = ${id} AND status <> 'terminated' RETURNING sandbox_id`;
+    const row = rows[0];
+    if (!row) return undefined;
+    const turns = await s<{ id: string }[]>`
+      UPDATE turns SET state = 'interrupted', ended_at = now()
+      WHERE account_id = ${accountId} AND conversation_id = ${id} AND state = 'running' RETURNING id`;
+    const interruptedTurnId = turns[0]?.id ?? null;
+    const others = row.sandbox_id
+      ? await s<{ n: number }[]>`
+          SELECT count(*)::int AS n FROM conversations
+          WHERE account_id = ${accountId} AND sandbox_id = ${row.sandbox_id} AND id <> ${id} AND status <> 'terminated'`
+      : [{ n: 0 }];
+    await enqueue(s, accountId, events(interruptedTurnId));
+    return { sandboxId: row.sandbox_id, interruptedTurnId, othersOnSandbox: others[0]?.n ?? 0 };
   });
 }
 

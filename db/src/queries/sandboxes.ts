@@ -66,3 +66,20 @@ export async function conversationIds(sql: Sql, accountId: string, sandboxId: st
 export async function setRunner(sql: Sql, id: string, runnerId: string): Promise<void> {
   await sql`UPDATE sandboxes SET runner_id = ${runnerId}, updated_at = now() WHERE id = ${id}`;
 }
+
+/**
+ * Starts the next incarnation of a sandbox whose machine is gone: a clean machine for the
+ * same identity, on `runnerId`. Compare-and-set on the status the caller saw; undefined when
+ * it moved meanwhile.
+ */
+export async function rebuild(
+  sql: Sql,
+  id: string,
+  runnerId: string | null,
+  from: SandboxStatus,
+): Promise<SandboxRow | undefined> {
+  const rows = await sql<SandboxRow[]>`
+    UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1, runner_id = ${runnerId}, updated_at = now()
+    WHERE id = ${id} AND status = ${from} RETURNING *`;
+  return rows[0];
+}

@@ -235,7 +235,12 @@ export class RunnerFabric {
    */
   private async output(s: Live, m: RunnerOutput): Promise<void> {
     if (s.closed) return;
-    const sbx = await this.sandboxFor(s, m.sandbox);
+    let sbx = await this.sandboxFor(s, m.sandbox);
+    if (sbx && m.incarnation > sbx.incarnation) {
+      // Rebuilt since it was loaded (a reset, or a machine built again): look again once.
+      s.sandboxes.delete(m.sandbox);
+      sbx = await this.sandboxFor(s, m.sandbox);
+    }
     if (!sbx || m.incarnation > sbx.incarnation) {
       throw new ApiError(
         'invalid_request',

@@ -113,6 +113,17 @@ export async function listTurns(sql: Sql, accountId: string, id: string) {
   return (await conversations.listTurns(sql, accountId, id)).map(shapeTurn);
 }
 
+/** An image of a turn by position; 404 when the conversation, the turn or the position does not resolve. */
+export async function turnImage(
+  sql: Sql,
+  accountId: string,
+  p: { id: string; turn_id: string; position: number },
+): Promise<{ media_type: string; data: Buffer }> {
+  const image = await conversations.turnImage(sql, accountId, p.id, p.turn_id, p.position);
+  if (!image) throw new ApiError('not_found', 'Image not found.');
+  return image;
+}
+
 export async function spawnTree(sql: Sql, accountId: string, id: string) {
   await getConversation(sql, accountId, id);
   return conversations.spawnTree(sql, accountId, id);

@@ -1,4 +1,13 @@
-import { ApiError, newId, providerOf, type Runtime, validationFailed } from '@svc/core';
+import {
+  ApiError,
+  AVATAR_TYPES,
+  newId,
+  PROMPT_IMAGE_MAX_BYTES,
+  providerOf,
+  type Runtime,
+  sniffImage,
+  validationFailed,
+} from '@svc/core';
 import { agents, conversations, environments, outbox, runners, type Sql, sandboxes, vaults } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
@@ -51,12 +60,165 @@ export function commandLine(line: string): { command: string; args: string[] } {
 /** null permits every id, a list only its ids. */
 const permits = (list: string[] | null, id: string) => list === null || list.includes(id);
 
+type AgentRow = NonNullable<Awaited<ReturnType<typeof agents.getAgent>>>;
+type EnvironmentRow = NonNullable<Awaited<ReturnType<typeof environments.getEnvironment>>>;
+
+/** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
+const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
+
 /**
- * `POST /api/conversations` on provider `runner`: checks the launch (agent, environment and
- * vault allowlists, the model provider's credential, an online runner), records the
+ * Images sent with a prompt, decoded and checked by their bytes: each must be png, jpeg, gif
+ * or webp and agree with its declared type (415), and fit in 5 MB (413).
+ */
+function decodeImages(images: { data: string; media_type: string }[] | undefined) {
+  return (images ?? []).map((image, i) => {
+    const declared = image.media_type.split(';')[0]?.trim().toLowerCase() ?? '';
+    const bytes = Buffer.from(image.data, 'base64');
+    if (bytes.length > PROMPT_IMAGE_MAX_BYTES) {
+      throw new ApiError('payload_too_large', `images[${i}] is larger than 5 MB.`);
+    }
+    const sniffed = sniffImage(bytes);
+    if (!sniffed || sniffed !== declared) {
+      throw new ApiError(
+        'unsupported_media_type',
+        sniffed
+          ? `images[${i}] is ${sniffed}, not ${image.media_type}.`
+          : `images[${i}] is not an image of ${AVATAR_TYPES.join(', ')}.`,
+      );
+    }
+    return { mediaType: sniffed, data: bytes };
+  });
+}
+
+/** What a turn is refused for, as the error the caller gets. */
+function refusal(reason: conversations.TurnRefusal): ApiError {
+  switch (reason) {
+    case 'busy':
+      return new ApiError('conversation_busy');
+    case 'terminated':
+      return new ApiError('conversation_terminated');
+    case 'at_capacity':
+      return new ApiError('sandbox_at_capacity', 'Another conversation on this sandbox is running a turn.');
+    case 'missing':
+      return new ApiError('not_found', 'Conversation not found.');
+  }
+}
+
+/**
+ * The runtime's environment for a turn: the environment's variables and secrets, then the
+ * vault's (vault wins), then the model and its credential the way the runtime reads them.
+ * Every value is registered for redaction before anything can print it.
+ */
+async function runtimeEnvironment(
+  deps: LaunchDeps,
+  accountId: string,
+  conversationId: string,
+  agent: AgentRow,
+  environment: EnvironmentRow,
+  vaultId: string | null,
+  credential: { env: string; value: string } | undefined,
+) {
+  const env: Record<string, string> = {
+    ...environment.env_vars,
+    ...(await revealSecrets(deps, 'environment', accountId, environment.id)),
+    ...(vaultId ? await revealSecrets(deps, 'vault', accountId, vaultId) : {}),
+  };
+  const runtimeEnv: Record<string, string> = { ...env, SVC_MODEL: agent.model };
+  if (credential) runtimeEnv[credential.env] = credential.value;
+  deps.redaction.register(accountId, conversationId, Object.values(runtimeEnv));
+  return { env, runtimeEnv };
+}
+
+/** What runs a turn on a sandbox once the records are written (in the background). */
+interface TurnPlan {
+  accountId: string;
+  conversationId: string;
+  sandbox: sandboxes.SandboxRow;
+  /** Build the machine first (a new sandbox, or a new incarnation of one that is gone). */
+  build: { env: Record<string, string>; setupScript: string | null } | null;
+  turn: {
+    id: string;
+    prompt: string;
+    images: { mediaType: string; data: Buffer }[];
+    runtime: Runtime;
+    env: Record<string, string>;
+  } | null;
+}
+
+/**
+ * Gets the sandbox's machine running (for `local`, its own runner-agent child; for `runner`,
+ * the runner already chosen), builds it when asked, then starts the turn. Every failure is
+ * reported in the conversation's log and ends the turn `failed`, never left running.
+ */
+function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
+  const { accountId, conversationId, sandbox } = plan;
+  const turnId = plan.turn?.id ?? null;
+  void (async () => {
+    let onRunner = sandbox.runner_id;
+    if (sandbox.provider === 'local' && (onRunner === null || !deps.fabric.isLive(onRunner))) {
+      // local: the sandbox's own runner-agent, started now and connected back.
+      const started = Date.now();
+      await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
+      onRunner = await deps.local.start(accountId, sandbox.id);
+      await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
+      await emitStage(deps, accountId, {
+        conversationId,
+        turnId,
+        stage: 'sandbox',
+        state: 'done',
+        durationMs: Date.now() - started,
+      });
+    }
+    if (onRunner === null) throw new ApiError('runner_offline', 'The sandbox has no runner.');
+    if (plan.build) {
+      await deps.fabric.command(onRunner, {
+        kind: 'sandbox.create',
+        sandbox: sandbox.id,
+        incarnation: sandbox.incarnation,
+        conversation_id: conversationId,
+        env: plan.build.env,
+        setup_script: plan.build.setupScript,
+      });
+    }
+    if (plan.turn) {
+      const { command, args } = commandLine(deps.runtimeCommands[plan.turn.runtime]);
+      await deps.fabric.command(onRunner, {
+        kind: 'turn.start',
+        sandbox: sandbox.id,
+        incarnation: sandbox.incarnation,
+        conversation_id: conversationId,
+        turn_id: plan.turn.id,
+        prompt: plan.turn.prompt,
+        runtime: { command, args, env: plan.turn.env },
+        time_limit_ms: deps.turnTimeLimitMs,
+        ...(plan.turn.images.length
+          ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
+          : {}),
+      });
+    }
+  })().catch(async (err: Error) => {
+    deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'turn could not start');
+    await failLaunch(deps.sql, accountId, conversationId, turnId, err.message).catch(() => {});
+  });
+}
+
+/** An online runner of the account (409 `no_runner_online` when none is). */
+async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string> {
+  const runner = (await runners.listRunners(deps.sql, accountId)).find(
+    (r) =>
+      deps.fabric.isLive(r.id) &&
+      r.last_seen_at !== null &&
+      Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs,
+  );
+  if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
+  return runner.id;
+}
+
+/**
+ * `POST /api/conversations`: checks the launch (agent, environment and vault allowlists, the
+ * model provider's credential, an online runner for provider `runner`), records the
  * conversation, its sandbox and its first turn with their `conversations` event in one
- * transaction, and starts the build and the turn on the runner. Failures after the answer
- * are reported in the conversation's log and end the turn `failed`, never left running.
+ * transaction, and starts the build and the turn on the sandbox's runner.
  */
 export async function startConversation(
   deps: LaunchDeps,
@@ -64,6 +226,7 @@ export async function startConversation(
   input: {
     agent_id: string;
     prompt?: string;
+    images?: { data: string; media_type: string }[];
     environment_id?: string;
     vault_id?: string;
     sandbox_mode?: 'ephemeral' | 'persistent';
@@ -85,8 +248,11 @@ export async function startConversation(
       throw validationFailed({ vault_id: ['is not among the agent’s allowed_vault_ids'] });
     }
   }
-  const modelProvider = providerOf(agent.model) ?? '';
-  const credential = await findCredential(deps, who.accountId, modelProvider);
+  if (input.images?.length && !input.prompt) {
+    throw validationFailed({ images: ['come with a prompt'] });
+  }
+  const images = decodeImages(input.images);
+  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
   const provider = agent.sandbox_provider ?? deps.defaultProvider;
   if (provider !== 'runner' && provider !== 'local') {
     throw validationFailed(
@@ -94,25 +260,14 @@ export async function startConversation(
       `Sandbox provider ${provider} is not available on this instance yet.`,
     );
   }
-  let runnerId: string | null = null;
-  if (provider === 'runner') {
-    const runner = (await runners.listRunners(sql, who.accountId)).find(
-      (r) =>
-        deps.fabric.isLive(r.id) &&
-        r.last_seen_at !== null &&
-        Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs,
-    );
-    if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
-    runnerId = runner.id;
-  }
+  const runnerId = provider === 'runner' ? await onlineRunner(deps, who.accountId) : null;
 
   const conversationId = newId('cnv');
-  const sandboxId = newId('sbx');
   const turnId = input.prompt ? newId('trn') : null;
-  await sql.begin(async (tx) => {
+  const sandbox = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
-    await sandboxes.insertSandbox(t, {
-      id: sandboxId,
+    const row = await sandboxes.insertSandbox(t, {
+      id: newId('sbx'),
       accountId: who.accountId,
       provider,
       mode: input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent'),
@@ -130,75 +285,218 @@ export async function startConversation(
       environmentId,
       vaultId,
     });
-    await conversations.setSandbox(t, who.accountId, conversationId, sandboxId);
+    await conversations.setSandbox(t, who.accountId, conversationId, row.id);
     if (turnId && input.prompt) {
-      await conversations.startTurn(t, {
+      const turn = await conversations.startTurn(t, {
         id: turnId,
         accountId: who.accountId,
         conversationId,
         prompt: input.prompt,
         origin: 'user',
+        images,
       });
+      if (typeof turn === 'string') throw refusal(turn);
     }
     await outbox.enqueue(t, who.accountId, [changed('conversations')]);
+    return row;
   });
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id: conversationId });
 
-  // Vault wins over environment; the model's credential is placed the way its runtime reads it.
-  const env: Record<string, string> = {
-    ...environment.env_vars,
-    ...(await revealSecrets(deps, 'environment', who.accountId, environmentId)),
-    ...(vaultId ? await revealSecrets(deps, 'vault', who.accountId, vaultId) : {}),
-  };
-  const runtimeEnv: Record<string, string> = { ...env, SVC_MODEL: agent.model };
-  if (credential) runtimeEnv[credential.env] = credential.value;
-  deps.redaction.register(who.accountId, conversationId, Object.values(runtimeEnv));
-
-  void (async () => {
-    let onRunner = runnerId;
-    if (onRunner === null) {
-      // local: the sandbox's own runner-agent, started now and connected back.
-      const started = Date.now();
-      await emitStage(deps, who.accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
-      onRunner = await deps.local.start(who.accountId, sandboxId);
-      await sandboxes.setRunner(sql, sandboxId, onRunner);
-      await emitStage(deps, who.accountId, {
-        conversationId,
-        turnId,
-        stage: 'sandbox',
-        state: 'done',
-        durationMs: Date.now() - started,
-      });
-    }
-    const target = onRunner;
-    await deps.fabric.command(target, {
-      kind: 'sandbox.create',
-      sandbox: sandboxId,
-      incarnation: 0,
-      conversation_id: conversationId,
-      env,
-      setup_script: environment.setup_script || null,
-    });
-    if (turnId && input.prompt) {
-      const { command, args } = commandLine(deps.runtimeCommands[agent.runtime as Runtime]);
-      await deps.fabric.command(target, {
-        kind: 'turn.start',
-        sandbox: sandboxId,
-        incarnation: 0,
-        conversation_id: conversationId,
-        turn_id: turnId,
-        prompt: input.prompt,
-        runtime: { command, args, env: runtimeEnv },
-        time_limit_ms: deps.turnTimeLimitMs,
-      });
-    }
-  })().catch(async (err: Error) => {
-    deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'launch failed');
-    await failLaunch(deps.sql, who.accountId, conversationId, turnId, err.message).catch(() => {});
+  const { env, runtimeEnv } = await runtimeEnvironment(
+    deps,
+    who.accountId,
+    conversationId,
+    agent,
+    environment,
+    vaultId,
+    credential,
+  );
+  runTurn(deps, {
+    accountId: who.accountId,
+    conversationId,
+    sandbox,
+    build: { env, setupScript: environment.setup_script || null },
+    turn:
+      turnId && input.prompt
+        ? { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv }
+        : null,
   });
 
   const row = await conversations.getConversation(sql, who.accountId, conversationId);
   return row as conversations.ConversationRow;
+}
+
+/**
+ * `POST /api/conversations/:id/prompts`: the next turn. Refused while a turn runs (400
+ * `conversation_busy`), after the conversation ended (410), while another conversation runs
+ * a turn on a one-turn sandbox (409 `sandbox_at_capacity`), and when its runner is away (503
+ * `runner_offline`); nothing is recorded then. A sandbox whose machine is gone (failed,
+ * terminated) is built again as its next incarnation for the same identity.
+ */
+export async function sendPrompt(
+  deps: LaunchDeps,
+  who: ActorRef,
+  conversationId: string,
+  input: { prompt: string; images?: { data: string; media_type: string }[] },
+): Promise<conversations.TurnRow> {
+  const { sql } = deps;
+  const conv = await conversations.getConversation(sql, who.accountId, conversationId);
+  if (!conv) throw new ApiError('not_found', 'Conversation not found.');
+  if (conv.status === 'terminated') throw new ApiError('conversation_terminated');
+  if (conv.status === 'running') throw new ApiError('conversation_busy');
+  const agent = await agents.getAgent(sql, who.accountId, conv.agent_id);
+  if (!agent) throw new ApiError('not_found', 'The conversation’s agent was deleted.');
+  const environment = await environments.getEnvironment(
+    sql,
+    who.accountId,
+    conv.environment_id ?? agent.environment_id,
+  );
+  if (!environment) throw new ApiError('not_found', 'The conversation’s environment was deleted.');
+  const images = decodeImages(input.images);
+  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
+
+  let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
+  if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
+  const live = sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id);
+  // A local sandbox whose runner-agent is gone (the service restarted) is built again.
+  const gone =
+    sandbox.status === 'failed' || sandbox.status === 'terminated' || (sandbox.provider === 'local' && !live);
+  if (sandbox.provider === 'runner') {
+    if (!live && !gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
+    if (gone && !live) sandbox = { ...sandbox, runner_id: await onlineRunner(deps, who.accountId) };
+  }
+
+  const turnId = newId('trn');
+  const turn = await sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    const opened = await conversations.startTurn(t, {
+      id: turnId,
+      accountId: who.accountId,
+      conversationId,
+      prompt: input.prompt,
+      origin: 'user',
+      images,
+      oneTurnPerSandbox: ONE_TURN_PER_SANDBOX.has(agent.runtime),
+    });
+    if (typeof opened === 'string') throw refusal(opened);
+    if (gone && sandbox) {
+      const rebuilt = await sandboxes.rebuild(t, sandbox.id, sandbox.runner_id, sandbox.status);
+      if (!rebuilt) throw new ApiError('conversation_busy', 'The sandbox is being rebuilt; try again.');
+      sandbox = rebuilt;
+    }
+    await outbox.enqueue(t, who.accountId, [changed('conversations')]);
+    return opened;
+  });
+  await recordAudit(sql, who, 'conversation.prompted', { type: 'conversation', id: conversationId });
+
+  const { env, runtimeEnv } = await runtimeEnvironment(
+    deps,
+    who.accountId,
+    conversationId,
+    agent,
+    environment,
+    conv.vault_id,
+    credential,
+  );
+  runTurn(deps, {
+    accountId: who.accountId,
+    conversationId,
+    sandbox,
+    build: gone ? { env, setupScript: environment.setup_script || null } : null,
+    turn: { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv },
+  });
+  return turn;
+}
+
+/**
+ * `POST /api/conversations/:id/interrupt`: the running turn is cancelled on its runner and
+ * ends `interrupted` there; the sandbox stays. When the runner is away, the turn is ended
+ * `interrupted` here, with a stage event saying so. Nothing running: nothing to do.
+ */
+export async function interruptConversation(deps: LaunchDeps, who: ActorRef, conversationId: string) {
+  const { sql } = deps;
+  const conv = await conversations.getConversation(sql, who.accountId, conversationId);
+  if (!conv) throw new ApiError('not_found', 'Conversation not found.');
+  if (conv.status === 'terminated') throw new ApiError('conversation_terminated');
+  const turn = await conversations.runningTurn(sql, who.accountId, conversationId);
+  if (!turn) return conv;
+  const sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
+  try {
+    if (!sandbox?.runner_id) throw new ApiError('runner_offline');
+    await deps.fabric.command(sandbox.runner_id, {
+      kind: 'turn.interrupt',
+      sandbox: sandbox.id,
+      conversation_id: conversationId,
+      turn_id: turn.id,
+    });
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.code !== 'runner_offline') throw err;
+    await conversations.endTurn(sql, who.accountId, turn.id, 'interrupted', null, [
+      turnEndEvent(conversationId, turn.id, 'interrupted', 'the runner is not connected; the turn was ended here'),
+      changed('conversations'),
+    ]);
+    await deps.relay.flush(who.accountId);
+  }
+  await recordAudit(sql, who, 'conversation.interrupted', { type: 'conversation', id: conversationId });
+  return (await conversations.getConversation(sql, who.accountId, conversationId)) ?? conv;
+}
+
+/**
+ * `POST /api/conversations/:id/terminate`: the conversation ends (410 afterwards), a running
+ * turn ends `interrupted`, its runtime stops, and its sandbox is destroyed unless it is
+ * persistent or another live conversation shares it.
+ */
+export async function terminateConversation(deps: LaunchDeps, who: ActorRef, conversationId: string) {
+  const { sql } = deps;
+  const ended = await conversations.terminate(sql, who.accountId, conversationId, (turnId) => [
+    ...(turnId ? [turnEndEvent(conversationId, turnId, 'interrupted', 'the conversation was terminated')] : []),
+    { conversationId, turnId: null, kind: 'stage', stream: 'stage', stage: 'terminate', state: 'done' },
+    changed('conversations'),
+  ]);
+  if (!ended) {
+    const exists = await conversations.getConversation(sql, who.accountId, conversationId);
+    throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
+  }
+  await deps.relay.flush(who.accountId);
+  await recordAudit(sql, who, 'conversation.terminated', { type: 'conversation', id: conversationId });
+  const sandbox = ended.sandboxId ? await sandboxes.getSandbox(sql, who.accountId, ended.sandboxId) : undefined;
+  if (sandbox) {
+    const destroy = sandbox.mode === 'ephemeral' && ended.othersOnSandbox === 0;
+    if (destroy) await sandboxes.moveStatus(sql, sandbox.id, ['provisioning', 'ready', 'suspended'], 'terminated');
+    // The machine is told when it is reachable; one that is away has nothing running for it.
+    const runner = sandbox.runner_id;
+    if (runner && deps.fabric.isLive(runner)) {
+      await deps.fabric
+        .command(runner, { kind: 'conversation.close', sandbox: sandbox.id, conversation_id: conversationId })
+        .then(() =>
+          destroy
+            ? deps.fabric.command(runner, {
+                kind: 'sandbox.destroy',
+                sandbox: sandbox.id,
+                incarnation: sandbox.incarnation,
+              })
+            : undefined,
+        )
+        .catch((err: Error) =>
+          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
+        );
+    }
+    if (destroy && sandbox.provider === 'local') await deps.local.stop(sandbox.id);
+  }
+  return (await conversations.getConversation(sql, who.accountId, conversationId)) as conversations.ConversationRow;
+}
+
+/** The `turn` stage event that ends a turn the service ended itself. */
+function turnEndEvent(conversationId: string, turnId: string, state: string, error: string) {
+  return {
+    conversationId,
+    turnId,
+    kind: 'stage',
+    stream: 'stage',
+    stage: 'turn',
+    state,
+    data: JSON.stringify({ usage: null, error }),
+  };
 }
 
 async function findCredential(deps: LaunchDeps, accountId: string, modelProvider: string) {

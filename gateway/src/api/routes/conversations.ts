@@ -7,14 +7,16 @@ import {
   EventsQuery,
   IdParam,
   listOf,
+  PromptCreate,
   TreeEntry,
   Turn,
+  TurnImageParams,
 } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import * as convs from '../../services/conversations.ts';
-import { startConversation } from '../../services/launch.ts';
+import { interruptConversation, sendPrompt, startConversation, terminateConversation } from '../../services/launch.ts';
 import { actorOf } from '../../services/principal.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
@@ -90,6 +92,85 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
     config,
     schema: { tags, summary: 'Turns, oldest first', params: IdParam, response: { 200: listOf(Turn), 404: ErrorBody } },
     handler: async (req) => ({ data: await convs.listTurns(deps.sql, requirePrincipal(req).accountId, req.params.id) }),
+  });
+
+  r.post('/api/conversations/:id/prompts', {
+    config,
+    schema: {
+      tags,
+      summary: 'Send the next prompt: a follow-up turn',
+      description:
+        'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs; 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
+      params: IdParam,
+      body: PromptCreate,
+      response: {
+        201: Turn,
+        400: ErrorBody,
+        404: ErrorBody,
+        409: ErrorBody,
+        410: ErrorBody,
+        413: ErrorBody,
+        415: ErrorBody,
+        422: ErrorBody,
+        503: ErrorBody,
+      },
+    },
+    handler: async (req, reply) => {
+      const turn = await sendPrompt(deps.launch, actorOf(requirePrincipal(req)), req.params.id, req.body);
+      return reply.code(201).send(convs.shapeTurn(turn));
+    },
+  });
+
+  r.post('/api/conversations/:id/interrupt', {
+    config,
+    schema: {
+      tags,
+      summary: 'Stop the running turn; the sandbox stays up',
+      description:
+        'The turn ends `interrupted` (its `turn` stage event follows in the log as the runtime stops). With no turn running there is nothing to stop and the conversation is answered as it is. When the runner is not connected the turn is ended here. 410 `conversation_terminated` after terminate.',
+      params: IdParam,
+      response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
+    },
+    handler: async (req) =>
+      convs.shapeConversation(await interruptConversation(deps.launch, actorOf(requirePrincipal(req)), req.params.id)),
+  });
+
+  r.post('/api/conversations/:id/terminate', {
+    config,
+    schema: {
+      tags,
+      summary: 'End the conversation',
+      description:
+        'A running turn ends `interrupted`, the runtime stops, and the sandbox is destroyed unless it is persistent or another live conversation shares it. The conversation stays listed with status `terminated`; later prompts, interrupts and terminates answer 410 `conversation_terminated`.',
+      params: IdParam,
+      response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
+    },
+    handler: async (req) =>
+      convs.shapeConversation(await terminateConversation(deps.launch, actorOf(requirePrincipal(req)), req.params.id)),
+  });
+
+  r.get('/api/conversations/:id/turns/:turn_id/images/:position', {
+    config,
+    schema: {
+      tags,
+      summary: 'An image sent with a turn’s prompt, by zero-based position',
+      description:
+        'The raw bytes with their stored media type. 404 for an unknown conversation, a turn of another conversation, or a position with no image.',
+      params: TurnImageParams,
+      response: { 404: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      const image = await convs.turnImage(deps.sql, requirePrincipal(req).accountId, req.params);
+      return (
+        reply
+          .type(image.media_type)
+          .header('x-content-type-options', 'nosniff')
+          .header('content-security-policy', "default-src 'none'; sandbox")
+          .header('cache-control', 'private, max-age=3600')
+          // Bytes, not JSON: the response schema describes only errors, so the type is widened here.
+          .send(Buffer.from(image.data) as never)
+      );
+    },
   });
 
   r.get('/api/conversations/:id/tree', {
