@@ -265,6 +265,7 @@ export async function startService(
         defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
         local,
         relay,
+        apiUrl: base,
       },
     };
 

@@ -127,5 +127,9 @@ export const ConversationCreate = z.object({
   images: PromptImages.optional(),
   environment_id: z.string().min(1).max(64).optional(),
   vault_id: z.string().min(1).max(64).optional(),
+  sandbox_id: z.string().min(1).max(64).optional().meta({
+    description:
+      'Attach to this sandbox (ready or suspended, built for the same agent, environment and vault); nothing is provisioned.',
+  }),
   sandbox_mode: z.enum(['ephemeral', 'persistent']).optional(),
 });

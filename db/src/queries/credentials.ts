@@ -94,3 +94,12 @@ export async function revokeCredentialByHash(sql: Sql, tokenHash: Uint8Array): P
     UPDATE api_keys SET revoked_at = now() WHERE token_hash = ${tokenHash} AND revoked_at IS NULL RETURNING *`;
   return rows[0];
 }
+
+/** Revokes every sandbox token of a conversation (it ended). */
+export async function revokeSandboxTokens(sql: Sql, accountId: string, conversationId: string): Promise<number> {
+  const rows = await sql`
+    UPDATE api_keys SET revoked_at = now()
+    WHERE account_id = ${accountId} AND conversation_id = ${conversationId} AND kind = 'sandbox' AND revoked_at IS NULL
+    RETURNING id`;
+  return rows.length;
+}

@@ -29,12 +29,28 @@ export async function insertSandbox(
     environmentId: string | null;
     vaultId: string | null;
   },
-): Promise<SandboxRow> {
+): Promise<SandboxRow | undefined> {
+  // DO NOTHING: a persistent machine for the same identity is live already (unique index).
   const rows = await sql<SandboxRow[]>`
     INSERT INTO sandboxes (id, account_id, provider, mode, runner_id, agent_id, environment_id, vault_id)
     VALUES (${s.id}, ${s.accountId}, ${s.provider}, ${s.mode}, ${s.runnerId}, ${s.agentId}, ${s.environmentId}, ${s.vaultId})
+    ON CONFLICT DO NOTHING
     RETURNING *`;
-  return rows[0] as SandboxRow;
+  return rows[0];
+}
+
+/** The identity's live persistent machine (provisioning, ready or suspended), if it has one. */
+export async function persistentFor(
+  sql: Sql,
+  accountId: string,
+  identity: { agentId: string; environmentId: string | null; vaultId: string | null },
+): Promise<SandboxRow | undefined> {
+  const rows = await sql<SandboxRow[]>`
+    SELECT * FROM sandboxes
+    WHERE account_id = ${accountId} AND agent_id = ${identity.agentId} AND mode = 'persistent'
+      AND coalesce(environment_id, '') = ${identity.environmentId ?? ''} AND coalesce(vault_id, '') = ${identity.vaultId ?? ''}
+      AND status IN ('provisioning', 'ready', 'suspended')`;
+  return rows[0];
 }
 
 export async function getSandbox(sql: Sql, accountId: string, id: string): Promise<SandboxRow | undefined> {

@@ -1,5 +1,5 @@
 import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
-import { conversations, type Sql, sandboxes } from '@svc/db';
+import { conversations, credentials, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
@@ -105,6 +105,7 @@ export async function markRead(sql: Sql, who: ActorRef, id: string) {
 export async function deleteConversation(sql: Sql, who: ActorRef, id: string) {
   if (!(await conversations.deleteConversation(sql, who.accountId, id, [changed('conversations')])))
     throw new ApiError('not_found', 'Conversation not found.');
+  await credentials.revokeSandboxTokens(sql, who.accountId, id);
   await recordAudit(sql, who, 'conversation.deleted', { type: 'conversation', id });
 }
 

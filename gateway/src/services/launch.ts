@@ -8,7 +8,17 @@ import {
   sniffImage,
   validationFailed,
 } from '@svc/core';
-import { agents, conversations, environments, outbox, runners, type Sql, sandboxes, vaults } from '@svc/db';
+import {
+  agents,
+  conversations,
+  credentials,
+  environments,
+  outbox,
+  runners,
+  type Sql,
+  sandboxes,
+  vaults,
+} from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
@@ -16,6 +26,7 @@ import type { LocalSandboxes } from '../sandboxes/local.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
+import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { ActorRef } from './principal.ts';
 import { revealSecrets } from './secrets.ts';
@@ -36,6 +47,8 @@ export interface LaunchDeps {
   defaultProvider: 'local' | 'runner';
   local: LocalSandboxes;
   relay: OutboxRelay;
+  /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
+  apiUrl: () => string;
 }
 
 /** The credential each model provider's runtime reads, in the order they are tried. */
@@ -106,8 +119,11 @@ function refusal(reason: conversations.TurnRefusal): ApiError {
 
 /**
  * The runtime's environment for a turn: the environment's variables and secrets, then the
- * vault's (vault wins), then the model and its credential the way the runtime reads them.
- * Every value is registered for redaction before anything can print it.
+ * vault's (vault wins), then the model and its credential the way the runtime reads them, and
+ * the service's address with a sandbox token of the conversation. Every value is registered
+ * for redaction before anything can print it. A token is minted per turn because the runtime
+ * that reads it may be a new one (after a rebuild or a crash); they all end with the
+ * conversation.
  */
 async function runtimeEnvironment(
   deps: LaunchDeps,
@@ -123,7 +139,16 @@ async function runtimeEnvironment(
     ...(await revealSecrets(deps, 'environment', accountId, environment.id)),
     ...(vaultId ? await revealSecrets(deps, 'vault', accountId, vaultId) : {}),
   };
-  const runtimeEnv: Record<string, string> = { ...env, SVC_MODEL: agent.model };
+  // The conversation's own token (actor `sprite`): what the runtime uses to reach the API,
+  // for example to start a sub-conversation. Revoked when the conversation ends.
+  const token = await issueSandboxToken(deps.sql, accountId, conversationId);
+  const runtimeEnv: Record<string, string> = {
+    ...env,
+    SVC_MODEL: agent.model,
+    SVC_API_URL: deps.apiUrl(),
+    SVC_CONVERSATION_ID: conversationId,
+    SVC_SANDBOX_TOKEN: token.key,
+  };
   if (credential) runtimeEnv[credential.env] = credential.value;
   deps.redaction.register(accountId, conversationId, Object.values(runtimeEnv));
   return { env, runtimeEnv };
@@ -215,24 +240,61 @@ async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string
 }
 
 /**
+ * Whether the sandbox's machine can take a turn as it is, or must be built again first (its
+ * machine failed or was destroyed, or a local sandbox's runner-agent is gone, as after a
+ * restart), and on which runner. 503 `runner_offline` when a self-hosted runner is away.
+ */
+async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes.SandboxRow) {
+  const live = sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id);
+  const gone =
+    sandbox.status === 'failed' || sandbox.status === 'terminated' || (sandbox.provider === 'local' && !live);
+  let runnerId = sandbox.runner_id;
+  if (sandbox.provider === 'runner' && !live) {
+    if (!gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
+    runnerId = await onlineRunner(deps, accountId);
+  }
+  return { gone, runnerId };
+}
+
+/**
  * `POST /api/conversations`: checks the launch (agent, environment and vault allowlists, the
- * model provider's credential, an online runner for provider `runner`), records the
- * conversation, its sandbox and its first turn with their `conversations` event in one
- * transaction, and starts the build and the turn on the sandbox's runner.
+ * model provider's credential, an online runner for provider `runner`, the sandbox to attach
+ * to), records the conversation, its sandbox and its first turn with their `conversations`
+ * event in one transaction, and starts the build (unless attached) and the turn.
+ *
+ * The sandbox (SPEC launch rules 1 and 3): `sandbox_id` attaches to that one (ready or
+ * suspended, built for the same agent, environment and vault); a persistent launch uses the
+ * identity's own machine when it exists (503 `provisioning` while it is being built) and makes
+ * it otherwise; an ephemeral launch gets a new sandbox. A sub-conversation names its parent
+ * (`X-Svc-Parent-Conversation-Id`); a sandbox token may start one only under its own
+ * conversation.
  */
 export async function startConversation(
   deps: LaunchDeps,
-  who: ActorRef,
+  who: ActorRef & { conversationId?: string | null },
   input: {
     agent_id: string;
     prompt?: string;
     images?: { data: string; media_type: string }[];
     environment_id?: string;
     vault_id?: string;
+    sandbox_id?: string;
     sandbox_mode?: 'ephemeral' | 'persistent';
   },
+  parentId: string | null = null,
 ) {
   const { sql } = deps;
+  if (who.actor === 'sprite') {
+    if (parentId === null) {
+      throw new ApiError('forbidden', 'A sandbox token starts only sub-conversations (X-Svc-Parent-Conversation-Id).');
+    }
+    if (parentId !== who.conversationId) {
+      throw new ApiError('forbidden', 'A sandbox token starts sub-conversations only under its own conversation.');
+    }
+  }
+  if (parentId !== null && !(await conversations.getConversation(sql, who.accountId, parentId))) {
+    throw new ApiError('not_found', 'Parent conversation not found.');
+  }
   const agent = await agents.getAgent(sql, who.accountId, input.agent_id);
   if (!agent) throw new ApiError('not_found', 'Agent not found.');
   const environmentId = input.environment_id ?? agent.environment_id;
@@ -260,28 +322,65 @@ export async function startConversation(
       `Sandbox provider ${provider} is not available on this instance yet.`,
     );
   }
-  const runnerId = provider === 'runner' ? await onlineRunner(deps, who.accountId) : null;
+  const mode = input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent');
+
+  // The sandbox to run on: the one named, the identity's own persistent machine, or a new one.
+  let existing: sandboxes.SandboxRow | undefined;
+  if (input.sandbox_id !== undefined) {
+    existing = await sandboxes.getSandbox(sql, who.accountId, input.sandbox_id);
+    if (!existing) throw new ApiError('sandbox_not_found', 'Sandbox not found.');
+    if (existing.status !== 'ready' && existing.status !== 'suspended') {
+      throw new ApiError(
+        'sandbox_not_attachable',
+        `The sandbox is ${existing.status}; only ready or suspended ones take conversations.`,
+      );
+    }
+    if (existing.agent_id !== agent.id || existing.environment_id !== environmentId || existing.vault_id !== vaultId) {
+      throw new ApiError(
+        'sandbox_identity_mismatch',
+        'The sandbox was built for another agent, environment or vault than this launch.',
+      );
+    }
+  } else if (mode === 'persistent') {
+    existing = await sandboxes.persistentFor(sql, who.accountId, { agentId: agent.id, environmentId, vaultId });
+    if (existing?.status === 'provisioning') {
+      throw new ApiError('provisioning', 'The agent’s machine for this environment and vault is still being built.');
+    }
+  }
+  const machine = existing
+    ? await machineOf(deps, who.accountId, existing)
+    : { gone: true, runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null };
 
   const conversationId = newId('cnv');
   const turnId = input.prompt ? newId('trn') : null;
   const sandbox = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
-    const row = await sandboxes.insertSandbox(t, {
-      id: newId('sbx'),
-      accountId: who.accountId,
-      provider,
-      mode: input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent'),
-      runnerId,
-      agentId: agent.id,
-      environmentId,
-      vaultId,
-    });
+    let row: sandboxes.SandboxRow | undefined;
+    if (existing) {
+      row = machine.gone ? await sandboxes.rebuild(t, existing.id, machine.runnerId, existing.status) : existing;
+      if (!row) throw new ApiError('provisioning', 'The sandbox is being built again; try again shortly.');
+    } else {
+      row = await sandboxes.insertSandbox(t, {
+        id: newId('sbx'),
+        accountId: who.accountId,
+        provider,
+        mode,
+        runnerId: machine.runnerId,
+        agentId: agent.id,
+        environmentId,
+        vaultId,
+      });
+      // Two persistent launches raced for one identity: the other one is building its machine.
+      if (!row)
+        throw new ApiError('provisioning', 'The agent’s machine for this environment and vault is being built.');
+    }
     await conversations.insertConversation(t, {
       id: conversationId,
       accountId: who.accountId,
       agentId: agent.id,
       title: agent.name,
-      source: 'ui',
+      source: parentId === null ? 'ui' : 'agent',
+      parentId,
       environmentId,
       vaultId,
     });
@@ -294,6 +393,7 @@ export async function startConversation(
         prompt: input.prompt,
         origin: 'user',
         images,
+        oneTurnPerSandbox: existing !== undefined && ONE_TURN_PER_SANDBOX.has(agent.runtime),
       });
       if (typeof turn === 'string') throw refusal(turn);
     }
@@ -315,7 +415,7 @@ export async function startConversation(
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: { env, setupScript: environment.setup_script || null },
+    build: machine.gone ? { env, setupScript: environment.setup_script || null } : null,
     turn:
       turnId && input.prompt
         ? { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv }
@@ -357,14 +457,7 @@ export async function sendPrompt(
 
   let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
   if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
-  const live = sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id);
-  // A local sandbox whose runner-agent is gone (the service restarted) is built again.
-  const gone =
-    sandbox.status === 'failed' || sandbox.status === 'terminated' || (sandbox.provider === 'local' && !live);
-  if (sandbox.provider === 'runner') {
-    if (!live && !gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
-    if (gone && !live) sandbox = { ...sandbox, runner_id: await onlineRunner(deps, who.accountId) };
-  }
+  const { gone, runnerId } = await machineOf(deps, who.accountId, sandbox);
 
   const turnId = newId('trn');
   const turn = await sql.begin(async (tx) => {
@@ -380,7 +473,7 @@ export async function sendPrompt(
     });
     if (typeof opened === 'string') throw refusal(opened);
     if (gone && sandbox) {
-      const rebuilt = await sandboxes.rebuild(t, sandbox.id, sandbox.runner_id, sandbox.status);
+      const rebuilt = await sandboxes.rebuild(t, sandbox.id, runnerId, sandbox.status);
       if (!rebuilt) throw new ApiError('conversation_busy', 'The sandbox is being rebuilt; try again.');
       sandbox = rebuilt;
     }
@@ -458,6 +551,7 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
     throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
   }
   await deps.relay.flush(who.accountId);
+  await credentials.revokeSandboxTokens(sql, who.accountId, conversationId);
   await recordAudit(sql, who, 'conversation.terminated', { type: 'conversation', id: conversationId });
   const sandbox = ended.sandboxId ? await sandboxes.getSandbox(sql, who.accountId, ended.sandboxId) : undefined;
   if (sandbox) {

@@ -45,17 +45,40 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
   });
 
   r.post('/api/conversations', {
-    config,
+    // A sandbox token reaches this route only to start sub-conversations of its conversation.
+    config: { ...config, sprite: true },
     schema: {
       tags,
       summary: 'Start a conversation: build its sandbox and run the first prompt',
       description:
-        'The agent runs on a sandbox of its provider (`runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). 409 `no_runner_online` when no runner of the account is connected; 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists.',
+        'The agent runs on a sandbox of its provider (`local`: a runner-agent the instance starts; `runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). `sandbox_id` attaches to an existing sandbox: 404 `sandbox_not_found`, 409 `sandbox_not_attachable` unless it is ready or suspended, 422 `sandbox_identity_mismatch` unless it was built for the same agent, environment and vault. A persistent launch (`sandbox_mode` or the agent’s default) runs on the identity’s own machine, made on the first such launch; 503 `provisioning` while it is being built. 409 `no_runner_online` when provider `runner` has no connected runner; 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists. A sandbox token (in the runtime as `SVC_SANDBOX_TOKEN`, with `SVC_API_URL` and `SVC_CONVERSATION_ID`) may call this only with `X-Svc-Parent-Conversation-Id` naming its own conversation (403 otherwise).',
+      headers: z.object({
+        'x-svc-parent-conversation-id': z.string().min(1).max(64).optional().meta({
+          description:
+            'Start a sub-conversation under this conversation (it appears in its /tree). A sandbox token may start one only under its own conversation.',
+        }),
+      }),
       body: ConversationCreate,
-      response: { 201: Conversation, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody },
+      response: {
+        201: Conversation,
+        403: ErrorBody,
+        404: ErrorBody,
+        409: ErrorBody,
+        413: ErrorBody,
+        415: ErrorBody,
+        422: ErrorBody,
+        429: ErrorBody,
+        503: ErrorBody,
+      },
     },
     handler: async (req, reply) => {
-      const row = await startConversation(deps.launch, actorOf(requirePrincipal(req)), req.body);
+      const principal = requirePrincipal(req);
+      const row = await startConversation(
+        deps.launch,
+        { ...actorOf(principal), conversationId: principal.conversationId },
+        req.body,
+        req.headers['x-svc-parent-conversation-id'] ?? null,
+      );
       return reply.code(201).send(convs.shapeConversation(row));
     },
   });
