@@ -23,7 +23,7 @@ import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
-import { failTurnsOfRunner, finishTurn } from './services/conversations.ts';
+import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
@@ -198,6 +198,7 @@ export async function startService(
         appendEvents,
         onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
+        onReattach: (runnerId, sandboxIds) => reattached(db.sql, runnerId, sandboxIds),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
@@ -212,6 +213,14 @@ export async function startService(
       root: join(config.DATA_DIR, 'local-sandboxes'),
     });
     cleanups.push(() => local.stopAll());
+    // Turns whose runner is not heard from again (after a restart, nothing else would end them).
+    const adrift = () =>
+      endTurnsAdrift(db.sql, config.RUNNER_GRACE_MS).catch((err: Error) =>
+        log.warn({ err: { message: err.message } }, 'ending turns adrift'),
+      );
+    const adriftTimer = setInterval(adrift, Math.max(250, Math.floor(config.RUNNER_GRACE_MS / 2)));
+    adriftTimer.unref();
+    cleanups.push(() => clearInterval(adriftTimer));
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {

@@ -312,3 +312,34 @@ export async function runningTurnsOnRunner(
     FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
     WHERE s.runner_id = ${runnerId} AND t.state = 'running'`;
 }
+
+/**
+ * Running turns whose sandbox's runner has not been heard from since `heardBefore` (or that
+ * has no runner any more), among turns opened before `openedBefore`: after a restart of the
+ * service, or a runner that never came back, nothing else would end them.
+ */
+export async function runningTurnsAdrift(
+  sql: Sql,
+  heardBefore: Date,
+  openedBefore: Date,
+): Promise<{ account_id: string; turn_id: string; conversation_id: string; sandbox_id: string; provider: string }[]> {
+  return sql`
+    SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id, s.provider
+    FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
+    LEFT JOIN runners r ON r.id = s.runner_id
+    WHERE t.state = 'running' AND t.created_at < ${openedBefore}
+      AND (r.id IS NULL OR r.last_seen_at IS NULL OR r.last_seen_at < ${heardBefore})`;
+}
+
+/** Running turns on the runner's given sandboxes (it reconnected holding them). */
+export async function runningTurnsOnSandboxes(
+  sql: Sql,
+  runnerId: string,
+  sandboxIds: string[],
+): Promise<{ account_id: string; turn_id: string; conversation_id: string }[]> {
+  if (sandboxIds.length === 0) return [];
+  return sql`
+    SELECT t.account_id, t.id AS turn_id, t.conversation_id
+    FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
+    WHERE s.runner_id = ${runnerId} AND s.id = ANY(${sandboxIds}) AND t.state = 'running'`;
+}

@@ -100,6 +100,8 @@ export class RunnerFabric {
       appendEvents: AppendEvents;
       /** A runner stayed away longer than the grace: its running turns fail, visibly. */
       onRunnerGone: (runnerId: string) => Promise<unknown>;
+      /** A runner connected holding these sandboxes: their running conversations are reattached. */
+      onReattach?: (runnerId: string, sandboxIds: string[]) => Promise<unknown>;
       /** A turn's end arrived from its runner: record the result (once). */
       onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
     },
@@ -226,6 +228,16 @@ export class RunnerFabric {
     }
     this.send(s, { t: 'welcome', runner_id: s.runnerId, epoch, heartbeat_ms: this.options.heartbeatMs });
     this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
+    if (hello.sandboxes.length && this.deps.onReattach) {
+      this.deps
+        .onReattach(
+          s.runnerId,
+          hello.sandboxes.map((h) => h.id),
+        )
+        .catch((err: Error) =>
+          this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'reattach not recorded'),
+        );
+    }
   }
 
   /**

@@ -1,5 +1,5 @@
 import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
-import { conversations, credentials, type Sql, sandboxes } from '@svc/db';
+import { conversations, credentials, outbox, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
@@ -225,4 +225,49 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
     await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
   }
   return failed;
+}
+
+/**
+ * Ends the turns nothing will end any more (`runningTurnsAdrift`): their runner has not been
+ * heard from for `graceMs`, as after a restart of the service when the runner did not come
+ * back. A local sandbox's runner-agent goes with the service, so its turn ends `interrupted`;
+ * a self-hosted runner that stayed away fails its turn. Each says why in the log (stage
+ * `reattach` failed); compare-and-set, so a turn that ended meanwhile is left alone.
+ */
+export async function endTurnsAdrift(sql: Sql, graceMs: number): Promise<number> {
+  const now = Date.now();
+  let ended = 0;
+  for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
+    const local = t.provider === 'local';
+    const error = local
+      ? 'the service restarted and the sandbox’s runner-agent went with it'
+      : 'the runner was not heard from again after the service restarted';
+    const state = local ? 'interrupted' : 'failed';
+    const done = await conversations.endTurn(sql, t.account_id, t.turn_id, state, null, [
+      { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
+      { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
+      changed('conversations'),
+    ]);
+    if (done) ended++;
+    await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+  }
+  return ended;
+}
+
+/**
+ * A runner connected holding sandboxes: the conversations running a turn on them are
+ * reattached (stage `reattach` done), and their turns go on.
+ */
+export async function reattached(sql: Sql, runnerId: string, sandboxIds: string[]): Promise<void> {
+  for (const t of await conversations.runningTurnsOnSandboxes(sql, runnerId, sandboxIds)) {
+    await sql.begin((tx) =>
+      outbox.enqueue(tx as unknown as Sql, t.account_id, [
+        stageEvent(t.conversation_id, t.turn_id, 'reattach', 'done'),
+      ]),
+    );
+  }
+}
+
+function stageEvent(conversationId: string, turnId: string, stage: string, state: string) {
+  return { conversationId, turnId, kind: 'stage', stream: 'stage', stage, state };
 }

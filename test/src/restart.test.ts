@@ -1,0 +1,141 @@
+import { type AddressInfo, connect, createServer } from 'node:net';
+import t from 'tap';
+import { backends, signUp, startTestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+interface WireEvent {
+  stage: string | null;
+  state: string | null;
+  turn_id: string | null;
+  data: string | null;
+  blocks?: { kind: string; body?: string }[];
+}
+
+t.test(
+  'after a restart of the service, turns on a runner that comes back go on; turns whose runner-agent went with it end interrupted',
+  { skip: backends().includes('postgres+redis') ? false : 'needs Postgres and Redis shared by two service processes' },
+  async (t) => {
+    const timing = {
+      RUNNER_HEARTBEAT_MS: '300',
+      RUNNER_GRACE_MS: '1500',
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
+    };
+    const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
+    const me = await signUp(a);
+    const token = me.key;
+    const env = (await a.http.post('/api/environments', { token, body: { name: 'main' } })).body;
+    const agentOn = async (name: string, provider: string | null) =>
+      (
+        await a.http.post('/api/agents', {
+          token,
+          body: {
+            name,
+            runtime: 'claude',
+            model: 'anthropic/claude-sonnet-4-5',
+            environment_id: env.id,
+            ...(provider ? { sandbox_provider: provider } : {}),
+          },
+        })
+      ).body;
+    const remote = await agentOn('remote', 'runner');
+    const local = await agentOn('local', null);
+    await a.http.put('/api/account/inference-credentials/anthropic_api_key', {
+      token,
+      body: { value: 'sk-ant-test-credential-123456' },
+    });
+    const runnerRow = (await a.http.post('/api/runners', { token, body: { name: 'box' } })).body;
+    // The runner reaches the service through one stable address (as behind a load balancer):
+    // a TCP relay to whichever process serves now.
+    let target = new URL(a.url);
+    const relay = createServer((client) => {
+      const upstream = connect(Number(target.port), target.hostname);
+      client.pipe(upstream).pipe(client);
+      client.on('error', () => upstream.destroy());
+      upstream.on('error', () => client.destroy());
+    });
+    await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+    t.teardown(() => relay.close());
+    const relayUrl = `http://127.0.0.1:${(relay.address() as AddressInfo).port}`;
+    const runner = await startRunnerProcess(t, relayUrl, runnerRow.token);
+
+    const onRunner = await a.http.post('/api/conversations', {
+      token,
+      body: { agent_id: remote.id, prompt: 'be slow' },
+    });
+    const onLocal = await a.http.post('/api/conversations', { token, body: { agent_id: local.id, prompt: 'be slow' } });
+    t.equal(onRunner.status, 201);
+    t.equal(onLocal.status, 201);
+    for (const id of [onRunner.body.id, onLocal.body.id]) {
+      for (let i = 0; i < 300; i++) {
+        const events = (await a.http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body
+          .data as WireEvent[];
+        if (events.some((e) => e.stage === 'turn' && e.state === 'started')) break;
+        await sleep(50);
+      }
+    }
+
+    // The service stops mid-turn and another process takes its place.
+    const shared = {
+      DATABASE_URL: a.config.DATABASE_URL as string,
+      REDIS_URL: a.config.REDIS_URL as string,
+      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+      MASTER_KEY: a.config.MASTER_KEY as string,
+    };
+    await a.close();
+    const b = await startTestService(t, { backend: 'postgres+redis', env: { ...timing, ...shared } });
+    target = new URL(b.url);
+
+    const turnOf = async (id: string) => {
+      for (let i = 0; i < 400; i++) {
+        const [turn] = (await b.http.get(`/api/conversations/${id}/turns`, { token })).body.data as { state: string }[];
+        if (turn && turn.state !== 'running') return turn;
+        await sleep(50);
+      }
+      throw new Error(`turn of ${id} still running\n${runner.output}`);
+    };
+    const feed = async (id: string) =>
+      (await b.http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body.data as WireEvent[];
+
+    t.test('the runner reconnects: its conversation is reattached and the turn finishes', async (t) => {
+      const turn = await turnOf(onRunner.body.id);
+      t.equal(turn.state, 'done', runner.output);
+      const events = await feed(onRunner.body.id);
+      t.ok(
+        events.some((e) => e.stage === 'reattach' && e.state === 'done'),
+        'a reattach stage event',
+      );
+      const text = events
+        .flatMap((e) => e.blocks ?? [])
+        .filter((b) => b.kind === 'text')
+        .map((b) => b.body)
+        .join('');
+      t.match(
+        text,
+        /^You said: be slow\. tick 0 tick 1 tick 2 tick 3 tick 4 tick 5 tick 6 tick 7$/,
+        'the whole reply, once',
+      );
+    });
+
+    t.test('the local sandbox’s runner-agent is gone: its turn ends interrupted, saying why', async (t) => {
+      const turn = await turnOf(onLocal.body.id);
+      t.equal(turn.state, 'interrupted');
+      let events: WireEvent[] = [];
+      for (let i = 0; i < 100; i++) {
+        events = await feed(onLocal.body.id);
+        if (events.some((e) => e.stage === 'reattach')) break;
+        await sleep(50);
+      }
+      const reattach = events.find((e) => e.stage === 'reattach');
+      t.match(reattach, { state: 'failed', data: /runner-agent went with it/ });
+      t.match((await b.http.get(`/api/conversations/${onLocal.body.id}`, { token })).body, { status: 'idle' });
+      const next = await b.http.post(`/api/conversations/${onLocal.body.id}/prompts`, {
+        token,
+        body: { prompt: 'again' },
+      });
+      t.equal(next.status, 201, 'the next prompt builds its machine again');
+      t.equal((await turnOf(onLocal.body.id)).state, 'interrupted');
+    });
+  },
+);
