@@ -196,7 +196,8 @@ export async function startService(
         sql: db.sql,
         logger: log.child({ role: 'fabric' }),
         appendEvents,
-        onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
+        onTurnEnd: (tenant, turnId, result, usage) =>
+          finishTurn({ sql: db.sql, log: eventLog }, tenant, turnId, result, usage),
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
         onReattach: (runnerId, sandboxIds) => reattached(db.sql, runnerId, sandboxIds),
       },

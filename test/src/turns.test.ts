@@ -129,6 +129,9 @@ for (const backend of backends()) {
       );
       const conv = (await http.get(`/api/conversations/${id}`, { token })).body;
       t.match(conv, { status: 'idle', turn_count: 2 });
+      const [stored] = await svc.db.sql<{ reply: string }[]>`SELECT reply FROM turns WHERE id = ${turn.id}`;
+      t.equal(stored?.reply, replyOf(events, turn.id), 'the reply text is stored when the turn ends');
+      t.match(stored?.reply, /^You said: and now this\.$/);
     });
 
     t.test('a prompt while a turn runs: 400 conversation_busy, nothing recorded', async (t) => {

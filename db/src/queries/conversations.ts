@@ -31,6 +31,8 @@ export interface TurnRow {
   image_count: number;
   state: 'running' | 'done' | 'failed' | 'interrupted' | 'timeout';
   usage: { input: number; output: number; cache_read?: number; cache_write?: number } | null;
+  /** The agent's messages joined, stored when the turn ended. */
+  reply: string | null;
   created_at: Date;
   ended_at: Date | null;
 }
@@ -224,6 +226,12 @@ export async function turnImage(
   return rows[0];
 }
 
+/** A turn by id, with its conversation. */
+export async function getTurn(sql: Sql, accountId: string, turnId: string): Promise<TurnRow | undefined> {
+  const rows = await sql<TurnRow[]>`SELECT * FROM turns WHERE account_id = ${accountId} AND id = ${turnId}`;
+  return rows[0];
+}
+
 /** The running turn of a conversation, if one runs. */
 export async function runningTurn(sql: Sql, accountId: string, conversationId: string): Promise<TurnRow | undefined> {
   const rows = await sql<TurnRow[]>`
@@ -273,10 +281,12 @@ export async function endTurn(
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
   usage: TurnRow['usage'],
   events: OutboxEvent[] = [],
+  reply: string | null = null,
 ): Promise<boolean> {
   return transaction(sql, async (s) => {
     const rows = await s<{ conversation_id: string }[]>`
-      UPDATE turns SET state = ${state}, usage = ${usage === null ? null : s.json(usage as postgres.JSONValue)}, ended_at = now()
+      UPDATE turns SET state = ${state}, usage = ${usage === null ? null : s.json(usage as postgres.JSONValue)},
+                       reply = ${reply}, ended_at = now()
       WHERE account_id = ${accountId} AND id = ${turnId} AND state = 'running' RETURNING conversation_id`;
     const conversationId = rows[0]?.conversation_id;
     if (!conversationId) return false;

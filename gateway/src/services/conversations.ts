@@ -192,13 +192,43 @@ export async function createConversationRecord(
  * hear `conversations` changed. False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
-  sql: Sql,
+  deps: { sql: Sql; log: EventLog },
   accountId: string,
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
   usage: conversations.TurnRow['usage'],
 ): Promise<boolean> {
-  return conversations.endTurn(sql, accountId, turnId, state, usage, [changed('conversations')]);
+  const turn = await conversations.getTurn(deps.sql, accountId, turnId);
+  if (turn?.state !== 'running') return false;
+  const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
+  return conversations.endTurn(deps.sql, accountId, turnId, state, usage, [changed('conversations')], reply);
+}
+
+/** How much of a turn's reply is stored (the search index needs no more). */
+const REPLY_MAX_CHARS = 200_000;
+
+/**
+ * A turn's reply: the text of its agent messages, in order, as the log holds them (redacted).
+ * Its end event is in the log after everything the turn said, so the reply is whole.
+ */
+async function replyOf(
+  deps: { sql: Sql; log: EventLog },
+  accountId: string,
+  conversationId: string,
+  turnId: string,
+): Promise<string> {
+  let reply = '';
+  let after = 0;
+  for (;;) {
+    const page = await readLog(deps, accountId, { conversationId, after, limit: 1000 });
+    for (const e of page) {
+      if (e.turnId !== turnId || e.stream !== 'acp') continue;
+      for (const b of blocksOf(e)) if (b.kind === 'text') reply += b.body;
+    }
+    if (page.length < 1000 || reply.length >= REPLY_MAX_CHARS) break;
+    after = (page.at(-1) as LogEvent).id;
+  }
+  return reply.slice(0, REPLY_MAX_CHARS);
 }
 
 /**
