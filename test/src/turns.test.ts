@@ -132,6 +132,24 @@ for (const backend of backends()) {
       const [stored] = await svc.db.sql<{ reply: string }[]>`SELECT reply FROM turns WHERE id = ${turn.id}`;
       t.equal(stored?.reply, replyOf(events, turn.id), 'the reply text is stored when the turn ends');
       t.match(stored?.reply, /^You said: and now this\.$/);
+      const audit = (await http.get('/api/audit?resource_type=turn', { token })).body.data as {
+        action: string;
+        actor: string;
+        resource_id: string;
+        metadata: { state: string };
+      }[];
+      t.match(
+        audit.find((a) => a.resource_id === turn.id),
+        { action: 'turn.ended', actor: 'system', metadata: { state: 'done' } },
+        'the turn’s end is audited',
+      );
+      const actions = (await http.get('/api/audit?resource_type=conversation', { token })).body.data.map(
+        (a: { action: string }) => a.action,
+      );
+      t.ok(
+        actions.includes('conversation.prompted') && actions.includes('conversation.created'),
+        'and so is the prompt',
+      );
     });
 
     t.test('a prompt while a turn runs: 400 conversation_busy, nothing recorded', async (t) => {

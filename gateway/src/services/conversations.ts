@@ -201,7 +201,28 @@ export async function finishTurn(
   const turn = await conversations.getTurn(deps.sql, accountId, turnId);
   if (turn?.state !== 'running') return false;
   const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
-  return conversations.endTurn(deps.sql, accountId, turnId, state, usage, [changed('conversations')], reply);
+  const ended = await conversations.endTurn(
+    deps.sql,
+    accountId,
+    turnId,
+    state,
+    usage,
+    [changed('conversations')],
+    reply,
+  );
+  if (ended) await auditTurnEnd(deps.sql, accountId, turnId, state);
+  return ended;
+}
+
+/** The audit row of a turn's end (actor `system`: the runtime or the service ended it). */
+function auditTurnEnd(sql: Sql, accountId: string, turnId: string, state: string, reason?: string) {
+  return recordAudit(
+    sql,
+    { accountId, actor: 'system', ip: null },
+    'turn.ended',
+    { type: 'turn', id: turnId },
+    reason ? { state, reason } : { state },
+  );
 }
 
 /** How much of a turn's reply is stored (the search index needs no more). */
@@ -251,7 +272,10 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
       },
       changed('conversations'),
     ]);
-    if (ended) failed++;
+    if (ended) {
+      failed++;
+      await auditTurnEnd(sql, t.account_id, t.turn_id, 'failed', 'runner_gone');
+    }
     await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
   }
   return failed;
@@ -278,7 +302,10 @@ export async function endTurnsAdrift(sql: Sql, graceMs: number): Promise<number>
       { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
       changed('conversations'),
     ]);
-    if (done) ended++;
+    if (done) {
+      ended++;
+      await auditTurnEnd(sql, t.account_id, t.turn_id, state, local ? 'service_restarted' : 'runner_gone');
+    }
     await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
   }
   return ended;

@@ -642,7 +642,13 @@ async function failLaunch(sql: Sql, accountId: string, conversationId: string, t
       { conversationId, turnId, kind: 'stage', stream: 'stage', stage: 'sandbox', state: 'failed', data: message },
     ]);
   });
-  if (turnId) {
-    await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]);
+  if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {
+    await recordAudit(
+      sql,
+      { accountId, actor: 'system', ip: null },
+      'turn.ended',
+      { type: 'turn', id: turnId },
+      { state: 'failed', reason: 'launch_failed' },
+    );
   }
 }
