@@ -1,3 +1,4 @@
+import { RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
@@ -178,6 +179,31 @@ for (const backend of backends()) {
         t.equal(again.status, 200, 'nothing running: nothing to stop');
         t.equal(again.body.status, 'idle');
       });
+    });
+
+    t.test('the server cuts the runner’s connection mid-turn, twice: the reply arrives whole, once', async (t) => {
+      const res = await http.post(`/api/conversations/${id}/prompts`, { token, body: { prompt: 'be slow' } });
+      t.equal(res.status, 201);
+      await underWay(id);
+      for (const pause of [600, 900]) {
+        await sleep(pause);
+        t.ok(svc.fabric.disconnect(runnerRow.id, RUNNER_CLOSE.going_away, 'test cut'), 'cut');
+      }
+      const turn = await settled(id, res.body.number);
+      t.equal(turn.state, 'done');
+      const events = await feed(id);
+      t.equal(
+        replyOf(events, turn.id),
+        'You said: be slow. tick 0 tick 1 tick 2 tick 3 tick 4 tick 5 tick 6 tick 7',
+        'nothing lost, nothing doubled',
+      );
+      const ids = events.map((e) => e.id);
+      t.same(
+        ids,
+        [...new Set(ids)].sort((x, y) => x - y),
+        'ids unique and increasing',
+      );
+      t.match(runner.output, /reconnect|connected as runner[\s\S]*connected as runner/, 'the runner reconnected');
     });
 
     t.test('bad images are refused and change nothing', async (t) => {
