@@ -10,6 +10,7 @@ import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
+import { redisRunnerRouter } from './fabric/router.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -204,7 +205,27 @@ export async function startService(
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
     cleanups.push(() => fabric.shutdown());
-    copier.onDurable((_tenant, marks) => fabric.durable(marks));
+    // Several nodes on one Redis: commands and durable marks reach the node holding the runner.
+    const router = redis
+      ? redisRunnerRouter({
+          redis: redis.redis,
+          subscriber: redis.subscriber,
+          prefix: config.REDIS_KEY_PREFIX,
+          holdMs: config.RUNNER_GRACE_MS + 2 * config.RUNNER_HEARTBEAT_MS,
+          timeoutMs: 10_000,
+          run: (runnerId, body) => fabric.commandHere(runnerId, body),
+          onDurable: (marks) => fabric.durable(marks),
+          logger: log.child({ role: 'fabric-router' }),
+        })
+      : undefined;
+    if (router) {
+      fabric.setRouter(router);
+      cleanups.push(() => router.close());
+    }
+    copier.onDurable((_tenant, marks) => {
+      fabric.durable(marks);
+      router?.durable(marks);
+    });
     const local = new LocalSandboxes({
       sql: db.sql,
       fabric,

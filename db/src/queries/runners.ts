@@ -42,6 +42,12 @@ export async function getRunner(sql: Sql, accountId: string, id: string): Promis
   return rows[0];
 }
 
+/** A runner by id alone (the sandbox that names it already belongs to the tenant). */
+export async function getRunnerById(sql: Sql, id: string): Promise<RunnerRow | undefined> {
+  const rows = await sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE id = ${id}`;
+  return rows[0];
+}
+
 /** A runner the instance started for a local sandbox goes with it. */
 export async function deleteLocalRunner(sql: Sql, id: string): Promise<void> {
   await sql`DELETE FROM runners WHERE id = ${id} AND kind = 'local'`;

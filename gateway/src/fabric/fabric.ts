@@ -14,6 +14,7 @@ import { logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import { hashSecret } from '../secrets/tokens.ts';
+import type { RunnerRouter } from './router.ts';
 
 type TurnResult = 'done' | 'failed' | 'interrupted' | 'timeout';
 const TURN_RESULTS = new Set<string>(['done', 'failed', 'interrupted', 'timeout']);
@@ -92,6 +93,8 @@ export class RunnerFabric {
   private readonly bySandbox = new Map<string, Live>();
   private readonly sessions = new Set<Live>();
   private readonly timer: NodeJS.Timeout;
+
+  private router: RunnerRouter | undefined;
 
   constructor(
     private readonly deps: {
@@ -184,7 +187,7 @@ export class RunnerFabric {
               if (current === undefined) this.close(s, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
               else if (current !== s.epoch) {
                 this.close(s, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');
-              }
+              } else if (!s.closed) this.router?.hold(s.runnerId);
             })
             .catch((err: Error) => this.deps.logger.warn({ err: { message: err.message } }, 'runner heartbeat'));
         }
@@ -226,6 +229,7 @@ export class RunnerFabric {
       }
       this.close(previous, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');
     }
+    this.router?.hold(s.runnerId);
     this.send(s, { t: 'welcome', runner_id: s.runnerId, epoch, heartbeat_ms: this.options.heartbeatMs });
     this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
     if (hello.sandboxes.length && this.deps.onReattach) {
@@ -329,10 +333,25 @@ export class RunnerFabric {
   }
 
   /**
-   * Sends a command to the runner and resolves once it is acknowledged. 503 `runner_offline`
-   * when the runner has no live connection here or does not acknowledge in time.
+   * Routes commands to runners held by other nodes and durable marks to them (several nodes
+   * on one Redis). Without one, a runner this node does not hold is offline.
+   */
+  setRouter(router: RunnerRouter): void {
+    this.router = router;
+  }
+
+  /**
+   * Sends a command to the runner, through the node holding its connection when that is not
+   * this one, and resolves once it is acknowledged. 503 `runner_offline` when no node holds
+   * the runner or it does not acknowledge in time.
    */
   command(runnerId: string, body: RunnerCommandBody): Promise<void> {
+    if (!this.live.has(runnerId) && this.router) return this.router.forward(runnerId, body);
+    return this.commandHere(runnerId, body);
+  }
+
+  /** `command` for a runner whose connection this node holds (the router's entry point). */
+  commandHere(runnerId: string, body: RunnerCommandBody): Promise<void> {
     const s = this.live.get(runnerId);
     if (!s || s.closed || s.epoch === 0) return Promise.reject(new ApiError('runner_offline'));
     const n = ++s.nextCommand;
@@ -361,7 +380,10 @@ export class RunnerFabric {
     if (s.closed) return;
     s.closed = true;
     this.sessions.delete(s);
-    if (this.live.get(s.runnerId) === s) this.live.delete(s.runnerId);
+    if (this.live.get(s.runnerId) === s) {
+      this.live.delete(s.runnerId);
+      this.router?.release(s.runnerId);
+    }
     for (const [id, holder] of this.bySandbox) if (holder === s) this.bySandbox.delete(id);
     if (s.epoch > 0 && !this.live.has(s.runnerId)) this.gone.set(s.runnerId, { since: Date.now(), epoch: s.epoch });
     for (const p of s.pending.values()) {

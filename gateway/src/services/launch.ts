@@ -227,14 +227,14 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
   });
 }
 
+function online(deps: LaunchDeps, r: runners.RunnerRow): boolean {
+  return r.connected && r.last_seen_at !== null && Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs;
+}
+
 /** An online runner of the account (409 `no_runner_online` when none is). */
 async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string> {
-  const runner = (await runners.listRunners(deps.sql, accountId)).find(
-    (r) =>
-      deps.fabric.isLive(r.id) &&
-      r.last_seen_at !== null &&
-      Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs,
-  );
+  // Presence as GET /api/runners shows it (connected to some node, heard from lately).
+  const runner = (await runners.listRunners(deps.sql, accountId)).find((r) => online(deps, r));
   if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
   return runner.id;
 }
@@ -245,7 +245,12 @@ async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string
  * restart), and on which runner. 503 `runner_offline` when a self-hosted runner is away.
  */
 async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes.SandboxRow) {
-  const live = sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id);
+  const runner = sandbox.runner_id ? await runners.getRunnerById(deps.sql, sandbox.runner_id) : undefined;
+  // A local sandbox's runner-agent is a child of this node; a runner may be held by any node.
+  const live =
+    sandbox.provider === 'local'
+      ? sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id)
+      : runner !== undefined && online(deps, runner);
   const gone =
     sandbox.status === 'failed' || sandbox.status === 'terminated' || (sandbox.provider === 'local' && !live);
   let runnerId = sandbox.runner_id;
@@ -559,7 +564,7 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
     if (destroy) await sandboxes.moveStatus(sql, sandbox.id, ['provisioning', 'ready', 'suspended'], 'terminated');
     // The machine is told when it is reachable; one that is away has nothing running for it.
     const runner = sandbox.runner_id;
-    if (runner && deps.fabric.isLive(runner)) {
+    if (runner) {
       await deps.fabric
         .command(runner, { kind: 'conversation.close', sandbox: sandbox.id, conversation_id: conversationId })
         .then(() =>

@@ -1,0 +1,94 @@
+import t from 'tap';
+import { signUp, startTestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+t.test(
+  'two nodes: a runner held by node A takes commands sent through node B',
+  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres shared by two nodes' },
+  async (t) => {
+    const timing = {
+      RUNNER_HEARTBEAT_MS: '300',
+      RUNNER_GRACE_MS: '3000',
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
+    };
+    const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
+    const b = await startTestService(t, {
+      backend: 'postgres+redis',
+      env: {
+        ...timing,
+        DATABASE_URL: a.config.DATABASE_URL as string,
+        REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+        MASTER_KEY: a.config.MASTER_KEY as string,
+      },
+    });
+    const me = await signUp(a);
+    const token = me.key;
+    const env = (await b.http.post('/api/environments', { token, body: { name: 'main' } })).body;
+    const agent = (
+      await b.http.post('/api/agents', {
+        token,
+        body: {
+          name: 'coder',
+          runtime: 'claude',
+          model: 'anthropic/claude-sonnet-4-5',
+          environment_id: env.id,
+          sandbox_provider: 'runner',
+        },
+      })
+    ).body;
+    await b.http.put('/api/account/inference-credentials/anthropic_api_key', {
+      token,
+      body: { value: 'sk-ant-test-credential-123456' },
+    });
+    const runnerRow = (await a.http.post('/api/runners', { token, body: { name: 'box' } })).body;
+    await startRunnerProcess(t, a.url, runnerRow.token);
+    t.ok(a.fabric.isLive(runnerRow.id) && !b.fabric.isLive(runnerRow.id), 'node A holds the runner');
+
+    const turns = async (id: string) =>
+      (await b.http.get(`/api/conversations/${id}/turns`, { token })).body.data as { state: string }[];
+    const settled = async (id: string, n: number) => {
+      for (let i = 0; i < 300; i++) {
+        const turn = (await turns(id))[n - 1];
+        if (turn && turn.state !== 'running') return turn;
+        await sleep(50);
+      }
+      throw new Error('still running');
+    };
+
+    const res = await b.http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'hello via B' } });
+    t.equal(res.status, 201, JSON.stringify(res.body));
+    const id = res.body.id as string;
+    t.equal((await settled(id, 1)).state, 'done', 'built and run through node B');
+    const text = (
+      (await b.http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body.data as {
+        blocks: { kind: string; body?: string }[];
+      }[]
+    )
+      .flatMap((e) => e.blocks)
+      .filter((x) => x.kind === 'text')
+      .map((x) => x.body)
+      .join('');
+    t.match(text, /^You said: hello via B\./);
+
+    const slow = await b.http.post(`/api/conversations/${id}/prompts`, { token, body: { prompt: 'be slow' } });
+    t.equal(slow.status, 201);
+    await sleep(800);
+    const stop = await b.http.post(`/api/conversations/${id}/interrupt`, { token });
+    t.equal(stop.status, 200);
+    t.equal((await settled(id, 2)).state, 'interrupted', 'the interrupt reached the runner through node A');
+    const events = (await b.http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body.data as {
+      stage: string | null;
+      state: string | null;
+      data: string | null;
+    }[];
+    const end = events.filter((e) => e.stage === 'turn' && e.state === 'interrupted');
+    t.equal(end.length, 1);
+    t.notMatch(end[0]?.data ?? '', /not connected/, 'ended by the runtime, not by the service');
+
+    const bye = await b.http.post(`/api/conversations/${id}/terminate`, { token });
+    t.equal(bye.status, 200);
+    t.equal(bye.body.status, 'terminated');
+  },
+);
