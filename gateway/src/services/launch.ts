@@ -1,4 +1,4 @@
-import { ApiError, newId, providerOf, type Runtime, validationFailed } from '@svc/core';
+import { ApiError, newId, providerOf, type Runtime, runtimeModel, validationFailed } from '@svc/core';
 import { agents, conversations, environments, outbox, runners, type Sql, sandboxes, vaults } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
@@ -41,6 +41,15 @@ const CREDENTIALS: Record<
   openai: [{ provider: 'openai_api_key', env: 'OPENAI_API_KEY' }],
   google: [{ provider: 'gemini_api_key', env: 'GEMINI_API_KEY' }],
 };
+
+/**
+ * How the agent's model reaches each runtime whose way is known (tested with the real agent):
+ * the variable it reads, and the model selected in its ACP session by the runner. Claude Code
+ * lists the model named by ANTHROPIC_MODEL among the session's model choices, and
+ * claude-agent-acp opens every session on its first choice ("default") whatever the
+ * environment says, so both are needed. Other runtimes get no model yet.
+ */
+const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL' };
 
 /** Splits a configured command line on spaces (quotes group words). */
 export function commandLine(line: string): { command: string; args: string[] } {
@@ -150,7 +159,11 @@ export async function startConversation(
     ...(await revealSecrets(deps, 'environment', who.accountId, environmentId)),
     ...(vaultId ? await revealSecrets(deps, 'vault', who.accountId, vaultId) : {}),
   };
-  const runtimeEnv: Record<string, string> = { ...env, SVC_MODEL: agent.model };
+  const runtime = agent.runtime as Runtime;
+  const modelEnv = MODEL_ENV[runtime];
+  const model = modelEnv ? runtimeModel(runtime, agent.model) : undefined;
+  const runtimeEnv: Record<string, string> = { ...env };
+  if (modelEnv && model) runtimeEnv[modelEnv] = model;
   if (credential) runtimeEnv[credential.env] = credential.value;
   deps.redaction.register(who.accountId, conversationId, Object.values(runtimeEnv));
 
@@ -180,7 +193,7 @@ export async function startConversation(
       setup_script: environment.setup_script || null,
     });
     if (turnId && input.prompt) {
-      const { command, args } = commandLine(deps.runtimeCommands[agent.runtime as Runtime]);
+      const { command, args } = commandLine(deps.runtimeCommands[runtime]);
       await deps.fabric.command(target, {
         kind: 'turn.start',
         sandbox: sandboxId,
@@ -188,7 +201,7 @@ export async function startConversation(
         conversation_id: conversationId,
         turn_id: turnId,
         prompt: input.prompt,
-        runtime: { command, args, env: runtimeEnv },
+        runtime: { command, args, env: runtimeEnv, ...(model ? { model } : {}) },
         time_limit_ms: deps.turnTimeLimitMs,
       });
     }
