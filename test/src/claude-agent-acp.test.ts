@@ -215,19 +215,22 @@ t.test('a model the adapter does not offer fails the start and names what it off
   t.teardown(() => fake.close());
   const home = mkdtempSync(join(tmpdir(), 'svc-claude-home-'));
   t.teardown(() => rmSync(home, { recursive: true, force: true }));
-  await t.rejects(
-    AcpRuntime.start({
-      command: process.execPath,
-      args: [CLAUDE_ACP],
-      cwd: home,
-      // Without ANTHROPIC_MODEL Claude Code lists only its aliases, not this model id.
-      env: { ...claudeCodeEnv(fake.url), HOME: home, ANTHROPIC_API_KEY: KEY },
-      model: MODEL,
-      onUpdate() {},
-      onStderr() {},
-      onPermission: async () => ({ outcome: 'cancelled' }),
-    }),
-    /does not offer model claude-sonnet-4-5; it offers: default, /,
-  );
+  const outcome = await AcpRuntime.start({
+    command: process.execPath,
+    args: [CLAUDE_ACP],
+    cwd: home,
+    // Without ANTHROPIC_MODEL Claude Code lists only its aliases, not this model id.
+    env: { ...claudeCodeEnv(fake.url), HOME: home, ANTHROPIC_API_KEY: KEY },
+    model: MODEL,
+    onUpdate() {},
+    onStderr() {},
+    onPermission: async () => ({ outcome: 'cancelled' }),
+  })
+    // A start that wrongly succeeds must not leave the agent running.
+    .then(
+      (runtime) => runtime.close().then(() => 'started'),
+      (err: Error) => err.message,
+    );
+  t.match(outcome, /does not offer model claude-sonnet-4-5; it offers: default, /);
   t.equal(fake.messages().length, 0, 'no model was called');
 });
