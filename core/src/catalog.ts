@@ -53,6 +53,16 @@ export function providerOf(model: string): string | undefined {
   return slash > 0 && slash < model.length - 1 ? model.slice(0, slash) : undefined;
 }
 
+/**
+ * The model as the runtime's agent names it: without the provider for the runtimes of one
+ * provider (`anthropic/claude-sonnet-4-5` is `claude-sonnet-4-5` to Claude Code), whole for
+ * opencode, which names models `provider/model_id` itself.
+ */
+export function runtimeModel(runtime: Runtime, model: string): string {
+  const provider = providerOf(model);
+  return provider && RUNTIME_PROVIDERS[runtime].length === 1 ? model.slice(provider.length + 1) : model;
+}
+
 /** Why a model cannot run on a runtime, or undefined when it can. */
 export function modelProblem(runtime: Runtime, model: string): string | undefined {
   const provider = providerOf(model);

@@ -128,7 +128,17 @@ export const TurnStart = z.object({
   conversation_id: z.string().min(1).max(64),
   turn_id: z.string().min(1).max(64),
   prompt: z.string().max(1_000_000),
-  runtime: z.object({ command: z.string().min(1), args: z.array(z.string()), env: z.record(z.string(), z.string()) }),
+  runtime: z.object({
+    command: z.string().min(1),
+    args: z.array(z.string()),
+    env: z.record(z.string(), z.string()),
+    /**
+     * The agent's model as its runtime names it (`claude-sonnet-4-5` for `claude`), selected in
+     * the ACP session when the runtime offers a model option. Optional: a runner one release
+     * older ignores it.
+     */
+    model: z.string().min(1).max(200).optional(),
+  }),
   /** The turn is failed with `timeout` after this long. */
   time_limit_ms: z.number().int().min(1000),
   /** Images sent with the prompt (base64), passed to the runtime as ACP image content. */

@@ -50,6 +50,12 @@ export interface AcpRuntimeOptions {
   onPermission(request: unknown): Promise<PermissionAnswer>;
   /** ACP `McpServer` entries for `session/new`. */
   mcpServers?: unknown[];
+  /**
+   * The model, as the agent names it. When the new session offers a config option of category
+   * `model`, it is chosen there (`session/set_config_option`); an agent without one reads its
+   * model from its own environment or configuration.
+   */
+  model?: string;
 }
 
 /** How many of the last stderr lines an unexpected exit quotes. */
@@ -231,6 +237,30 @@ export class AcpRuntime {
       }),
     );
     this.session = session.sessionId;
+    if (options.model) await this.chooseModel(options.model, session.configOptions ?? []);
+  }
+
+  /**
+   * Selects `model` in the session's `model` config option. Some agents pick a model of their
+   * own when the session opens, whatever their environment says (claude-agent-acp selects its
+   * first listed model, "default"), so this is the one way the choice is sure to hold. Only an
+   * exact value is sent: an agent may match other strings loosely to a different model, so a
+   * model it does not list fails the start, naming what it offers.
+   */
+  private async chooseModel(model: string, configOptions: acp.SessionConfigOption[]): Promise<void> {
+    const option = configOptions.find((o) => o.category === 'model');
+    if (option?.type !== 'select' || option.currentValue === model) return;
+    const values = option.options.flatMap((o) => ('group' in o ? o.options : [o])).map((o) => o.value);
+    if (!values.includes(model)) {
+      throw new Error(`${this.label} does not offer model ${model}; it offers: ${values.join(', ')}`);
+    }
+    await this.settled(
+      this.connection.agent.request(acp.methods.agent.session.setConfigOption, {
+        sessionId: this.session,
+        configId: option.id,
+        value: model,
+      }),
+    );
   }
 
   /**

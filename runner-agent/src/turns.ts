@@ -68,6 +68,7 @@ export class Turns {
           args: command.runtime.args,
           cwd: built.dir,
           env: sandboxEnv({ dir: built.dir, env: command.runtime.env }),
+          ...(command.runtime.model ? { model: command.runtime.model } : {}),
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,

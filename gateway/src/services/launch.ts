@@ -5,6 +5,7 @@ import {
   PROMPT_IMAGE_MAX_BYTES,
   providerOf,
   type Runtime,
+  runtimeModel,
   sniffImage,
   validationFailed,
 } from '@svc/core';
@@ -63,6 +64,15 @@ const CREDENTIALS: Record<
   openai: [{ provider: 'openai_api_key', env: 'OPENAI_API_KEY' }],
   google: [{ provider: 'gemini_api_key', env: 'GEMINI_API_KEY' }],
 };
+
+/**
+ * How the agent's model reaches each runtime whose way is known (tested with the real agent):
+ * the variable it reads, and the model selected in its ACP session by the runner. Claude Code
+ * lists the model named by ANTHROPIC_MODEL among the session's model choices, and
+ * claude-agent-acp opens every session on its first choice ("default") whatever the
+ * environment says, so both are needed. Other runtimes get no model yet.
+ */
+const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL' };
 
 /** Splits a configured command line on spaces (quotes group words). */
 export function commandLine(line: string): { command: string; args: string[] } {
@@ -142,16 +152,25 @@ async function runtimeEnvironment(
   // The conversation's own token (actor `sprite`): what the runtime uses to reach the API,
   // for example to start a sub-conversation. Revoked when the conversation ends.
   const token = await issueSandboxToken(deps.sql, accountId, conversationId);
+  const runtime = agent.runtime as Runtime;
+  const modelEnv = MODEL_ENV[runtime];
+  const model = modelEnv ? runtimeModel(runtime, agent.model) : undefined;
   const runtimeEnv: Record<string, string> = {
     ...env,
-    SVC_MODEL: agent.model,
     SVC_API_URL: deps.apiUrl(),
     SVC_CONVERSATION_ID: conversationId,
     SVC_SANDBOX_TOKEN: token.key,
   };
+  if (modelEnv && model) runtimeEnv[modelEnv] = model;
   if (credential) runtimeEnv[credential.env] = credential.value;
-  deps.redaction.register(accountId, conversationId, Object.values(runtimeEnv));
-  return { env, runtimeEnv };
+  // What is secret or the tenant's own (DECISIONS: environment, vault, credential, token);
+  // the service's address, the conversation's id and the model name are not.
+  deps.redaction.register(accountId, conversationId, [
+    ...Object.values(env),
+    token.key,
+    ...(credential ? [credential.value] : []),
+  ]);
+  return { env, runtimeEnv, model };
 }
 
 /** What runs a turn on a sandbox once the records are written (in the background). */
@@ -167,6 +186,8 @@ interface TurnPlan {
     images: { mediaType: string; data: Buffer }[];
     runtime: Runtime;
     env: Record<string, string>;
+    /** The model the runner selects in the runtime's ACP session, where the runtime needs that. */
+    model: string | undefined;
   } | null;
 }
 
@@ -214,7 +235,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         conversation_id: conversationId,
         turn_id: plan.turn.id,
         prompt: plan.turn.prompt,
-        runtime: { command, args, env: plan.turn.env },
+        runtime: { command, args, env: plan.turn.env, ...(plan.turn.model ? { model: plan.turn.model } : {}) },
         time_limit_ms: deps.turnTimeLimitMs,
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
@@ -407,7 +428,7 @@ export async function startConversation(
   });
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id: conversationId });
 
-  const { env, runtimeEnv } = await runtimeEnvironment(
+  const { env, runtimeEnv, model } = await runtimeEnvironment(
     deps,
     who.accountId,
     conversationId,
@@ -423,7 +444,7 @@ export async function startConversation(
     build: machine.gone ? { env, setupScript: environment.setup_script || null } : null,
     turn:
       turnId && input.prompt
-        ? { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv }
+        ? { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv, model }
         : null,
   });
 
@@ -487,7 +508,7 @@ export async function sendPrompt(
   });
   await recordAudit(sql, who, 'conversation.prompted', { type: 'conversation', id: conversationId });
 
-  const { env, runtimeEnv } = await runtimeEnvironment(
+  const { env, runtimeEnv, model } = await runtimeEnvironment(
     deps,
     who.accountId,
     conversationId,
@@ -501,7 +522,7 @@ export async function sendPrompt(
     conversationId,
     sandbox,
     build: gone ? { env, setupScript: environment.setup_script || null } : null,
-    turn: { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv },
+    turn: { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv, model },
   });
   return turn;
 }
