@@ -24,7 +24,7 @@ import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { failTurnsOfRunner, finishTurn } from './services/conversations.ts';
-import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn, sandboxBuilt } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
 
@@ -198,6 +198,7 @@ export async function startService(
         appendEvents,
         onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
+        onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(db.sql, sandboxId, incarnation, ok),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
@@ -246,7 +247,9 @@ export async function startService(
       },
       paymentEnabled: false,
       eventLog,
-      retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
+      retireSandboxes:
+        overrides.retireSandboxes ??
+        retireSandboxesBuiltOn({ sql: db.sql, fabric, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
       launch: {
         sql: db.sql,
@@ -265,6 +268,7 @@ export async function startService(
         defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
         local,
         relay,
+        limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
       },
     };
 

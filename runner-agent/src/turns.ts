@@ -5,6 +5,8 @@ import { type Sandbox, sandboxEnv } from './sandbox.ts';
 type Emit = (event: RunnerEvent) => void;
 
 interface Session {
+  /** The sandbox the runtime runs in. */
+  sandbox: string;
   runtime: AcpRuntime;
   /** The turn running now, if any. */
   turnId: string | null;
@@ -79,7 +81,7 @@ export class Turns {
             }),
           onPermission: async (request) => firstAllow(request),
         });
-        session = { runtime, turnId: null, timedOut: false };
+        session = { sandbox: command.sandbox, runtime, turnId: null, timedOut: false };
         this.sessions.set(command.conversation_id, session);
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
@@ -115,7 +117,14 @@ export class Turns {
     if (s?.turnId === turnId) void s.runtime.cancel();
   }
 
-  /** Stops every runtime (the runner is stopping, or the sandbox goes). */
+  /** Stops the runtimes running in a sandbox (its machine is being destroyed). */
+  async closeSandbox(sandbox: string): Promise<void> {
+    const going = [...this.sessions].filter(([, s]) => s.sandbox === sandbox);
+    for (const [conversationId] of going) this.sessions.delete(conversationId);
+    await Promise.all(going.map(([, s]) => s.runtime.close().catch(() => {})));
+  }
+
+  /** Stops every runtime (the runner is stopping). */
   async closeAll(): Promise<void> {
     const all = [...this.sessions.values()];
     this.sessions.clear();

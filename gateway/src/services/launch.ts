@@ -9,6 +9,7 @@ import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { ActorRef } from './principal.ts';
+import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { revealSecrets } from './secrets.ts';
 import { changed } from './tenant-events.ts';
 
@@ -27,6 +28,7 @@ export interface LaunchDeps {
   defaultProvider: 'local' | 'runner';
   local: LocalSandboxes;
   relay: OutboxRelay;
+  limits: SandboxLimits;
 }
 
 /** The credential each model provider's runtime reads, in the order they are tried. */
@@ -111,6 +113,7 @@ export async function startConversation(
   const turnId = input.prompt ? newId('trn') : null;
   await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
+    await checkCapacity(t, who.accountId, deps.limits);
     await sandboxes.insertSandbox(t, {
       id: sandboxId,
       accountId: who.accountId,
@@ -155,20 +158,13 @@ export async function startConversation(
   deps.redaction.register(who.accountId, conversationId, Object.values(runtimeEnv));
 
   void (async () => {
+    // Stage `sandbox` opens here; the runner closes it when its build ends (done or failed).
+    await emitStage(deps, who.accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
     let onRunner = runnerId;
     if (onRunner === null) {
       // local: the sandbox's own runner-agent, started now and connected back.
-      const started = Date.now();
-      await emitStage(deps, who.accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
       onRunner = await deps.local.start(who.accountId, sandboxId);
       await sandboxes.setRunner(sql, sandboxId, onRunner);
-      await emitStage(deps, who.accountId, {
-        conversationId,
-        turnId,
-        stage: 'sandbox',
-        state: 'done',
-        durationMs: Date.now() - started,
-      });
     }
     const target = onRunner;
     await deps.fabric.command(target, {
@@ -194,7 +190,7 @@ export async function startConversation(
     }
   })().catch(async (err: Error) => {
     deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'launch failed');
-    await failLaunch(deps.sql, who.accountId, conversationId, turnId, err.message).catch(() => {});
+    await failLaunch(deps.sql, who.accountId, conversationId, sandboxId, turnId, err.message).catch(() => {});
   });
 
   const row = await conversations.getConversation(sql, who.accountId, conversationId);
@@ -242,8 +238,16 @@ async function emitStage(
   await deps.relay.flush(accountId);
 }
 
-/** The launch failed after the answer: say so in the log, end the turn `failed`. */
-async function failLaunch(sql: Sql, accountId: string, conversationId: string, turnId: string | null, message: string) {
+/** The launch failed after the answer: say so in the log, end the turn and the sandbox `failed`. */
+async function failLaunch(
+  sql: Sql,
+  accountId: string,
+  conversationId: string,
+  sandboxId: string,
+  turnId: string | null,
+  message: string,
+) {
+  await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
   await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     await outbox.enqueue(t, accountId, [

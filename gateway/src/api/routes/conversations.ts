@@ -48,9 +48,9 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Start a conversation: build its sandbox and run the first prompt',
       description:
-        'The agent runs on a sandbox of its provider (`runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). 409 `no_runner_online` when no runner of the account is connected; 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists.',
+        'The agent runs on a sandbox of its provider (`runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). 409 `no_runner_online` when no runner of the account is connected; 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists; 429 `sandbox_quota_exceeded` (body: `active`, `limit`) when the account holds SANDBOX_QUOTA_DEFAULT active sandboxes; 503 `fleet_full` when the instance holds FLEET_MAX_SANDBOXES. Both carry Retry-After and create nothing.',
       body: ConversationCreate,
-      response: { 201: Conversation, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody },
+      response: { 201: Conversation, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody, 429: ErrorBody, 503: ErrorBody },
     },
     handler: async (req, reply) => {
       const row = await startConversation(deps.launch, actorOf(requirePrincipal(req)), req.body);
