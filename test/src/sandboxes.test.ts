@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { conversations, type Sql } from '@svc/db';
 import t, { type Test } from 'tap';
 import { type Backend, backends, signUp, startTestService, type TestService } from './harness.ts';
 
@@ -247,6 +248,50 @@ async function lifecycle(t: Test, backend: Backend) {
       SELECT action, actor, metadata FROM audit_events WHERE resource_id = ${ready}`;
     t.match(audit, [{ action: 'sandbox.reset', actor: 'api', metadata: { incarnation: 1 } }], 'audited');
   });
+
+  if (backend === 'postgres+redis') {
+    // Two connections are needed to race (the embedded database runs one at a time).
+    await t.test('a turn starting while a reset runs: the reset waits for it, then answers 409', async (t) => {
+      let release!: () => void;
+      const gate = new Promise<void>((r) => {
+        release = r;
+      });
+      let begun!: () => void;
+      const started = new Promise<void>((r) => {
+        begun = r;
+      });
+      const turnId = `trn_race${Date.now()}`;
+      const turn = svc.db.sql.begin(async (tx) => {
+        await conversations.startTurn(tx as unknown as Sql, {
+          id: turnId,
+          accountId: a.accountId,
+          conversationId: readyConversation,
+          prompt: 'racing the reset',
+          origin: 'user',
+        });
+        begun();
+        await gate;
+      });
+      await started;
+      let answered = false;
+      const reset = http.delete(`/api/sandboxes/${ready}`, { token: a.key }).then((r) => {
+        answered = true;
+        return r;
+      });
+      await sleep(500);
+      t.notOk(answered, 'the reset waits on the conversation the turn is starting on');
+      release();
+      await turn;
+      const res = await reset;
+      t.equal(res.status, 409, JSON.stringify(res.body));
+      t.equal(res.body.error, 'sandbox_mid_turn');
+      t.equal((await row(ready))?.incarnation, 1, 'not reset under the turn');
+      await conversations.endTurn(svc.db.sql, a.accountId, turnId, 'done', null);
+      const again = await http.delete(`/api/sandboxes/${ready}`, { token: a.key });
+      t.equal(again.status, 204, 'once the turn ended the reset goes through');
+      t.equal((await row(ready))?.incarnation, 2);
+    });
+  }
 
   await t.test('422 sandbox_not_resettable for ephemeral, failed and terminated sandboxes', async (t) => {
     for (const [id, why] of [
