@@ -30,6 +30,9 @@ const config = loadConfig({
   RATE_LIMIT_PER_MINUTE: '0',
   LOG_LEVEL: 'warn',
   RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${tsx} ${agentScript}`,
+  // Every launch keeps its sandbox (nothing ends them yet): room for all of them in one account.
+  SANDBOX_QUOTA_DEFAULT: String(Math.max(runs, 10)),
+  FLEET_MAX_SANDBOXES: String(Math.max(runs, 100)),
 });
 const svc = await startService(config, createLogger('warn'));
 const me = await signUp(svc);

@@ -15,4 +15,5 @@ export * from './schemas/common.ts';
 export * from './schemas/conversations.ts';
 export * from './schemas/environments.ts';
 export * from './schemas/runners.ts';
+export * from './schemas/sandboxes.ts';
 export * from './schemas/vaults.ts';

@@ -25,7 +25,7 @@ import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
-import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn, sandboxBuilt } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
 
@@ -201,6 +201,7 @@ export async function startService(
           finishTurn({ sql: db.sql, log: eventLog }, tenant, turnId, result, usage),
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
         onReattach: (runnerId, sandboxIds) => reattached(db.sql, runnerId, sandboxIds),
+        onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(db.sql, sandboxId, incarnation, ok),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
@@ -277,7 +278,9 @@ export async function startService(
       },
       paymentEnabled: false,
       eventLog,
-      retireSandboxes: overrides.retireSandboxes ?? retireSandboxesBuiltOn(log.child({ role: 'sandboxes' })),
+      retireSandboxes:
+        overrides.retireSandboxes ??
+        retireSandboxesBuiltOn({ sql: db.sql, fabric, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
       launch: {
         sql: db.sql,
@@ -297,6 +300,7 @@ export async function startService(
         local,
         relay,
         apiUrl: base,
+        limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
       },
     };
 

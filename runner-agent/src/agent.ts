@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { hostname as osHostname } from 'node:os';
 import {
   decodeFrame,
@@ -14,7 +15,7 @@ import {
 } from '@svc/core';
 import WebSocket from 'ws';
 import { OutputLog } from './output.ts';
-import { buildSandbox, type Sandbox } from './sandbox.ts';
+import { buildSandbox, type Sandbox, sandboxDir } from './sandbox.ts';
 import { Turns } from './turns.ts';
 
 export const AGENT_VERSION = (
@@ -286,11 +287,26 @@ export class RunnerAgent {
         void this.turns.close(command.conversation_id);
         break;
       case 'sandbox.destroy':
-        void this.turns.closeSandbox(command.sandbox);
-        this.sandboxes.delete(command.sandbox);
-        this.building.delete(command.sandbox);
-        this.report({ type: 'sandbox', id: command.sandbox, state: 'destroyed' });
+        void this.destroy(command.sandbox);
         break;
+    }
+  }
+
+  /**
+   * Destroys a sandbox's machine: its runtimes are stopped, once its build settled, and its
+   * directory is removed, so a later build of the same sandbox starts from nothing.
+   */
+  private async destroy(id: string): Promise<void> {
+    const build = this.building.get(id);
+    this.sandboxes.delete(id);
+    this.building.delete(id);
+    await build?.catch(() => {});
+    await this.turns.closeSandbox(id);
+    try {
+      await rm(sandboxDir(this.options.root, id), { recursive: true, force: true });
+      this.report({ type: 'sandbox', id, state: 'destroyed' });
+    } catch (err) {
+      this.report({ type: 'sandbox', id, state: 'failed', message: `not removed: ${(err as Error).message}` });
     }
   }
 

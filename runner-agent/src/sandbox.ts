@@ -46,13 +46,39 @@ export function sandboxEnv(sandbox: { dir: string; env: Record<string, string> }
   };
 }
 
+/** The directory a sandbox lives in under the runner's root. */
+export function sandboxDir(root: string, id: string): string {
+  return join(root, 'sandboxes', id);
+}
+
 /**
  * Builds a sandbox under `root`, reporting each stage as it goes: `provision` (its directory)
  * and `setup` (the environment's setup script, its output streamed as stdout/stderr events).
- * Rejects after reporting the failed stage.
+ * The build ends with stage `sandbox` `done` (the service then marks the sandbox ready; the
+ * service opened that stage when it asked for the machine) or, after the failed stage,
+ * `sandbox` `failed` with the reason, and rejects.
  */
 export async function buildSandbox(root: string, spec: SandboxSpec, emit: Emit): Promise<Sandbox> {
-  const dir = join(root, 'sandboxes', spec.id);
+  const started = Date.now();
+  const closing = { conversation_id: spec.conversationId, kind: 'stage' as const, stream: 'stage' as const };
+  try {
+    const sandbox = await buildSteps(root, spec, emit);
+    emit({ ...closing, stage: 'sandbox', state: 'done', duration_ms: Date.now() - started });
+    return sandbox;
+  } catch (err) {
+    emit({
+      ...closing,
+      stage: 'sandbox',
+      state: 'failed',
+      duration_ms: Date.now() - started,
+      data: (err as Error).message,
+    });
+    throw err;
+  }
+}
+
+async function buildSteps(root: string, spec: SandboxSpec, emit: Emit): Promise<Sandbox> {
+  const dir = sandboxDir(root, spec.id);
   await stage(emit, spec.conversationId, 'provision', () => mkdir(dir, { recursive: true, mode: 0o700 }));
   const sandbox: Sandbox = { id: spec.id, incarnation: spec.incarnation, dir, env: spec.env };
   const script = spec.setupScript;

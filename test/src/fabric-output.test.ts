@@ -69,12 +69,16 @@ for (const backend of backends()) {
         env: { GREETING: 'hello from the environment' },
         setup_script: 'echo "setting up in $(basename "$PWD")"; echo "$GREETING"; echo careful >&2',
       });
-      t.ok(await until(async () => (await feed()).some((e) => e.stage === 'setup' && e.state !== 'started')));
+      t.ok(await until(async () => (await feed()).some((e) => e.stage === 'sandbox' && e.state !== 'started')));
       const events = await feed();
       t.same(
         events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
-        ['provision started', 'provision done', 'setup started', 'setup done'],
+        ['provision started', 'provision done', 'setup started', 'setup done', 'sandbox done'],
+        'the runner closes stage sandbox when the build ends',
       );
+      const [row] = await sql<{ status: string; built_incarnation: number | null }[]>`
+        SELECT status, built_incarnation FROM sandboxes WHERE id = ${sandboxId}`;
+      t.same(row, { status: 'ready', built_incarnation: 0 }, 'and the sandbox is ready with that machine');
       t.ok(
         events.filter((e) => e.state === 'done').every((e) => typeof e.duration_ms === 'number'),
         'with durations',

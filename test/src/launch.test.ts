@@ -118,10 +118,12 @@ for (const backend of backends()) {
       t.same(
         stages,
         [
+          'sandbox started',
           'provision started',
           'provision done',
           'setup started',
           'setup done',
+          'sandbox done',
           'turn started',
           'session started',
           'session done',
@@ -257,11 +259,11 @@ for (const backend of backends()) {
         events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
         [
           'sandbox started',
-          'sandbox done',
           'provision started',
           'provision done',
           'setup started',
           'setup done',
+          'sandbox done',
           'turn started',
           'session started',
           'session done',

@@ -249,7 +249,7 @@ for (const backend of backends()) {
       const events = await feed(id);
       t.same(
         events.filter((e) => e.turn_id === turn.id && e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
-        ['turn started', 'session started', 'session done', 'turn done'],
+        ['sandbox started', 'turn started', 'session started', 'session done', 'turn done'],
       );
       const builds = events.filter((e) => e.stage === 'provision' && e.state === 'done');
       t.equal(builds.length, 2, 'built twice in all');
@@ -257,6 +257,8 @@ for (const backend of backends()) {
         { incarnation: number }[]
       >`SELECT incarnation FROM sandboxes WHERE id = ${first.body.sandbox_id}`;
       t.equal(sandbox?.incarnation, 1);
+      const listed = (await http.get(`/api/sandboxes/${first.body.sandbox_id}`, { token })).body;
+      t.match(listed, { status: 'ready', conversations: [{ id, mid_turn: false }] }, 'ready again');
     });
 
     t.test(

@@ -1,4 +1,4 @@
-import type { Sql } from '../connect.ts';
+import { type Sql, transaction } from '../connect.ts';
 
 export type SandboxStatus = 'provisioning' | 'ready' | 'suspended' | 'terminated' | 'failed';
 
@@ -13,6 +13,8 @@ export interface SandboxRow {
   environment_id: string | null;
   vault_id: string | null;
   incarnation: number;
+  /** The incarnation its runner reported built; below `incarnation` (or null) means no machine. */
+  built_incarnation: number | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -93,9 +95,139 @@ export async function rebuild(
   id: string,
   runnerId: string | null,
   from: SandboxStatus,
+  /** False when the current incarnation was never built (a reset left it without a machine). */
+  next = true,
 ): Promise<SandboxRow | undefined> {
   const rows = await sql<SandboxRow[]>`
-    UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1, runner_id = ${runnerId}, updated_at = now()
+    UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + ${next ? 1 : 0}, runner_id = ${runnerId},
+                         updated_at = now()
     WHERE id = ${id} AND status = ${from} RETURNING *`;
   return rows[0];
+}
+/** Statuses that hold a machine or will: they count against the quota and the fleet. */
+export const ACTIVE_STATUSES: SandboxStatus[] = ['provisioning', 'ready', 'suspended'];
+
+/** A sandbox as listed: its row, its runner's presence facts and its conversations. */
+export interface SandboxView extends SandboxRow {
+  runner_name: string | null;
+  runner_hostname: string | null;
+  runner_path: string | null;
+  runner_connected: boolean | null;
+  runner_last_seen_at: Date | null;
+  conversations: { id: string; mid_turn: boolean }[];
+}
+
+function selectViews(sql: Sql) {
+  return sql`
+    SELECT s.*, r.name AS runner_name, r.hostname AS runner_hostname, r.path AS runner_path,
+      r.connected AS runner_connected, r.last_seen_at AS runner_last_seen_at,
+      coalesce((SELECT json_agg(json_build_object('id', c.id, 'mid_turn', c.status = 'running') ORDER BY c.created_at, c.id)
+                FROM conversations c WHERE c.account_id = s.account_id AND c.sandbox_id = s.id), '[]'::json) AS conversations
+    FROM sandboxes s LEFT JOIN runners r ON r.id = s.runner_id`;
+}
+
+/** The tenant's sandboxes, newest first, optionally only those in `statuses`. */
+export async function listSandboxes(
+  sql: Sql,
+  accountId: string,
+  statuses: SandboxStatus[] | undefined,
+): Promise<SandboxView[]> {
+  return sql<SandboxView[]>`
+    ${selectViews(sql)}
+    WHERE s.account_id = ${accountId} ${statuses?.length ? sql`AND s.status = ANY(${statuses})` : sql``}
+    ORDER BY s.created_at DESC, s.id DESC`;
+}
+
+export async function getSandboxView(sql: Sql, accountId: string, id: string): Promise<SandboxView | undefined> {
+  const rows = await sql<SandboxView[]>`${selectViews(sql)} WHERE s.account_id = ${accountId} AND s.id = ${id}`;
+  return rows[0];
+}
+
+/**
+ * The runner reported incarnation `incarnation` of the sandbox built: it becomes `ready` with
+ * that machine. Compare-and-set on status and incarnation: a build of a machine that was since
+ * reset, or of a sandbox that failed or ended meanwhile, changes nothing.
+ */
+export async function markBuilt(sql: Sql, id: string, incarnation: number): Promise<boolean> {
+  const rows = await sql`
+    UPDATE sandboxes SET status = 'ready', built_incarnation = ${incarnation}, updated_at = now()
+    WHERE id = ${id} AND incarnation = ${incarnation} AND status IN ('provisioning', 'ready') RETURNING id`;
+  return rows.length === 1;
+}
+
+/** The build of incarnation `incarnation` failed: the sandbox is `failed` (same compare-and-set). */
+export async function markBuildFailed(sql: Sql, id: string, incarnation: number): Promise<boolean> {
+  const rows = await sql`
+    UPDATE sandboxes SET status = 'failed', updated_at = now()
+    WHERE id = ${id} AND incarnation = ${incarnation} AND status IN ('provisioning', 'ready') RETURNING id`;
+  return rows.length === 1;
+}
+
+/**
+ * Active sandboxes of the account and of the whole instance, counted under a transaction-level
+ * advisory lock that every sandbox-creating transaction takes first: two launches cannot both
+ * count below a limit and both insert. Must run inside the transaction that inserts.
+ */
+export async function lockAndCountActive(tx: Sql, accountId: string): Promise<{ account: number; fleet: number }> {
+  await tx`SELECT pg_advisory_xact_lock(hashtext('svc:sandbox-capacity'))`;
+  const rows = await tx<{ account: number; fleet: number }[]>`
+    SELECT count(*) FILTER (WHERE account_id = ${accountId})::int AS account, count(*)::int AS fleet
+    FROM sandboxes WHERE status = ANY(${ACTIVE_STATUSES})`;
+  return rows[0] ?? { account: 0, fleet: 0 };
+}
+
+export type ResetOutcome =
+  | { outcome: 'not_found' }
+  | { outcome: 'not_resettable'; row: SandboxRow }
+  | { outcome: 'mid_turn'; row: SandboxRow; conversations: string[] }
+  | { outcome: 'reset'; row: SandboxRow; incarnation: number };
+
+/**
+ * Resets a persistent sandbox in `from` statuses, atomically with the mid-turn check: the
+ * sandbox row and every conversation on it are locked (FOR UPDATE), so a turn that starts
+ * concurrently (it sets its conversation `running`) either committed first and is seen here,
+ * or waits until the reset has committed and then finds the new incarnation. On success the
+ * incarnation goes up (a clean machine for the same identity) and the sandbox is `ready`
+ * without a machine (`built_incarnation` stays below `incarnation`); conversations are kept.
+ */
+export async function resetSandbox(
+  sql: Sql,
+  accountId: string,
+  id: string,
+  from: SandboxStatus[],
+): Promise<ResetOutcome> {
+  return transaction(sql, async (tx) => {
+    const [row] = await tx<SandboxRow[]>`
+      SELECT * FROM sandboxes WHERE account_id = ${accountId} AND id = ${id} FOR UPDATE`;
+    if (!row) return { outcome: 'not_found' };
+    if (row.mode !== 'persistent' || !from.includes(row.status)) return { outcome: 'not_resettable', row };
+    const on = await tx<{ id: string; status: string }[]>`
+      SELECT id, status FROM conversations WHERE account_id = ${accountId} AND sandbox_id = ${id}
+      ORDER BY id FOR UPDATE`;
+    const running = on.filter((c) => c.status === 'running').map((c) => c.id);
+    if (running.length) return { outcome: 'mid_turn', row, conversations: running };
+    const [next] = await tx<{ incarnation: number }[]>`
+      UPDATE sandboxes SET incarnation = incarnation + 1, status = 'ready', updated_at = now()
+      WHERE id = ${id} RETURNING incarnation`;
+    return { outcome: 'reset', row, incarnation: (next as { incarnation: number }).incarnation };
+  });
+}
+
+/**
+ * Persistent sandboxes of the account that still hold or will hold a machine built for the
+ * given identity parts (every part given must match).
+ */
+export async function persistentBuiltOn(
+  sql: Sql,
+  accountId: string,
+  on: { agentId?: string | undefined; environmentId?: string | undefined; vaultId?: string | undefined },
+): Promise<string[]> {
+  const rows = await sql<{ id: string }[]>`
+    SELECT id FROM sandboxes
+    WHERE account_id = ${accountId} AND mode = 'persistent' AND status = ANY(${ACTIVE_STATUSES})
+      ${on.agentId ? sql`AND agent_id = ${on.agentId}` : sql``}
+      ${on.environmentId ? sql`AND environment_id = ${on.environmentId}` : sql``}
+      ${on.vaultId ? sql`AND vault_id = ${on.vaultId}` : sql``}
+    ORDER BY created_at, id`;
+  return rows.map((r) => r.id);
 }

@@ -28,6 +28,7 @@ import { oauthRoutes } from './routes/oauth.ts';
 import { linkPages } from './routes/pages.ts';
 import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
+import { sandboxRoutes } from './routes/sandboxes.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 
 export interface ApiOptions {
@@ -156,6 +157,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   catalogRoutes(app, deps);
   applyRoutes(app, deps);
   conversationRoutes(app, deps);
+  sandboxRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();

@@ -25,7 +25,7 @@ export interface ApiDeps {
   paymentEnabled: boolean;
   /** The event log (hot tail); reads below it go to Postgres through readLog. */
   eventLog: EventLog;
-  /** The seam that retires sandboxes whose identity changed (filled in by the sandbox issue). */
+  /** The seam that retires persistent sandboxes whose identity changed (services/sandboxes.ts). */
   retireSandboxes: RetireSandboxesBuiltOn;
   /** The runner fabric's sessions (its transport is the edge's, or the api role's alone). */
   fabric: RunnerFabric;

@@ -107,6 +107,8 @@ export class RunnerFabric {
       onReattach?: (runnerId: string, sandboxIds: string[]) => Promise<unknown>;
       /** A turn's end arrived from its runner: record the result (once). */
       onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
+      /** A sandbox build ended on its runner (stage `sandbox` done or failed): record it (once). */
+      onSandboxBuilt: (sandboxId: string, incarnation: number, ok: boolean) => Promise<unknown>;
     },
     readonly options: FabricOptions,
   ) {
@@ -252,11 +254,8 @@ export class RunnerFabric {
   private async output(s: Live, m: RunnerOutput): Promise<void> {
     if (s.closed) return;
     let sbx = await this.sandboxFor(s, m.sandbox);
-    if (sbx && m.incarnation > sbx.incarnation) {
-      // Rebuilt since it was loaded (a reset, or a machine built again): look again once.
-      s.sandboxes.delete(m.sandbox);
-      sbx = await this.sandboxFor(s, m.sandbox);
-    }
+    // A newer incarnation than the one loaded: the machine was reset since; look again once.
+    if (sbx && m.incarnation > sbx.incarnation) sbx = await this.sandboxFor(s, m.sandbox, true);
     if (!sbx || m.incarnation > sbx.incarnation) {
       throw new ApiError(
         'invalid_request',
@@ -291,10 +290,14 @@ export class RunnerFabric {
       })),
     });
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
-    // A turn's end, now in the log, ends the turn's record (compare-and-set: once).
+    // A turn's end, now in the log, ends the turn's record (compare-and-set: once); the end of
+    // a build (the runner closes stage `sandbox`) makes the sandbox ready or failed.
     for (const e of result.events) {
       if (e.kind === 'stage' && e.stage === 'turn' && e.turnId && TURN_RESULTS.has(e.state ?? '')) {
         await this.deps.onTurnEnd(sbx.accountId, e.turnId, e.state as TurnResult, usageOf(e.data));
+      }
+      if (e.kind === 'stage' && e.stage === 'sandbox' && (e.state === 'done' || e.state === 'failed')) {
+        await this.deps.onSandboxBuilt(m.sandbox, m.incarnation, e.state === 'done');
       }
     }
     if (result.status === 'duplicate') {
@@ -305,9 +308,9 @@ export class RunnerFabric {
     }
   }
 
-  private async sandboxFor(s: Live, id: string): Promise<SandboxSeen | undefined> {
+  private async sandboxFor(s: Live, id: string, reload = false): Promise<SandboxSeen | undefined> {
     const known = s.sandboxes.get(id);
-    if (known) return known;
+    if (known && !reload) return known;
     const row = await sandboxes.onRunner(this.deps.sql, s.runnerId, id);
     if (!row) return undefined;
     const seen: SandboxSeen = {

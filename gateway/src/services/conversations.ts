@@ -56,7 +56,7 @@ export function shapeEvent(e: LogEvent, withBlocks = false) {
 }
 
 /** A comma-separated list of values from `allowed`; anything else is the given error. */
-function csv<T extends string>(
+export function csv<T extends string>(
   value: string | undefined,
   allowed: readonly T[],
   error: () => ApiError,

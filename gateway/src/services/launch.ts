@@ -30,6 +30,7 @@ import { recordAudit } from './audit.ts';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { ActorRef } from './principal.ts';
+import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { revealSecrets } from './secrets.ts';
 import { changed } from './tenant-events.ts';
 
@@ -50,6 +51,7 @@ export interface LaunchDeps {
   relay: OutboxRelay;
   /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
   apiUrl: () => string;
+  limits: SandboxLimits;
 }
 
 /** The credential each model provider's runtime reads, in the order they are tried. */
@@ -200,20 +202,13 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
   const { accountId, conversationId, sandbox } = plan;
   const turnId = plan.turn?.id ?? null;
   void (async () => {
+    // Stage `sandbox` opens here; the runner closes it when its build ends (done or failed).
+    if (plan.build) await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
     let onRunner = sandbox.runner_id;
     if (sandbox.provider === 'local' && (onRunner === null || !deps.fabric.isLive(onRunner))) {
       // local: the sandbox's own runner-agent, started now and connected back.
-      const started = Date.now();
-      await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
       onRunner = await deps.local.start(accountId, sandbox.id);
       await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
-      await emitStage(deps, accountId, {
-        conversationId,
-        turnId,
-        stage: 'sandbox',
-        state: 'done',
-        durationMs: Date.now() - started,
-      });
     }
     if (onRunner === null) throw new ApiError('runner_offline', 'The sandbox has no runner.');
     if (plan.build) {
@@ -244,7 +239,9 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
     }
   })().catch(async (err: Error) => {
     deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'turn could not start');
-    await failLaunch(deps.sql, accountId, conversationId, turnId, err.message).catch(() => {});
+    await failLaunch(deps.sql, accountId, conversationId, plan.build ? sandbox.id : null, turnId, err.message).catch(
+      () => {},
+    );
   });
 }
 
@@ -272,14 +269,19 @@ async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes
     sandbox.provider === 'local'
       ? sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id)
       : runner !== undefined && online(deps, runner);
+  // Reset (or retired): ready, but its incarnation has no machine yet.
+  const unbuilt = sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
   const gone =
-    sandbox.status === 'failed' || sandbox.status === 'terminated' || (sandbox.provider === 'local' && !live);
+    unbuilt ||
+    sandbox.status === 'failed' ||
+    sandbox.status === 'terminated' ||
+    (sandbox.provider === 'local' && !live);
   let runnerId = sandbox.runner_id;
   if (sandbox.provider === 'runner' && !live) {
     if (!gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
     runnerId = await onlineRunner(deps, accountId);
   }
-  return { gone, runnerId };
+  return { gone, unbuilt, runnerId };
 }
 
 /**
@@ -375,15 +377,21 @@ export async function startConversation(
   }
   const machine = existing
     ? await machineOf(deps, who.accountId, existing)
-    : { gone: true, runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null };
+    : { gone: true, unbuilt: false, runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null };
 
   const conversationId = newId('cnv');
   const turnId = input.prompt ? newId('trn') : null;
   const sandbox = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
+    // A new machine, or one built again after it failed, counts against the quota and the fleet.
+    if (!existing || existing.status === 'failed' || existing.status === 'terminated') {
+      await checkCapacity(t, who.accountId, deps.limits);
+    }
     let row: sandboxes.SandboxRow | undefined;
     if (existing) {
-      row = machine.gone ? await sandboxes.rebuild(t, existing.id, machine.runnerId, existing.status) : existing;
+      row = machine.gone
+        ? await sandboxes.rebuild(t, existing.id, machine.runnerId, existing.status, !machine.unbuilt)
+        : existing;
       if (!row) throw new ApiError('provisioning', 'The sandbox is being built again; try again shortly.');
     } else {
       row = await sandboxes.insertSandbox(t, {
@@ -483,7 +491,7 @@ export async function sendPrompt(
 
   let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
   if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
-  const { gone, runnerId } = await machineOf(deps, who.accountId, sandbox);
+  const { gone, unbuilt, runnerId } = await machineOf(deps, who.accountId, sandbox);
 
   const turnId = newId('trn');
   const turn = await sql.begin(async (tx) => {
@@ -499,7 +507,7 @@ export async function sendPrompt(
     });
     if (typeof opened === 'string') throw refusal(opened);
     if (gone && sandbox) {
-      const rebuilt = await sandboxes.rebuild(t, sandbox.id, runnerId, sandbox.status);
+      const rebuilt = await sandboxes.rebuild(t, sandbox.id, runnerId, sandbox.status, !unbuilt);
       if (!rebuilt) throw new ApiError('conversation_busy', 'The sandbox is being rebuilt; try again.');
       sandbox = rebuilt;
     }
@@ -660,12 +668,31 @@ async function emitStage(
   await deps.relay.flush(accountId);
 }
 
-/** The launch failed after the answer: say so in the log, end the turn `failed`. */
-async function failLaunch(sql: Sql, accountId: string, conversationId: string, turnId: string | null, message: string) {
+/**
+ * The launch or turn could not start after the answer: say so in the log, end the turn
+ * `failed`, and fail the sandbox whose build it was.
+ */
+async function failLaunch(
+  sql: Sql,
+  accountId: string,
+  conversationId: string,
+  sandboxId: string | null,
+  turnId: string | null,
+  message: string,
+) {
+  if (sandboxId) await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
   await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     await outbox.enqueue(t, accountId, [
-      { conversationId, turnId, kind: 'stage', stream: 'stage', stage: 'sandbox', state: 'failed', data: message },
+      {
+        conversationId,
+        turnId,
+        kind: 'stage',
+        stream: 'stage',
+        stage: sandboxId ? 'sandbox' : 'turn',
+        state: 'failed',
+        data: message,
+      },
     ]);
   });
   if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {

@@ -8,12 +8,16 @@ import type { ActorRef } from './principal.ts';
 export const RUNNER_TOKEN_PREFIX = 'svcr_';
 
 /** Presence: a runner is online while connected and heard from within `offlineAfterMs`. */
+export function runnerOnline(connected: boolean, lastSeenAt: Date | null, offlineAfterMs: number, now = Date.now()) {
+  return connected && lastSeenAt !== null && now - lastSeenAt.getTime() < offlineAfterMs;
+}
+
 export function shapeRunner(row: runners.RunnerRow, offlineAfterMs: number, now = Date.now()) {
   return {
     id: row.id,
     name: row.name,
     hostname: row.hostname,
-    online: row.connected && row.last_seen_at !== null && now - row.last_seen_at.getTime() < offlineAfterMs,
+    online: runnerOnline(row.connected, row.last_seen_at, offlineAfterMs, now),
     path: row.path,
     version: row.version,
     last_seen: row.last_seen_at?.toISOString() ?? null,

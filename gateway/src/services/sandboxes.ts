@@ -1,4 +1,11 @@
+import { ApiError, SANDBOX_STATUSES } from '@svc/core';
+import { type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
+import type { RunnerFabric } from '../fabric/fabric.ts';
+import { recordAudit } from './audit.ts';
+import { csv } from './conversations.ts';
+import type { ActorRef } from './principal.ts';
+import { runnerOnline } from './runners.ts';
 
 /** What a retirement is about: the identity sandboxes were built for. */
 export interface RetireTarget {
@@ -17,13 +24,202 @@ export interface RetireTarget {
  */
 export type RetireSandboxesBuiltOn = (target: RetireTarget) => Promise<number>;
 
-/**
- * Until the sandbox issue lands there are no sandboxes to retire, so this finds none; it logs
- * the call so the seam is visible in operation.
- */
-export function retireSandboxesBuiltOn(log: Logger): RetireSandboxesBuiltOn {
-  return async (target) => {
-    log.debug({ target }, 'retire sandboxes: none exist yet');
-    return 0;
+/** What resetting a sandbox needs: its row, and the fabric to destroy the machine. */
+export interface SandboxDeps {
+  sql: Sql;
+  fabric: Pick<RunnerFabric, 'command' | 'isLive'>;
+  logger: Logger;
+}
+
+/** The wire shape; `runner` on provider `runner` only, online by the rule of GET /api/runners. */
+export function shapeSandbox(v: sandboxes.SandboxView, offlineAfterMs: number, now = Date.now()) {
+  const runner =
+    v.provider !== 'runner'
+      ? {}
+      : {
+          runner:
+            v.runner_id === null || v.runner_name === null
+              ? null
+              : {
+                  id: v.runner_id,
+                  name: v.runner_name,
+                  hostname: v.runner_hostname,
+                  online: runnerOnline(v.runner_connected ?? false, v.runner_last_seen_at, offlineAfterMs, now),
+                  path: v.runner_path,
+                },
+        };
+  return {
+    id: v.id,
+    status: v.status,
+    mode: v.mode,
+    provider: v.provider,
+    // No provider of this instance gives a machine an address of its own yet.
+    url: null,
+    agent_id: v.agent_id,
+    environment_id: v.environment_id,
+    vault_id: v.vault_id,
+    conversations: v.conversations,
+    ...runner,
+    created_at: v.created_at.toISOString(),
   };
+}
+
+/** The tenant's sandboxes, newest first; a status outside the vocabulary is 400 `invalid_status`. */
+export async function listSandboxes(sql: Sql, accountId: string, status: string | undefined) {
+  const statuses = csv(
+    status,
+    SANDBOX_STATUSES,
+    () => new ApiError('invalid_status', `status is one of ${SANDBOX_STATUSES.join(', ')}.`),
+  );
+  return sandboxes.listSandboxes(sql, accountId, statuses);
+}
+
+export async function getSandbox(sql: Sql, accountId: string, id: string) {
+  const view = await sandboxes.getSandboxView(sql, accountId, id);
+  if (!view) throw new ApiError('sandbox_not_found');
+  return view;
+}
+
+/**
+ * `DELETE /api/sandboxes/:id`: resets a persistent sandbox that is ready or suspended and has
+ * no conversation mid-turn (checked atomically with the reset, see `sandboxes.resetSandbox`).
+ * Its machine is destroyed on its runner; the sandbox stays `ready` with a new incarnation and
+ * no machine, so the next prompt builds a clean one for the same agent, environment and vault;
+ * its conversations are kept. 422 `sandbox_not_resettable` for ephemeral, terminated or failed
+ * sandboxes; 409 `sandbox_mid_turn`; 503 `provisioning` while its first machine is still being
+ * built; 503 `runner_offline` when its runner is not connected (nothing changes then, so the
+ * machine is never left behind on a runner that comes back).
+ */
+export async function resetSandbox(deps: SandboxDeps, who: ActorRef, id: string): Promise<void> {
+  const current = await getSandbox(deps.sql, who.accountId, id);
+  if (current.mode === 'persistent' && current.status === 'provisioning') {
+    if (current.conversations.some((c) => c.mid_turn)) throw midTurn();
+    throw new ApiError('provisioning', 'The sandbox’s machine is still being built; reset it once it is ready.');
+  }
+  if (current.runner_id !== null && !deps.fabric.isLive(current.runner_id)) {
+    if (current.mode === 'persistent' && (current.status === 'ready' || current.status === 'suspended')) {
+      throw new ApiError('runner_offline', 'The runner this sandbox lives on is offline; reset it once it is back.');
+    }
+  }
+  const result = await sandboxes.resetSandbox(deps.sql, who.accountId, id, ['ready', 'suspended']);
+  if (result.outcome === 'not_found') throw new ApiError('sandbox_not_found');
+  if (result.outcome === 'not_resettable') {
+    throw new ApiError(
+      'sandbox_not_resettable',
+      result.row.mode !== 'persistent'
+        ? 'Only a persistent sandbox can be reset; an ephemeral one goes with its conversation.'
+        : `A ${result.row.status} sandbox cannot be reset.`,
+    );
+  }
+  if (result.outcome === 'mid_turn') throw midTurn(result.conversations);
+  await destroyMachine(deps, result.row);
+  await recordAudit(
+    deps.sql,
+    who,
+    'sandbox.reset',
+    { type: 'sandbox', id },
+    { incarnation: result.incarnation, conversations: current.conversations.length },
+  );
+}
+
+function midTurn(conversations?: string[]): ApiError {
+  return new ApiError('sandbox_mid_turn', undefined, conversations ? { extra: { conversations } } : {});
+}
+
+/**
+ * Tells the sandbox's runner to destroy the machine of the incarnation that was just replaced.
+ * Best effort after the commit: a runner that went away in between keeps a stale directory,
+ * which is logged (the database already says the machine is gone).
+ */
+async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow): Promise<void> {
+  if (row.runner_id === null) return;
+  try {
+    await deps.fabric.command(row.runner_id, {
+      kind: 'sandbox.destroy',
+      sandbox: row.id,
+      incarnation: row.incarnation,
+    });
+  } catch (err) {
+    deps.logger.warn(
+      { err: { message: (err as Error).message }, sandbox: row.id, runner: row.runner_id },
+      'sandbox reset: the runner could not be told to destroy the old machine',
+    );
+  }
+}
+
+/**
+ * The retire seam, filled: each persistent sandbox built on the target (the agent on its old
+ * environment, the environment, the vault) is reset like `DELETE /api/sandboxes/:id`, also
+ * while it is still provisioning and whether or not its runner is connected (a machine on a
+ * runner that is away is logged and left). A sandbox with a conversation mid-turn is left as
+ * it is, and logged: its machine keeps serving the turn. Each retirement is audited as the
+ * service's own action. Resolves to how many were retired.
+ */
+export function retireSandboxesBuiltOn(deps: SandboxDeps): RetireSandboxesBuiltOn {
+  return async (target) => {
+    if (!target.agentId && !target.environmentId && !target.vaultId) return 0;
+    const ids = await sandboxes.persistentBuiltOn(deps.sql, target.accountId, target);
+    const system: ActorRef = { accountId: target.accountId, actor: 'system', ip: null };
+    let retired = 0;
+    for (const id of ids) {
+      const result = await sandboxes.resetSandbox(deps.sql, target.accountId, id, sandboxes.ACTIVE_STATUSES);
+      if (result.outcome === 'mid_turn') {
+        deps.logger.info(
+          { sandbox: id, reason: target.reason, conversations: result.conversations },
+          'sandbox not retired: a conversation on it is mid-turn',
+        );
+        continue;
+      }
+      if (result.outcome !== 'reset') continue;
+      await destroyMachine(deps, result.row);
+      await recordAudit(
+        deps.sql,
+        system,
+        'sandbox.retired',
+        { type: 'sandbox', id },
+        { reason: target.reason, incarnation: result.incarnation },
+      );
+      retired++;
+    }
+    return retired;
+  };
+}
+
+/** SANDBOX_QUOTA_DEFAULT and FLEET_MAX_SANDBOXES. */
+export interface SandboxLimits {
+  quota: number;
+  fleetMax: number;
+}
+
+/** How long a client is told to wait before it retries a launch refused for capacity. */
+const CAPACITY_RETRY_AFTER_S = 30;
+
+/**
+ * Refuses a new sandbox beyond the account's quota (429 `sandbox_quota_exceeded` with `active`
+ * and `limit`) or the instance's fleet ceiling (503 `fleet_full`), both with Retry-After.
+ * Active means provisioning, ready or suspended. Call it first inside the transaction that
+ * inserts the sandbox: it takes the capacity lock, so concurrent launches count one at a time
+ * and a refusal rolls the whole launch back.
+ */
+export async function checkCapacity(tx: Sql, accountId: string, limits: SandboxLimits): Promise<void> {
+  const active = await sandboxes.lockAndCountActive(tx, accountId);
+  if (active.account >= limits.quota) {
+    throw new ApiError(
+      'sandbox_quota_exceeded',
+      `The account has ${active.account} active sandboxes, its limit is ${limits.quota}: end or reset one first.`,
+      { extra: { active: active.account, limit: limits.quota }, retryAfter: CAPACITY_RETRY_AFTER_S },
+    );
+  }
+  if (active.fleet >= limits.fleetMax) {
+    throw new ApiError('fleet_full', undefined, { retryAfter: CAPACITY_RETRY_AFTER_S });
+  }
+}
+
+/**
+ * The runner reported the end of a sandbox build (stage `sandbox` done or failed, in the log):
+ * the sandbox becomes `ready` with that machine, or `failed` (compare-and-set on status and
+ * incarnation, so a late report about a replaced machine changes nothing).
+ */
+export async function sandboxBuilt(sql: Sql, id: string, incarnation: number, ok: boolean): Promise<boolean> {
+  return ok ? sandboxes.markBuilt(sql, id, incarnation) : sandboxes.markBuildFailed(sql, id, incarnation);
 }
