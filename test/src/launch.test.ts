@@ -145,7 +145,11 @@ for (const backend of backends()) {
         .map((b) => b.body)
         .join('');
       t.match(text, /You said: run a tool and print env GREETING/, 'the reply, from its streamed chunks');
-      t.match(text, /GREETING=hello there/, "the environment's variable reached the runtime");
+      t.match(
+        text,
+        /GREETING=\[REDACTED\]\./,
+        "the environment's variable reached the runtime, and being 8 bytes or more it is redacted",
+      );
       t.ok(
         blocks.some((b) => b.kind === 'thinking'),
         'a thinking block',
@@ -278,6 +282,91 @@ for (const backend of backends()) {
       t.match(text, /You said: hello from local/);
       t.equal((await http.get('/api/runners', { token })).body.data.length, before, 'local runners are not listed');
       t.equal(svc.local.running, 1, 'one runner-agent child for the sandbox');
+    });
+
+    t.test('a vault secret the runtime streams in pieces is [REDACTED] in every feed and in Postgres', async (t) => {
+      // Quotes and a backslash: the value also has a JSON-escaped form in every feed.
+      const secret = 'vault-"tok"\\en-0123456789';
+      const escaped = JSON.stringify(secret).slice(1, -1);
+      const vault = (await http.post('/api/vaults', { token, body: { name: 'spelled' } })).body;
+      await http.post(`/api/vaults/${vault.id}/secrets`, { token, body: { key: 'API_TOKEN', value: secret } });
+      const spellAgent = (
+        await http.post('/api/agents', {
+          token,
+          body: { name: 'speller', runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', environment_id: env.id },
+        })
+      ).body;
+      const res = await http.post('/api/conversations', {
+        token,
+        body: { agent_id: spellAgent.id, vault_id: vault.id, prompt: 'spell env API_TOKEN' },
+      });
+      t.equal(res.status, 201, JSON.stringify(res.body));
+      const id = res.body.id as string;
+      const sse = async () => {
+        const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=0`, {
+          authorization: `Bearer ${token}`,
+        });
+        t.ok(await Promise.race([watch.closed.then(() => true), sleep(40_000).then(() => false)]), 'the stream ended');
+        const raw = frames(watch.text()).join('\n\n');
+        const events = frames(watch.text())
+          .map(parseFrame)
+          .filter((e) => e.data !== undefined)
+          .map((e) => JSON.parse(e.data as string) as WireEvent);
+        return { raw, events };
+      };
+      const live = await sse();
+      // stderr has a pipe of its own: its line may reach the log after the turn's end.
+      const feed = (query = '') => http.get(`/api/conversations/${id}/events?limit=1000${query}`, { token });
+      for (let i = 0; i < 200; i++) {
+        const data = (await feed()).body.data as WireEvent[];
+        if (data.some((e) => e.stream === 'stderr' && e.data?.endsWith('\n'))) break;
+        await sleep(50);
+      }
+      const replay = await sse();
+      const plain = await feed();
+      const withBlocks = await feed('&blocks=true');
+      let rows: { stream: string; data: string | null }[] = [];
+      for (let i = 0; i < 200; i++) {
+        rows = await svc.db.sql`SELECT stream, data FROM log_events WHERE conversation_id = ${id} ORDER BY id`;
+        if (rows.length === plain.body.data.length) break;
+        await sleep(50);
+      }
+      t.equal(rows.length, plain.body.data.length, 'the copy holds every event');
+      const feeds: [string, string][] = [
+        ['the live SSE stream', live.raw],
+        ['the SSE replay', replay.raw],
+        ['the JSON feed', plain.text],
+        ['the JSON feed with blocks', withBlocks.text],
+        ['the Postgres copy', rows.map((r) => r.data ?? '').join('\n')],
+      ];
+      for (const [name, text] of feeds) {
+        t.notOk(text.includes(secret) || text.includes(escaped), `${name} never carries the value`);
+        t.notOk(text.includes('0123456789'), `${name} never carries its last pieces joined`);
+        t.ok(text.includes('[REDACTED]'), `${name} says [REDACTED]`);
+      }
+      t.ok(live.events.filter((e) => e.stream === 'acp').length > 10, 'the value came as many small chunks');
+      for (const events of [replay.events, withBlocks.body.data as WireEvent[]]) {
+        const blocks = events.flatMap((e) => e.blocks ?? []);
+        const joined = (kind: string) =>
+          blocks
+            .filter((b) => b.kind === kind)
+            .map((b) => b.body)
+            .join('');
+        t.equal(joined('text'), 'API_TOKEN=[REDACTED]. You said: spell env API_TOKEN.', 'the reply reads whole');
+        t.equal(
+          joined('thinking'),
+          'thinking about: spell env API_TOKENspelling API_TOKEN=[REDACTED]',
+          'and the thoughts',
+        );
+        t.equal(
+          events
+            .filter((e) => e.stream === 'stderr')
+            .map((e) => e.data)
+            .join(''),
+          'spelled API_TOKEN=[REDACTED]\n',
+          'and stderr',
+        );
+      }
     });
   });
 }
