@@ -17,6 +17,8 @@ interface Session {
   timedOut: boolean;
   /** Resolves when the running turn has reported its end. */
   ended: Promise<void>;
+  /** Set when we stop the runtime on purpose: its turn ends `interrupted`, not `failed`. */
+  closing?: string;
 }
 
 /**
@@ -112,10 +114,11 @@ export class Turns {
       const state = result.stopReason === 'cancelled' ? (s.timedOut ? 'timeout' : 'interrupted') : 'done';
       end(state, { usage: result.usage, stop_reason: result.stopReason });
     } catch (err) {
-      // The runtime is gone (it crashed): the next turn starts a fresh one.
-      this.sessions.delete(command.conversation_id);
+      // The runtime is gone (it crashed, or we stopped it): the next turn starts a fresh one.
+      if (this.sessions.get(command.conversation_id) === s) this.sessions.delete(command.conversation_id);
       await s.runtime.close().catch(() => {});
-      end('failed', { usage: null, error: (err as Error).message });
+      if (s.closing) end('interrupted', { usage: null, error: s.closing });
+      else end('failed', { usage: null, error: (err as Error).message });
     } finally {
       clearTimeout(limit);
       s.turnId = null;
@@ -143,6 +146,7 @@ export class Turns {
       await s.runtime.cancel().catch(() => {});
       await Promise.race([s.ended, new Promise((resolve) => setTimeout(resolve, CLOSE_GRACE_MS))]);
     }
+    s.closing = 'the conversation ended';
     await s.runtime.close().catch(() => {});
   }
 
@@ -156,6 +160,7 @@ export class Turns {
   async closeAll(): Promise<void> {
     const all = [...this.sessions.values()];
     this.sessions.clear();
+    for (const s of all) s.closing = 'the runner stopped';
     await Promise.all(all.map((s) => s.runtime.close().catch(() => {})));
   }
 }

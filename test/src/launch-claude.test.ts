@@ -129,7 +129,16 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
   const log = () => `runner said: ${out}\nlast events: ${JSON.stringify(events.slice(-4))}`;
   t.same(
     events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
-    ['provision started', 'provision done', 'turn started', 'session started', 'session done', 'turn done'],
+    [
+      'sandbox started',
+      'provision started',
+      'provision done',
+      'sandbox done',
+      'turn started',
+      'session started',
+      'session done',
+      'turn done',
+    ],
     'every stage, in order',
   );
   const turnEnd = events.find((e) => e.stage === 'turn' && e.state === 'done');

@@ -19,7 +19,7 @@ t.test(
   async (t) => {
     const timing = {
       RUNNER_HEARTBEAT_MS: '300',
-      RUNNER_GRACE_MS: '1500',
+      RUNNER_GRACE_MS: '3000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     };
     const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
