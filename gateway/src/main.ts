@@ -24,6 +24,7 @@ import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { failTurnsOfRunner, finishTurn } from './services/conversations.ts';
+import { recordPermissionStage } from './services/permissions.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
@@ -198,6 +199,8 @@ export async function startService(
         appendEvents,
         onTurnEnd: (tenant, turnId, result, usage) => finishTurn(db.sql, tenant, turnId, result, usage),
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
+        onPermissionStage: (tenant, event) =>
+          recordPermissionStage({ sql: db.sql, logger: log.child({ role: 'fabric' }) }, tenant, event),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
@@ -261,6 +264,7 @@ export async function startService(
           opencode: config.RUNTIME_OPENCODE_COMMAND,
         },
         turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+        permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
         offlineAfterMs: config.RUNNER_GRACE_MS,
         defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
         local,

@@ -278,6 +278,10 @@ export class RunnerAgent {
       case 'turn.interrupt':
         this.turns.interrupt(command.conversation_id, command.turn_id);
         break;
+      case 'permission.answer':
+        // A request resolved here meanwhile (timeout, turn end) keeps its resolution.
+        this.turns.answer(command.conversation_id, command.request_id, command.option_id);
+        break;
       case 'sandbox.destroy':
         this.sandboxes.delete(command.sandbox);
         this.building.delete(command.sandbox);

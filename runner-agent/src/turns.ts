@@ -1,11 +1,13 @@
 import type { RunnerEvent, TurnStartCommand } from '@svc/core';
-import { AcpRuntime, type PermissionAnswer } from './runtime.ts';
+import { ConversationPermissions } from './permissions.ts';
+import { AcpRuntime } from './runtime.ts';
 import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
 
 interface Session {
   runtime: AcpRuntime;
+  permissions: ConversationPermissions;
   /** The turn running now, if any. */
   turnId: string | null;
   /** Set when the turn was ended by its time limit (the cancel then reports `timeout`). */
@@ -19,9 +21,9 @@ interface Session {
  * failed with `{"usage": ...}`), its updates as `acp` events and the runtime's stderr as
  * `stderr` events.
  *
- * Permission requests are answered by the first `allow` option the runtime offers (the
- * owner's policy and answers over the API come with the permission work); each request is
- * in the log as its `acp` event.
+ * Permission requests follow the turn's `permission_policy` (ConversationPermissions): one
+ * the policy asks about waits for `answer()` (an answer over the API), its timeout, or the
+ * end of its turn; the others are answered with the first allow option. Each is in the log.
  */
 export class Turns {
   private readonly sessions = new Map<string, Session>();
@@ -55,6 +57,13 @@ export class Turns {
       const sessionStarted = Date.now();
       stage('session', 'started');
       const current: { turnId: string | null } = { turnId: command.turn_id };
+      const permissions = new ConversationPermissions((e) =>
+        emit({
+          ...e,
+          conversation_id: command.conversation_id,
+          turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
+        }),
+      );
       try {
         const runtime = await AcpRuntime.start({
           command: command.runtime.command,
@@ -77,9 +86,9 @@ export class Turns {
               stream: 'stderr',
               data: `${line}\n`,
             }),
-          onPermission: async (request) => firstAllow(request),
+          onPermission: (request) => permissions.ask(request),
         });
-        session = { runtime, turnId: null, timedOut: false };
+        session = { runtime, permissions, turnId: null, timedOut: false };
         this.sessions.set(command.conversation_id, session);
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
@@ -90,18 +99,22 @@ export class Turns {
     const s = session;
     s.turnId = command.turn_id;
     s.timedOut = false;
+    s.permissions.configure(command.permission_policy, command.permission_timeout_ms);
     const limit = setTimeout(() => {
       s.timedOut = true;
-      void s.runtime.cancel();
+      cancel(s);
     }, command.time_limit_ms);
     try {
       const result = await s.runtime.prompt(command.prompt);
+      // A request the agent withdrew, or left open, is resolved before the turn's end.
+      s.permissions.denyAll('turn_end');
       const state = result.stopReason === 'cancelled' ? (s.timedOut ? 'timeout' : 'interrupted') : 'done';
       end(state, { usage: result.usage, stop_reason: result.stopReason });
     } catch (err) {
       // The runtime is gone (it crashed): the next turn starts a fresh one.
       this.sessions.delete(command.conversation_id);
       await s.runtime.close().catch(() => {});
+      s.permissions.denyAll('turn_end');
       end('failed', { usage: null, error: (err as Error).message });
     } finally {
       clearTimeout(limit);
@@ -112,7 +125,15 @@ export class Turns {
   /** Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. */
   interrupt(conversationId: string, turnId: string): void {
     const s = this.sessions.get(conversationId);
-    if (s?.turnId === turnId) void s.runtime.cancel();
+    if (s?.turnId === turnId) cancel(s);
+  }
+
+  /**
+   * An answer over the API to a permission request of the conversation. False when no such
+   * request waits here (already resolved, or its turn ended): the answer is then dropped.
+   */
+  answer(conversationId: string, requestId: string, optionId: string): boolean {
+    return this.sessions.get(conversationId)?.permissions.answer(requestId, optionId) ?? false;
   }
 
   /** Stops every runtime (the runner is stopping, or the sandbox goes). */
@@ -123,9 +144,11 @@ export class Turns {
   }
 }
 
-/** The first option of kind allow_once / allow_always, else cancelled. */
-function firstAllow(request: unknown): PermissionAnswer {
-  const options = (request as { options?: { optionId: string; kind: string }[] }).options ?? [];
-  const allow = options.find((o) => o.kind === 'allow_once' || o.kind === 'allow_always');
-  return allow ? { outcome: 'selected', optionId: allow.optionId } : { outcome: 'cancelled' };
+/**
+ * Cancels the running turn (`session/cancel`; the runtime answers open requests `cancelled`),
+ * then reports those requests resolved by the interrupt.
+ */
+function cancel(s: Session): void {
+  void s.runtime.cancel();
+  s.permissions.denyAll('interrupted');
 }

@@ -2,9 +2,11 @@ import {
   ApiError,
   decodeFrame,
   encodeFrame,
+  PERMISSION_REQUEST_STAGE,
   RUNNER_CLOSE,
   RUNNER_PROTOCOL_VERSION,
   type RunnerCommandBody,
+  type RunnerEvent,
   RunnerMessage,
   type RunnerOutput,
   type ServiceMessage,
@@ -102,6 +104,12 @@ export class RunnerFabric {
       onRunnerGone: (runnerId: string) => Promise<unknown>;
       /** A turn's end arrived from its runner: record the result (once). */
       onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
+      /**
+       * A permission request's `request` stage event (started or done), before it is appended,
+       * so the request is on record before its block reaches a client. Called again for a
+       * resend: it must be idempotent.
+       */
+      onPermissionStage: (tenant: string, event: RunnerEvent) => Promise<unknown>;
     },
     readonly options: FabricOptions,
   ) {
@@ -251,6 +259,10 @@ export class RunnerFabric {
           throw new ApiError('invalid_request', `conversation ${e.conversation_id} is not on sandbox ${m.sandbox}`);
         }
       }
+    }
+    for (const e of m.events) {
+      if (e.kind === 'stage' && e.stage === PERMISSION_REQUEST_STAGE)
+        await this.deps.onPermissionStage(sbx.accountId, e);
     }
     const producer = sandboxProducer(m.sandbox, m.incarnation);
     this.bySandbox.set(m.sandbox, s);

@@ -3,6 +3,7 @@ import { conversations, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
+import { endTurnResolvingRequests } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
 import { changed } from './tenant-events.ts';
 
@@ -177,7 +178,8 @@ export async function createConversationRecord(
 
 /**
  * Ends a running turn with its result and usage; the conversation goes idle, and its watchers
- * hear `conversations` changed. False when the turn had already ended (a turn ends once).
+ * hear `conversations` changed; a permission request of the turn still pending is resolved
+ * (`turn_end`). False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
   sql: Sql,
@@ -186,7 +188,7 @@ export async function finishTurn(
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
   usage: conversations.TurnRow['usage'],
 ): Promise<boolean> {
-  return conversations.endTurn(sql, accountId, turnId, state, usage, [changed('conversations')]);
+  return endTurnResolvingRequests(sql, accountId, turnId, state, usage, [changed('conversations')]);
 }
 
 /**
@@ -197,7 +199,7 @@ export async function finishTurn(
 export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<number> {
   let failed = 0;
   for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
-    const ended = await conversations.endTurn(sql, t.account_id, t.turn_id, 'failed', null, [
+    const ended = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, 'failed', null, [
       {
         conversationId: t.conversation_id,
         turnId: t.turn_id,

@@ -21,6 +21,8 @@ export interface LaunchDeps {
   /** The command line that starts each runtime's ACP agent on the runner (RUNTIME_<NAME>_COMMAND). */
   runtimeCommands: Record<Runtime, string>;
   turnTimeLimitMs: number;
+  /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
+  permissionTimeoutMs: number;
   /** Runners heard from within this long count as online. */
   offlineAfterMs: number;
   /** The provider of agents that name none (SANDBOX_PROVIDER_DEFAULT). */
@@ -190,6 +192,8 @@ export async function startConversation(
         prompt: input.prompt,
         runtime: { command, args, env: runtimeEnv },
         time_limit_ms: deps.turnTimeLimitMs,
+        permission_policy: agent.permission_policy as { default: 'auto_allow' | 'ask'; ask: string[] },
+        permission_timeout_ms: deps.permissionTimeoutMs,
       });
     }
   })().catch(async (err: Error) => {
