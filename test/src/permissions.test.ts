@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
-import { signUp, startTestService, type TestService } from './harness.ts';
+import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -36,8 +36,9 @@ const OPTIONS = [
   { optionId: 'reject', name: 'Reject', kind: 'reject_once' },
 ];
 
-async function service(t: Test, env: Record<string, string> = {}) {
+async function service(t: Test, env: Record<string, string> = {}, backend?: Backend) {
   return startTestService(t, {
+    ...(backend ? { backend } : {}),
     env: {
       RUNNER_HEARTBEAT_MS: '500',
       RUNNER_GRACE_MS: '1500',
@@ -312,8 +313,9 @@ t.test('permission requests answered over the API, with a real svc-runner and AC
   });
 });
 
-t.test('an unanswered request is denied after PERMISSION_TIMEOUT_S and the turn goes on', async (t) => {
-  const svc = await service(t, { PERMISSION_TIMEOUT_S: '1' });
+// On the embedded PGlite as well: the request's SQL runs on both databases.
+t.test('an unanswered request is denied after PERMISSION_TIMEOUT_S and the turn goes on (embedded)', async (t) => {
+  const svc = await service(t, { PERMISSION_TIMEOUT_S: '1' }, 'embedded');
   const a = await account(t, svc);
   const asking = await a.agent({ default: 'auto_allow', ask: ['edit'] });
   const conv = await a.launch(asking.id, 'permission');

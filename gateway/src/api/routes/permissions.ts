@@ -23,6 +23,8 @@ export function permissionRoutes(app: FastifyInstance, deps: ApiDeps): void {
       body: PermissionAnswerBody,
       response: {
         200: PermissionRequest,
+        400: ErrorBody,
+        401: ErrorBody,
         403: ErrorBody,
         404: ErrorBody,
         409: ErrorBody,
