@@ -146,6 +146,15 @@ export const TurnStart = z.object({
     .array(z.object({ data: z.string(), media_type: z.string().max(100) }))
     .max(64)
     .optional(),
+  /**
+   * Which permission requests wait for an answer over the API (the agent's `permission_policy`);
+   * the others are answered at once with the first allow option. Absent: none wait.
+   */
+  permission_policy: z
+    .object({ default: z.enum(['auto_allow', 'ask']), ask: z.array(z.string().max(200)).max(100) })
+    .optional(),
+  /** A request that waits this long unanswered is denied (PERMISSION_TIMEOUT_S); absent: 300 s. */
+  permission_timeout_ms: z.number().int().min(100).optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;
@@ -167,12 +176,22 @@ export const ConversationClose = z.object({
   conversation_id: z.string().min(1).max(64),
 });
 
+/** The answer to a permission request that waits (SPEC launch rule 5), given over the API. */
+export const PermissionAnswerCommand = z.object({
+  kind: z.literal('permission.answer'),
+  sandbox: z.string().min(1).max(64),
+  conversation_id: z.string().min(1).max(64),
+  request_id: z.string().min(1).max(64),
+  option_id: z.string().min(1).max(200),
+});
+
 export const RunnerCommandBody = z.discriminatedUnion('kind', [
   SandboxCreate,
   SandboxDestroy,
   TurnStart,
   TurnInterrupt,
   ConversationClose,
+  PermissionAnswerCommand,
 ]);
 export type RunnerCommandBody = z.infer<typeof RunnerCommandBody>;
 
@@ -209,6 +228,46 @@ export const ServiceMessage = z.discriminatedUnion('t', [
   ServiceAppended,
   ServiceDurable,
 ]);
+
+/**
+ * Permission requests in the log. The runner names each request (`prq_` and random hex) and
+ * reports it as stage `request`: `started` when it waits for an answer (data
+ * `PermissionRequestStarted`), `done` when it is resolved (data `PermissionRequestDone`). The
+ * request itself is the `acp` event whose data is the `session/request_permission` params plus
+ * `requestId` (a `permission_request` block). A request the policy answers at once has no
+ * `started`, only its `acp` event and a `done` with resolution `policy`.
+ */
+export const PERMISSION_REQUEST_STAGE = 'request';
+export const PERMISSION_REQUEST_ID = /^prq_[A-Za-z0-9]{8,60}$/;
+
+export const PermissionOption = z.object({
+  optionId: z.string().max(200),
+  name: z.string().max(500),
+  kind: z.string().max(32),
+});
+export type PermissionOption = z.infer<typeof PermissionOption>;
+
+export const PermissionRequestStarted = z.object({
+  request_id: z.string().regex(PERMISSION_REQUEST_ID),
+  options: z.array(PermissionOption).max(32),
+});
+export type PermissionRequestStarted = z.infer<typeof PermissionRequestStarted>;
+
+/**
+ * How a request was resolved: `answered` over the API, `policy` by the permission policy,
+ * `timeout` unanswered for PERMISSION_TIMEOUT_S, `turn_end` still open when its turn ended,
+ * `interrupted` by an interrupt or the turn's time limit. The last three deny: the runtime
+ * gets the first reject option, or `cancelled` when none was offered (`option_id` null).
+ */
+export const PERMISSION_RESOLUTIONS = ['answered', 'policy', 'timeout', 'turn_end', 'interrupted'] as const;
+export type PermissionResolution = (typeof PERMISSION_RESOLUTIONS)[number];
+
+export const PermissionRequestDone = z.object({
+  request_id: z.string().regex(PERMISSION_REQUEST_ID),
+  resolution: z.enum(PERMISSION_RESOLUTIONS),
+  option_id: z.string().max(200).nullable(),
+});
+export type PermissionRequestDone = z.infer<typeof PermissionRequestDone>;
 
 /** The log producer of a sandbox incarnation's output. */
 export function sandboxProducer(sandbox: string, incarnation: number): string {

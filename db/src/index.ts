@@ -11,6 +11,7 @@ export * as inferenceCredentials from './queries/inference-credentials.ts';
 export * as logEvents from './queries/log-events.ts';
 export * as oauthCodes from './queries/oauth-codes.ts';
 export * as outbox from './queries/outbox.ts';
+export * as permissionRequests from './queries/permission-requests.ts';
 export * as runners from './queries/runners.ts';
 export * as sandboxes from './queries/sandboxes.ts';
 export * as secrets from './queries/secrets.ts';

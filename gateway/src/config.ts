@@ -90,6 +90,7 @@ export const ConfigSchema = z.object({
     .min(1000)
     .default(30 * 60_000),
   RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
+  PERMISSION_TIMEOUT_S: z.coerce.number().int().min(1).default(300),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;

@@ -25,6 +25,7 @@ import { connectRedis, type RedisConnections } from './redis.ts';
 import { LocalSandboxes } from './sandboxes/local.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
+import { recordPermissionStage } from './services/permissions.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn, sandboxBuilt } from './services/sandboxes.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
@@ -202,6 +203,8 @@ export async function startService(
         onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
         onReattach: (runnerId, sandboxIds) => reattached(db.sql, runnerId, sandboxIds),
         onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(db.sql, sandboxId, incarnation, ok),
+        onPermissionStage: (tenant, event) =>
+          recordPermissionStage({ sql: db.sql, logger: log.child({ role: 'fabric' }) }, tenant, event),
       },
       { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
     );
@@ -295,6 +298,7 @@ export async function startService(
           opencode: config.RUNTIME_OPENCODE_COMMAND,
         },
         turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+        permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
         offlineAfterMs: config.RUNNER_GRACE_MS,
         defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
         local,

@@ -286,6 +286,10 @@ export class RunnerAgent {
       case 'conversation.close':
         void this.turns.close(command.conversation_id);
         break;
+      case 'permission.answer':
+        // A request resolved here meanwhile (timeout, turn end) keeps its resolution.
+        this.turns.answer(command.conversation_id, command.request_id, command.option_id);
+        break;
       case 'sandbox.destroy':
         void this.destroy(command.sandbox);
         break;

@@ -7,6 +7,14 @@
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
 export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 export {
+  allowAnswer,
+  ConversationPermissions,
+  denyAnswer,
+  offeredOptions,
+  type PermissionPolicy,
+  policyAsks,
+} from './permissions.ts';
+export {
   AcpRuntime,
   type AcpRuntimeOptions,
   type PermissionAnswer,

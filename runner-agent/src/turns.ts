@@ -1,5 +1,6 @@
 import type { RunnerEvent, TurnStartCommand } from '@svc/core';
-import { AcpRuntime, type PermissionAnswer } from './runtime.ts';
+import { ConversationPermissions } from './permissions.ts';
+import { AcpRuntime } from './runtime.ts';
 import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
@@ -11,6 +12,7 @@ interface Session {
   /** The sandbox the runtime runs on. */
   sandbox: string;
   runtime: AcpRuntime;
+  permissions: ConversationPermissions;
   /** The turn running now, if any. */
   turnId: string | null;
   /** Set when the turn was ended by its time limit (the cancel then reports `timeout`). */
@@ -28,9 +30,9 @@ interface Session {
  * failed with `{"usage": ...}`), its updates as `acp` events and the runtime's stderr as
  * `stderr` events.
  *
- * Permission requests are answered by the first `allow` option the runtime offers (the
- * owner's policy and answers over the API come with the permission work); each request is
- * in the log as its `acp` event.
+ * Permission requests follow the turn's `permission_policy` (ConversationPermissions): one
+ * the policy asks about waits for `answer()` (an answer over the API), its timeout, or the
+ * end of its turn; the others are answered with the first allow option. Each is in the log.
  */
 export class Turns {
   private readonly sessions = new Map<string, Session>();
@@ -64,6 +66,13 @@ export class Turns {
       const sessionStarted = Date.now();
       stage('session', 'started');
       const current: { turnId: string | null } = { turnId: command.turn_id };
+      const permissions = new ConversationPermissions((e) =>
+        emit({
+          ...e,
+          conversation_id: command.conversation_id,
+          turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
+        }),
+      );
       try {
         const runtime = await AcpRuntime.start({
           command: command.runtime.command,
@@ -87,9 +96,16 @@ export class Turns {
               stream: 'stderr',
               data: `${line}\n`,
             }),
-          onPermission: async (request) => firstAllow(request),
+          onPermission: (request) => permissions.ask(request),
         });
-        session = { sandbox: command.sandbox, runtime, turnId: null, timedOut: false, ended: Promise.resolve() };
+        session = {
+          sandbox: command.sandbox,
+          runtime,
+          permissions,
+          turnId: null,
+          timedOut: false,
+          ended: Promise.resolve(),
+        };
         this.sessions.set(command.conversation_id, session);
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
@@ -104,19 +120,23 @@ export class Turns {
     s.ended = new Promise<void>((resolve) => {
       turnEnded = resolve;
     });
+    s.permissions.configure(command.permission_policy, command.permission_timeout_ms);
     const limit = setTimeout(() => {
       s.timedOut = true;
-      void s.runtime.cancel();
+      cancel(s);
     }, command.time_limit_ms);
     try {
       const images = (command.images ?? []).map((i) => ({ mimeType: i.media_type, data: i.data }));
       const result = await s.runtime.prompt(command.prompt, images);
+      // A request the agent withdrew, or left open, is resolved before the turn's end.
+      s.permissions.denyAll('turn_end');
       const state = result.stopReason === 'cancelled' ? (s.timedOut ? 'timeout' : 'interrupted') : 'done';
       end(state, { usage: result.usage, stop_reason: result.stopReason });
     } catch (err) {
       // The runtime is gone (it crashed, or we stopped it): the next turn starts a fresh one.
       if (this.sessions.get(command.conversation_id) === s) this.sessions.delete(command.conversation_id);
       await s.runtime.close().catch(() => {});
+      s.permissions.denyAll('turn_end');
       if (s.closing) end('interrupted', { usage: null, error: s.closing });
       else end('failed', { usage: null, error: (err as Error).message });
     } finally {
@@ -129,7 +149,15 @@ export class Turns {
   /** Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. */
   interrupt(conversationId: string, turnId: string): void {
     const s = this.sessions.get(conversationId);
-    if (s?.turnId === turnId) void s.runtime.cancel();
+    if (s?.turnId === turnId) cancel(s);
+  }
+
+  /**
+   * An answer over the API to a permission request of the conversation. False when no such
+   * request waits here (already resolved, or its turn ended): the answer is then dropped.
+   */
+  answer(conversationId: string, requestId: string, optionId: string): boolean {
+    return this.sessions.get(conversationId)?.permissions.answer(requestId, optionId) ?? false;
   }
 
   /**
@@ -143,6 +171,7 @@ export class Turns {
     if (s.turnId) {
       // The turn ends `interrupted` as the runtime answers the cancel; one that does not
       // answer in time is stopped with its runtime.
+      s.permissions.denyAll('interrupted');
       await s.runtime.cancel().catch(() => {});
       await Promise.race([s.ended, new Promise((resolve) => setTimeout(resolve, CLOSE_GRACE_MS))]);
     }
@@ -165,9 +194,11 @@ export class Turns {
   }
 }
 
-/** The first option of kind allow_once / allow_always, else cancelled. */
-function firstAllow(request: unknown): PermissionAnswer {
-  const options = (request as { options?: { optionId: string; kind: string }[] }).options ?? [];
-  const allow = options.find((o) => o.kind === 'allow_once' || o.kind === 'allow_always');
-  return allow ? { outcome: 'selected', optionId: allow.optionId } : { outcome: 'cancelled' };
+/**
+ * Cancels the running turn (`session/cancel`; the runtime answers open requests `cancelled`),
+ * then reports those requests resolved by the interrupt.
+ */
+function cancel(s: Session): void {
+  void s.runtime.cancel();
+  s.permissions.denyAll('interrupted');
 }

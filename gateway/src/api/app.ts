@@ -26,6 +26,7 @@ import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { linkPages } from './routes/pages.ts';
+import { permissionRoutes } from './routes/permissions.ts';
 import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
@@ -158,6 +159,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   applyRoutes(app, deps);
   conversationRoutes(app, deps);
   sandboxRoutes(app, deps);
+  permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
 
   await app.ready();

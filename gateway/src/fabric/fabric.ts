@@ -2,9 +2,11 @@ import {
   ApiError,
   decodeFrame,
   encodeFrame,
+  PERMISSION_REQUEST_STAGE,
   RUNNER_CLOSE,
   RUNNER_PROTOCOL_VERSION,
   type RunnerCommandBody,
+  type RunnerEvent,
   RunnerMessage,
   type RunnerOutput,
   type ServiceMessage,
@@ -109,6 +111,12 @@ export class RunnerFabric {
       onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
       /** A sandbox build ended on its runner (stage `sandbox` done or failed): record it (once). */
       onSandboxBuilt: (sandboxId: string, incarnation: number, ok: boolean) => Promise<unknown>;
+      /**
+       * A permission request's `request` stage event (started or done), before it is appended,
+       * so the request is on record before its block reaches a client. Called again for a
+       * resend: it must be idempotent.
+       */
+      onPermissionStage: (tenant: string, event: RunnerEvent) => Promise<unknown>;
     },
     readonly options: FabricOptions,
   ) {
@@ -271,6 +279,10 @@ export class RunnerFabric {
           throw new ApiError('invalid_request', `conversation ${e.conversation_id} is not on sandbox ${m.sandbox}`);
         }
       }
+    }
+    for (const e of m.events) {
+      if (e.kind === 'stage' && e.stage === PERMISSION_REQUEST_STAGE)
+        await this.deps.onPermissionStage(sbx.accountId, e);
     }
     const producer = sandboxProducer(m.sandbox, m.incarnation);
     this.bySandbox.set(m.sandbox, s);

@@ -3,6 +3,7 @@ import { conversations, credentials, outbox, type Sql, sandboxes } from '@svc/db
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
+import { endTurnResolvingRequests } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
 import { changed } from './tenant-events.ts';
 
@@ -189,7 +190,8 @@ export async function createConversationRecord(
 
 /**
  * Ends a running turn with its result and usage; the conversation goes idle, and its watchers
- * hear `conversations` changed. False when the turn had already ended (a turn ends once).
+ * hear `conversations` changed; a permission request of the turn still pending is resolved
+ * (`turn_end`). False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
   deps: { sql: Sql; log: EventLog },
@@ -201,7 +203,7 @@ export async function finishTurn(
   const turn = await conversations.getTurn(deps.sql, accountId, turnId);
   if (turn?.state !== 'running') return false;
   const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
-  const ended = await conversations.endTurn(
+  const ended = await endTurnResolvingRequests(
     deps.sql,
     accountId,
     turnId,
@@ -260,7 +262,7 @@ async function replyOf(
 export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<number> {
   let failed = 0;
   for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
-    const ended = await conversations.endTurn(sql, t.account_id, t.turn_id, 'failed', null, [
+    const ended = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, 'failed', null, [
       {
         conversationId: t.conversation_id,
         turnId: t.turn_id,
@@ -297,7 +299,7 @@ export async function endTurnsAdrift(sql: Sql, graceMs: number): Promise<number>
       ? 'the service restarted and the sandbox’s runner-agent went with it'
       : 'the runner was not heard from again after the service restarted';
     const state = local ? 'interrupted' : 'failed';
-    const done = await conversations.endTurn(sql, t.account_id, t.turn_id, state, null, [
+    const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
       { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
       { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
       changed('conversations'),

@@ -29,6 +29,7 @@ import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
+import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
 import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { revealSecrets } from './secrets.ts';
@@ -43,6 +44,8 @@ export interface LaunchDeps {
   /** The command line that starts each runtime's ACP agent on the runner (RUNTIME_<NAME>_COMMAND). */
   runtimeCommands: Record<Runtime, string>;
   turnTimeLimitMs: number;
+  /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
+  permissionTimeoutMs: number;
   /** Runners heard from within this long count as online. */
   offlineAfterMs: number;
   /** The provider of agents that name none (SANDBOX_PROVIDER_DEFAULT). */
@@ -87,6 +90,10 @@ const permits = (list: string[] | null, id: string) => list === null || list.inc
 
 type AgentRow = NonNullable<Awaited<ReturnType<typeof agents.getAgent>>>;
 type EnvironmentRow = NonNullable<Awaited<ReturnType<typeof environments.getEnvironment>>>;
+
+function policyOf(agent: AgentRow) {
+  return agent.permission_policy as { default: 'auto_allow' | 'ask'; ask: string[] };
+}
 
 /** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
 const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
@@ -190,6 +197,8 @@ interface TurnPlan {
     env: Record<string, string>;
     /** The model the runner selects in the runtime's ACP session, where the runtime needs that. */
     model: string | undefined;
+    /** Which permission requests wait for an answer over the API (the agent's `permission_policy`). */
+    permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
   } | null;
 }
 
@@ -232,6 +241,8 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         prompt: plan.turn.prompt,
         runtime: { command, args, env: plan.turn.env, ...(plan.turn.model ? { model: plan.turn.model } : {}) },
         time_limit_ms: deps.turnTimeLimitMs,
+        permission_policy: plan.turn.permissionPolicy,
+        permission_timeout_ms: deps.permissionTimeoutMs,
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
           : {}),
@@ -452,7 +463,15 @@ export async function startConversation(
     build: machine.gone ? { env, setupScript: environment.setup_script || null } : null,
     turn:
       turnId && input.prompt
-        ? { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv, model }
+        ? {
+            id: turnId,
+            prompt: input.prompt,
+            images,
+            runtime: agent.runtime as Runtime,
+            env: runtimeEnv,
+            model,
+            permissionPolicy: policyOf(agent),
+          }
         : null,
   });
 
@@ -530,7 +549,15 @@ export async function sendPrompt(
     conversationId,
     sandbox,
     build: gone ? { env, setupScript: environment.setup_script || null } : null,
-    turn: { id: turnId, prompt: input.prompt, images, runtime: agent.runtime as Runtime, env: runtimeEnv, model },
+    turn: {
+      id: turnId,
+      prompt: input.prompt,
+      images,
+      runtime: agent.runtime as Runtime,
+      env: runtimeEnv,
+      model,
+      permissionPolicy: policyOf(agent),
+    },
   });
   return turn;
 }
@@ -558,7 +585,7 @@ export async function interruptConversation(deps: LaunchDeps, who: ActorRef, con
     });
   } catch (err) {
     if (!(err instanceof ApiError) || err.code !== 'runner_offline') throw err;
-    await conversations.endTurn(sql, who.accountId, turn.id, 'interrupted', null, [
+    await endTurnResolvingRequests(sql, who.accountId, turn.id, 'interrupted', null, [
       turnEndEvent(conversationId, turn.id, 'interrupted', 'the runner is not connected; the turn was ended here'),
       changed('conversations'),
     ]);
@@ -584,6 +611,7 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
     const exists = await conversations.getConversation(sql, who.accountId, conversationId);
     throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
   }
+  if (ended.interruptedTurnId) await resolveRequestsOfTurn(sql, who.accountId, ended.interruptedTurnId);
   await deps.relay.flush(who.accountId);
   await credentials.revokeSandboxTokens(sql, who.accountId, conversationId);
   await recordAudit(sql, who, 'conversation.terminated', { type: 'conversation', id: conversationId });
