@@ -137,6 +137,8 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
       'turn started',
       'session started',
       'session done',
+      // The Bash call's permission request, answered by the policy (auto_allow) and logged.
+      'request done',
       'turn done',
     ],
     'every stage, in order',
