@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname as osHostname } from 'node:os';
 import { join } from 'node:path';
@@ -34,7 +34,7 @@ export interface AgentOptions {
   backoffMs?: { first: number; max: number };
   /**
    * Output held in memory per sandbox incarnation (default 8 MiB, 50,000 events); beyond it
-   * events are read back from the spool under `<root>/spool` as they are sent.
+   * events are read back from the spool under `<root>/spool/<token key>` as they are sent.
    */
   outputMemory?: { bytes?: number; events?: number };
 }
@@ -69,6 +69,16 @@ export function connectUrl(base: string): string {
   u.search = '';
   u.hash = '';
   return u.toString();
+}
+
+/**
+ * Where a runner's spool lives: one directory per runner token under the root, because
+ * several runners may share a root (the service's local runner-agents share one per
+ * account, each with its own token) and a runner may resend only its own sandboxes' output.
+ * A restart with the same token finds it again. Named by a hash: the token stays secret.
+ */
+export function spoolDir(root: string, token: string): string {
+  return join(root, 'spool', createHash('sha256').update(token).digest('hex').slice(0, 16));
 }
 
 /**
@@ -118,7 +128,7 @@ export class RunnerAgent {
 
   private get outputOptions(): OutputLogOptions {
     return {
-      dir: join(this.options.root, 'spool'),
+      dir: spoolDir(this.options.root, this.options.token),
       memoryBytes: this.options.outputMemory?.bytes,
       memoryEvents: this.options.outputMemory?.events,
     };

@@ -7,7 +7,7 @@ import { newId, RUNNER_CLOSE, type RunnerEvent } from '@svc/core';
 import { conversations, sandboxes } from '@svc/db';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
-import { type AgentEvent, RunnerAgent } from '../../runner-agent/src/agent.ts';
+import { type AgentEvent, RunnerAgent, spoolDir } from '../../runner-agent/src/agent.ts';
 import { RECORD_HEADER_BYTES } from '../../runner-agent/src/spool.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 
@@ -112,9 +112,9 @@ for (const backend of backends()) {
     }
 
     const spoolFiles = (root: string) =>
-      readdirSync(join(root, 'spool'))
+      readdirSync(spoolDir(root, token))
         .sort()
-        .map((f) => ({ name: f, bytes: statSync(join(root, 'spool', f)).size }));
+        .map((f) => ({ name: f, bytes: statSync(join(spoolDir(root, token), f)).size }));
 
     t.test(
       'while the service is away output keeps coming, memory stays bounded, and it all arrives once',
@@ -200,9 +200,9 @@ for (const backend of backends()) {
       await cutOff(first.seen);
       for (let i = 1; i <= n; i++) first.agent.emit(sandbox, 0, { ...line('held', i), conversation_id: conversation });
       await stopped(first.agent);
-      const files = readdirSync(join(root, 'spool')).filter((f) => f.startsWith(`${sandbox}.0.`));
+      const files = readdirSync(spoolDir(root, token)).filter((f) => f.startsWith(`${sandbox}.0.`));
       if (files.length !== 1) throw new Error(`expected one segment, found ${files.join(', ')}`);
-      damage(join(root, 'spool', files[0] as string));
+      damage(join(spoolDir(root, token), files[0] as string));
       const second = await agent(root);
       return { second, sandbox, conversation };
     }
@@ -242,6 +242,31 @@ for (const backend of backends()) {
       await sleep(300);
       t.same(await feed(conversation), [...lines('held', 1, 25), ...lines('after', 1, 1)]);
       await stopped(second.agent);
+    });
+
+    t.test('runners sharing a root (as the local runner-agents do) never take up each other’s spool', async (t) => {
+      const root = mkdtempSync(join(tmpdir(), 'svc-spill-'));
+      const first = await agent(root, { first: 60_000, max: 60_000 });
+      const { sandbox, conversation } = await sandboxWithConversation();
+      await cutOff(first.seen);
+      for (let i = 1; i <= 20; i++) first.agent.emit(sandbox, 0, { ...line('held', i), conversation_id: conversation });
+      await stopped(first.agent);
+      const otherRunner = await svc.http.post('/api/runners', { token: me.key, body: { name: 'neighbour' } });
+      const seen: AgentEvent[] = [];
+      const other = new RunnerAgent(
+        { url: svc.url, token: otherRunner.body.token, root, backoffMs: { first: 50, max: 200 } },
+        (e) => seen.push(e),
+      ).start();
+      t.teardown(() => other.stop());
+      t.ok(await until(() => seen.some((e) => e.type === 'connected')));
+      await sleep(500);
+      t.notOk(
+        seen.some((e) => e.type === 'recovered' || e.type === 'stopped'),
+        `it neither resends the other runner's output nor is refused for it (${seen.map((e) => e.type).join(', ')})`,
+      );
+      t.equal(other.keptEvents, 0);
+      t.equal(spoolFiles(root).length, 1, "the other runner's spool is left as it was");
+      other.stop();
     });
 
     t.test('a new svc-runner process with the same --root sends what the last one spooled', async (t) => {
