@@ -11,7 +11,7 @@
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent, spoolDir } from './agent.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {
@@ -149,4 +149,8 @@ const advice: Partial<Record<AgentStop, string>> = {
   replaced: 'another svc-runner started with this token; one token serves one machine',
   unreachable: 'check --url and that the service is running',
 };
+if (reason === 'refused' && /is not on this runner/.test(message)) {
+  // Kept output of a sandbox the service has since moved or removed is refused at every start.
+  advice.refused = `output kept for it under ${spoolDir(rootDir, token)} cannot be delivered; remove its files there`;
+}
 fail(EXIT[reason], `${message}${advice[reason] ? ` (${advice[reason]})` : ''}`);

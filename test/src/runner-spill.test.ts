@@ -8,6 +8,7 @@ import { conversations, sandboxes } from '@svc/db';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { type AgentEvent, RunnerAgent, spoolDir } from '../../runner-agent/src/agent.ts';
+import { OutputLog } from '../../runner-agent/src/output.ts';
 import { RECORD_HEADER_BYTES } from '../../runner-agent/src/spool.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 
@@ -321,6 +322,28 @@ for (const backend of backends()) {
       t.ok(await until(() => spoolFiles(root).every((f) => f.bytes === 0)), 'durable output is removed from disk');
       child.kill('SIGTERM');
       t.equal(await new Promise((r) => child.on('exit', r)), 0);
+    });
+
+    t.test('kept output the service no longer takes stops svc-runner with what to do about it', async (t) => {
+      const root = mkdtempSync(join(tmpdir(), 'svc-spill-'));
+      const { conversation } = await sandboxWithConversation();
+      const gone = new OutputLog('sbx_gone_elsewhere', 0, { dir: spoolDir(root, token) });
+      gone.push({ ...line('lost', 1), conversation_id: conversation });
+      gone.close();
+      const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', token, '--root', root], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let err = '';
+      child.stderr.on('data', (d) => {
+        err += d;
+      });
+      t.teardown(() => {
+        child.kill('SIGKILL');
+      });
+      const code = await Promise.race([new Promise((r) => child.on('exit', r)), sleep(30_000).then(() => 'timeout')]);
+      t.equal(code, 8, 'refused');
+      t.match(err, /sandbox sbx_gone_elsewhere .*is not on this runner/);
+      t.match(err, /cannot be delivered; remove its files there/);
     });
   });
 }
