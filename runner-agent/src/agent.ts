@@ -1,7 +1,8 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { hostname as osHostname } from 'node:os';
+import { join } from 'node:path';
 import {
   decodeFrame,
   encodeFrame,
@@ -14,8 +15,9 @@ import {
   ServiceMessage,
 } from '@svc/core';
 import WebSocket from 'ws';
-import { OutputLog } from './output.ts';
+import { OutputLog, type OutputLogOptions } from './output.ts';
 import { buildSandbox, type Sandbox, sandboxDir } from './sandbox.ts';
+import { recoverSpool } from './spool.ts';
 import { Turns } from './turns.ts';
 
 export const AGENT_VERSION = (
@@ -31,6 +33,11 @@ export interface AgentOptions {
   hostname?: string;
   /** Reconnect backoff: first delay and ceiling (exponential with full jitter between). */
   backoffMs?: { first: number; max: number };
+  /**
+   * Output held in memory per sandbox incarnation (default 8 MiB, 50,000 events); beyond it
+   * events are read back from the spool under `<root>/spool/<token key>` as they are sent.
+   */
+  outputMemory?: { bytes?: number; events?: number };
 }
 
 /** What the agent reports as it goes; the CLI prints these in plain words. */
@@ -39,6 +46,10 @@ export type AgentEvent =
   | { type: 'connected'; runnerId: string; epoch: number; reconnected: boolean }
   | { type: 'disconnected'; code: number; reason: string; retryInMs: number }
   | { type: 'sandbox'; id: string; state: 'ready' | 'failed' | 'destroyed'; message?: string }
+  /** The spool held output a previous process had not seen made durable; it is sent again. */
+  | { type: 'recovered'; incarnations: number; events: number; cutBytes: number }
+  /** An event could not be written to the spool (a full disk): it is lost, numbering goes on. */
+  | { type: 'output_lost'; sandbox: string; message: string }
   | { type: 'stopped'; reason: AgentStop; message: string };
 
 /** Why the agent stopped for good (each is an exit code of the CLI). */
@@ -60,6 +71,19 @@ export function connectUrl(base: string): string {
   u.hash = '';
   return u.toString();
 }
+
+/**
+ * Where a runner's spool lives: one directory per runner token under the root, because
+ * several runners may share a root (the service's local runner-agents share one per
+ * account, each with its own token) and a runner may resend only its own sandboxes' output.
+ * A restart with the same token finds it again. Named by a hash: the token stays secret.
+ */
+export function spoolDir(root: string, token: string): string {
+  return join(root, 'spool', createHash('sha256').update(token).digest('hex').slice(0, 16));
+}
+
+/** How long after connecting the service's welcome may take before the runner tries again. */
+const WELCOME_TIMEOUT_MS = 15_000;
 
 /**
  * The runner's connection to the service: connects out, says hello, keeps heartbeats, and
@@ -86,6 +110,7 @@ export class RunnerAgent {
   /** Output per sandbox incarnation, kept until durable. */
   private readonly outputs = new Map<string, OutputLog>();
   private flushQueued = false;
+  private outputClosed = false;
   readonly done: Promise<{ reason: AgentStop; message: string }>;
   private finish!: (r: { reason: AgentStop; message: string }) => void;
 
@@ -100,8 +125,34 @@ export class RunnerAgent {
   }
 
   start(): this {
+    this.recoverOutput();
     this.connect();
     return this;
+  }
+
+  private get outputOptions(): OutputLogOptions {
+    return {
+      dir: spoolDir(this.options.root, this.options.token),
+      memoryBytes: this.options.outputMemory?.bytes,
+      memoryEvents: this.options.outputMemory?.events,
+    };
+  }
+
+  /**
+   * Output an earlier process under the same root left in the spool and never saw made
+   * durable: it goes out once connected, and each incarnation's numbering continues after it.
+   */
+  private recoverOutput(): void {
+    const recovered = recoverSpool(this.outputOptions.dir);
+    for (const log of OutputLog.recover(recovered, this.outputOptions)) {
+      this.outputs.set(`${log.sandbox}:${log.incarnation}`, log);
+    }
+    const events = recovered.reduce((n, r) => n + r.records, 0);
+    const cutBytes = recovered.reduce((n, r) => n + r.cutBytes, 0);
+    if (events || cutBytes) {
+      const incarnations = recovered.filter((r) => r.records > 0).length;
+      this.report({ type: 'recovered', incarnations, events, cutBytes });
+    }
   }
 
   /** Stops: closes the connection and reconnects no more. */
@@ -115,7 +166,11 @@ export class RunnerAgent {
     clearInterval(this.heartbeat);
     clearTimeout(this.retry);
     this.ws?.close(1000, 'runner stopping');
-    void this.turns.closeAll();
+    // Spool files close once the runtimes are gone: their last words are kept for the next start.
+    void this.turns.closeAll().finally(() => {
+      this.outputClosed = true;
+      for (const log of this.outputs.values()) log.close();
+    });
     this.report({ type: 'stopped', reason, message });
     this.finish({ reason, message });
   }
@@ -148,6 +203,12 @@ export class RunnerAgent {
       this.scheduleReconnect(1006, `the service answered ${status}`);
     });
     ws.on('open', () => {
+      // A connection the service never welcomes is given up and tried again.
+      const welcomeTimer = setTimeout(() => {
+        if (!accepted && this.ws === ws) ws.terminate();
+      }, WELCOME_TIMEOUT_MS);
+      welcomeTimer.unref();
+      ws.once('close', () => clearTimeout(welcomeTimer));
       this.send({
         t: 'hello',
         protocol: RUNNER_PROTOCOL_VERSION,
@@ -210,20 +271,27 @@ export class RunnerAgent {
       if (code === RUNNER_CLOSE.unsupported_protocol || code === RUNNER_CLOSE.protocol_error) {
         return this.end('refused', reason || `closed with ${code}`);
       }
-      if (!this.everConnected) return;
+      // Closed before or after a welcome (the service went away, could not record the
+      // connection, or the welcome never came): try again, with backoff.
       this.scheduleReconnect(code, reason);
     });
   }
 
   /** Numbers an event of a sandbox incarnation, keeps it, and sends it soon. */
   emit(sandbox: string, incarnation: number, event: RunnerEvent): void {
+    if (this.outputClosed) return;
     const key = `${sandbox}:${incarnation}`;
-    let log = this.outputs.get(key);
-    if (!log) {
-      log = new OutputLog(sandbox, incarnation);
-      this.outputs.set(key, log);
+    try {
+      let log = this.outputs.get(key);
+      if (!log) {
+        log = new OutputLog(sandbox, incarnation, this.outputOptions);
+        this.outputs.set(key, log);
+      }
+      log.push(event);
+    } catch (err) {
+      this.report({ type: 'output_lost', sandbox, message: (err as Error).message });
+      return;
     }
-    log.push(event);
     if (!this.flushQueued) {
       this.flushQueued = true;
       // Events emitted in one turn of the event loop go out in one frame.
@@ -239,6 +307,16 @@ export class RunnerAgent {
     let n = 0;
     for (const log of this.outputs.values()) n += log.kept;
     return n;
+  }
+
+  /** Output held in memory over every sandbox (the rest of what is kept is only in the spool). */
+  get outputInMemory(): { events: number; bytes: number } {
+    const sum = { events: 0, bytes: 0 };
+    for (const log of this.outputs.values()) {
+      sum.events += log.inMemory.events;
+      sum.bytes += log.inMemory.bytes;
+    }
+    return sum;
   }
 
   private flush(): void {

@@ -2,14 +2,16 @@
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
  *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
+ *              [--output-memory-mb 8]
  *
- * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME. It says
+ * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
+ * SVC_RUNNER_OUTPUT_MEMORY_MB. It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent, spoolDir } from './agent.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {
@@ -24,7 +26,10 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
 };
 
 const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
-  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME)
+                  [--output-memory-mb <MiB>]
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB)
+--output-memory-mb: output not yet stored by the service kept in memory per sandbox (default 8);
+  the rest waits on disk under <root>/spool.
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
 
 function say(line: string): void {
@@ -43,6 +48,7 @@ const { values } = (() => {
         token: { type: 'string' },
         root: { type: 'string' },
         name: { type: 'string' },
+        'output-memory-mb': { type: 'string' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -63,6 +69,7 @@ const url = values.url ?? process.env.SVC_RUNNER_URL;
 const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
+const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -74,6 +81,13 @@ try {
 } catch (err) {
   fail(EXIT.bad_url, `--url: ${(err as Error).message}`);
 }
+let outputMemory: { bytes: number } | undefined;
+if (outputMemoryMb !== undefined) {
+  const mb = Number(outputMemoryMb);
+  if (!(mb > 0 && mb <= 4096))
+    fail(EXIT.usage, `--output-memory-mb must be a number of MiB above 0, at most 4096 (got ${outputMemoryMb})`);
+  outputMemory = { bytes: Math.round(mb * 1024 * 1024) };
+}
 const rootDir = resolve(root);
 try {
   mkdirSync(rootDir, { recursive: true, mode: 0o700 });
@@ -82,7 +96,14 @@ try {
 }
 
 say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}`);
-const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname: name } : {}) }, (e) => {
+const options = {
+  url,
+  token,
+  root: rootDir,
+  ...(name ? { hostname: name } : {}),
+  ...(outputMemory ? { outputMemory } : {}),
+};
+const agent = new RunnerAgent(options, (e) => {
   switch (e.type) {
     case 'connecting':
       if (e.attempt === 1) say(`connecting to ${e.url}`);
@@ -99,6 +120,15 @@ const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname
       break;
     case 'sandbox':
       say(`sandbox ${e.id} ${e.state}${e.message ? `: ${e.message}` : ''}`);
+      break;
+    case 'recovered':
+      say(
+        `${e.events} events of ${e.incarnations} sandbox incarnation(s) kept from before a restart; they are sent again once connected` +
+          (e.cutBytes ? ` (${e.cutBytes} bytes after a torn or damaged record were cut off)` : ''),
+      );
+      break;
+    case 'output_lost':
+      process.stderr.write(`svc-runner: warning: output of sandbox ${e.sandbox} could not be kept: ${e.message}\n`);
       break;
     case 'stopped':
       break;
@@ -119,4 +149,8 @@ const advice: Partial<Record<AgentStop, string>> = {
   replaced: 'another svc-runner started with this token; one token serves one machine',
   unreachable: 'check --url and that the service is running',
 };
+if (reason === 'refused' && /is not on this runner/.test(message)) {
+  // Kept output of a sandbox the service has since moved or removed is refused at every start.
+  advice.refused = `output kept for it under ${spoolDir(rootDir, token)} cannot be delivered; remove its files there`;
+}
 fail(EXIT[reason], `${message}${advice[reason] ? ` (${advice[reason]})` : ''}`);
