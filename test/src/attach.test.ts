@@ -121,6 +121,33 @@ for (const backend of backends()) {
       await idle(ephemeral.body.id);
     });
 
+    t.test('launch refusals: environments and vaults outside the allowlists, unknown ids', async (t) => {
+      const before = (await http.get('/api/conversations', { token })).body.data.length;
+      const outside = (await http.post('/api/environments', { token, body: { name: 'outside' } })).body;
+      const envRefused = await launch({ agent_id: agent.id, environment_id: outside.id });
+      t.match(envRefused, {
+        status: 422,
+        body: { error: 'validation_failed', details: { environment_id: [/allowed_environment_ids/] } },
+      });
+      t.match(await launch({ agent_id: agent.id, environment_id: 'env_unknown' }), {
+        status: 404,
+        body: { error: 'not_found' },
+      });
+      const vault = (await http.post('/api/vaults', { token, body: { name: 'v' } })).body;
+      const closed = await newAgent('closed', 'claude', { allowed_vault_ids: [] });
+      t.match(await launch({ agent_id: closed.id, vault_id: vault.id }), {
+        status: 422,
+        body: { error: 'validation_failed', details: { vault_id: [/allowed_vault_ids/] } },
+      });
+      t.match(await launch({ agent_id: agent.id, vault_id: 'vlt_unknown' }), { status: 404 });
+      t.match(await launch({ agent_id: agent.id, images: [{ data: 'iVBORw0KGgo=', media_type: 'image/png' }] }), {
+        status: 422,
+        body: { error: 'validation_failed', details: { images: [/prompt/] } },
+      });
+      t.match(await launch({ agent_id: 'agt_unknown' }), { status: 404 });
+      t.equal((await http.get('/api/conversations', { token })).body.data.length, before, 'refusals created nothing');
+    });
+
     t.test('attach by sandbox_id, and every refusal', async (t) => {
       const host = await launch({ agent_id: agent.id, prompt: 'host' });
       t.equal(host.status, 201);
