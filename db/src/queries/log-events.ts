@@ -65,34 +65,21 @@ export async function durableMark(sql: Sql, accountId: string, producer: string)
   return rows[0] ? Number(rows[0].durable_seq) : undefined;
 }
 
-/** Events after `after` up to `upTo` (inclusive), oldest first. */
-export async function readStored(
-  sql: Sql,
-  accountId: string,
-  o: { after: number; upTo: number; limit: number; conversationId?: string | undefined },
-): Promise<LogEventRow[]> {
-  const rows = await sql<
-    {
-      id: string;
-      conversation_id: string | null;
-      turn_id: string | null;
-      kind: string;
-      stream: string;
-      data: string | null;
-      stage: string | null;
-      state: string | null;
-      duration_ms: number | null;
-      ts: Date;
-      producer: string | null;
-      seq: string | null;
-    }[]
-  >`
-    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts, producer, seq FROM log_events
-    WHERE account_id = ${accountId} AND id > ${o.after} AND id <= ${o.upTo}
-      ${o.conversationId ? sql`AND conversation_id = ${o.conversationId}` : sql``}
-    ORDER BY id LIMIT ${o.limit}`;
-  return rows.map((r) => ({
-    id: Number(r.id),
+/** The columns an event has wherever it is stored (the log's copy, the outbox). */
+export interface EventColumns {
+  conversation_id: string | null;
+  turn_id: string | null;
+  kind: string;
+  stream: string;
+  data: string | null;
+  stage: string | null;
+  state: string | null;
+  duration_ms: number | null;
+}
+
+/** Those columns as the event's fields. */
+export function eventFields(r: EventColumns) {
+  return {
     conversationId: r.conversation_id,
     turnId: r.turn_id,
     kind: r.kind,
@@ -101,6 +88,23 @@ export async function readStored(
     stage: r.stage,
     state: r.state,
     durationMs: r.duration_ms,
+  };
+}
+
+/** Events after `after` up to `upTo` (inclusive), oldest first. */
+export async function readStored(
+  sql: Sql,
+  accountId: string,
+  o: { after: number; upTo: number; limit: number; conversationId?: string | undefined },
+): Promise<LogEventRow[]> {
+  const rows = await sql<(EventColumns & { id: string; ts: Date; producer: string | null; seq: string | null })[]>`
+    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts, producer, seq FROM log_events
+    WHERE account_id = ${accountId} AND id > ${o.after} AND id <= ${o.upTo}
+      ${o.conversationId ? sql`AND conversation_id = ${o.conversationId}` : sql``}
+    ORDER BY id LIMIT ${o.limit}`;
+  return rows.map((r) => ({
+    id: Number(r.id),
+    ...eventFields(r),
     ts: r.ts.toISOString(),
     producer: r.producer ?? '',
     seq: r.seq === null ? 0 : Number(r.seq),

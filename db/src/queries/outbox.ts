@@ -1,5 +1,6 @@
 import type { NewEvent } from '@svc/core';
 import type { Sql } from '../connect.ts';
+import { type EventColumns, eventFields } from './log-events.ts';
 
 /** An event the service emits, as written beside the state change that causes it. */
 export type OutboxEvent = NewEvent;
@@ -58,32 +59,10 @@ export async function tenantsWithRows(sql: Sql): Promise<string[]> {
 
 /** The tenant's outbox rows after `after`, in order. */
 export async function rowsAfter(sql: Sql, accountId: string, after: number, limit: number): Promise<OutboxRow[]> {
-  const rows = await sql<
-    {
-      seq: string;
-      conversation_id: string | null;
-      turn_id: string | null;
-      kind: string;
-      stream: string;
-      data: string | null;
-      stage: string | null;
-      state: string | null;
-      duration_ms: number | null;
-    }[]
-  >`
+  const rows = await sql<(EventColumns & { seq: string })[]>`
     SELECT seq, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms FROM log_outbox
     WHERE account_id = ${accountId} AND seq > ${after} ORDER BY seq LIMIT ${limit}`;
-  return rows.map((r) => ({
-    seq: Number(r.seq),
-    conversationId: r.conversation_id,
-    turnId: r.turn_id,
-    kind: r.kind,
-    stream: r.stream,
-    data: r.data,
-    stage: r.stage,
-    state: r.state,
-    durationMs: r.duration_ms,
-  }));
+  return rows.map((r) => ({ seq: Number(r.seq), ...eventFields(r) }));
 }
 
 /** Drops the rows the log holds durably (the producer may forget them). */
