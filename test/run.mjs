@@ -223,6 +223,8 @@ const started = Date.now();
 let result = { passed: 0, failed: 1, code: 1 };
 try {
   ensureDependencies();
+  // The runner's build clones repositories with git (tests clone local bare repositories).
+  if (!haveCommand('git')) aptInstall(['git']);
   const env = { ...process.env, NODE_ENV: 'test' };
   env.TEST_REDIS_URL = process.env.REDIS_URL || (await startRedis());
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());
