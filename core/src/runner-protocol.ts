@@ -138,6 +138,11 @@ export const TurnStart = z.object({
      * older ignores it.
      */
     model: z.string().min(1).max(200).optional(),
+    /**
+     * `_meta` for the runtime's `session/new`, in the form that runtime reads (the service
+     * puts the agent's system prompt there for `claude`). Optional: an older runner ignores it.
+     */
+    session_meta: z.record(z.string(), z.unknown()).optional(),
   }),
   /** The turn is failed with `timeout` after this long. */
   time_limit_ms: z.number().int().min(1000),

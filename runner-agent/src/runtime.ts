@@ -51,6 +51,11 @@ export interface AcpRuntimeOptions {
   /** ACP `McpServer` entries for `session/new`. */
   mcpServers?: unknown[];
   /**
+   * `_meta` of `session/new`: what a runtime takes there beyond ACP's fields (claude-agent-acp
+   * reads `systemPrompt`, a string or `{append}`).
+   */
+  sessionMeta?: Record<string, unknown>;
+  /**
    * The model, as the agent names it. When the new session offers a config option of category
    * `model`, it is chosen there (`session/set_config_option`); an agent without one reads its
    * model from its own environment or configuration.
@@ -234,6 +239,7 @@ export class AcpRuntime {
       agent.request(acp.methods.agent.session.new, {
         cwd: options.cwd,
         mcpServers: (options.mcpServers ?? []) as acp.McpServer[],
+        ...(options.sessionMeta ? { _meta: options.sessionMeta } : {}),
       }),
     );
     this.session = session.sessionId;

@@ -80,6 +80,7 @@ export class Turns {
           cwd: built.dir,
           env: sandboxEnv({ dir: built.dir, env: command.runtime.env }),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
+          ...(command.runtime.session_meta ? { sessionMeta: command.runtime.session_meta } : {}),
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,

@@ -85,6 +85,7 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
         model: 'anthropic/claude-sonnet-4-5',
         environment_id: env.id,
         sandbox_provider: 'runner',
+        system: 'You answer as the release captain of project Quokka.',
       },
     })
   ).body;
@@ -173,6 +174,10 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
   t.equal(calls.length, 2, 'two Messages API calls: the tool_use, then the reply');
   t.match(textOf(calls[0]?.body?.messages?.at(-1)?.content), PROMPT, 'the prompt');
   t.same([...new Set(calls.map((c) => c.body?.model))], ['claude-sonnet-4-5'], "the agent's model");
+  t.ok(
+    calls.every((c) => JSON.stringify(c.body?.system ?? '').includes('release captain of project Quokka')),
+    "the agent's system prompt, appended to Claude Code's",
+  );
   t.ok(
     calls.every((c) => c.headers['x-api-key'] === KEY),
     'the account’s credential as x-api-key',

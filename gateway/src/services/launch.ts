@@ -79,6 +79,16 @@ const CREDENTIALS: Record<
  */
 const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL' };
 
+/**
+ * How the agent's system prompt reaches each runtime whose way is known: claude-agent-acp
+ * takes `_meta.systemPrompt` on `session/new`; `{append}` keeps Claude Code's own prompt, which
+ * its tools rely on, and adds the agent's. Other runtimes get none yet.
+ */
+function sessionMetaFor(agent: AgentRow): Record<string, unknown> | undefined {
+  if (agent.runtime === 'claude' && agent.system.trim()) return { systemPrompt: { append: agent.system } };
+  return undefined;
+}
+
 /** Splits a configured command line on spaces (quotes group words). */
 export function commandLine(line: string): { command: string; args: string[] } {
   const words = [...line.matchAll(/"([^"]*)"|'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2] ?? m[3] ?? '');
@@ -199,6 +209,8 @@ interface TurnPlan {
     model: string | undefined;
     /** Which permission requests wait for an answer over the API (the agent's `permission_policy`). */
     permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
+    /** `_meta` for the runtime's session/new (the system prompt, for runtimes that take it there). */
+    sessionMeta: Record<string, unknown> | undefined;
   } | null;
 }
 
@@ -239,7 +251,13 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         conversation_id: conversationId,
         turn_id: plan.turn.id,
         prompt: plan.turn.prompt,
-        runtime: { command, args, env: plan.turn.env, ...(plan.turn.model ? { model: plan.turn.model } : {}) },
+        runtime: {
+          command,
+          args,
+          env: plan.turn.env,
+          ...(plan.turn.model ? { model: plan.turn.model } : {}),
+          ...(plan.turn.sessionMeta ? { session_meta: plan.turn.sessionMeta } : {}),
+        },
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
@@ -471,6 +489,7 @@ export async function startConversation(
             env: runtimeEnv,
             model,
             permissionPolicy: policyOf(agent),
+            sessionMeta: sessionMetaFor(agent),
           }
         : null,
   });
@@ -557,6 +576,7 @@ export async function sendPrompt(
       env: runtimeEnv,
       model,
       permissionPolicy: policyOf(agent),
+      sessionMeta: sessionMetaFor(agent),
     },
   });
   return turn;
