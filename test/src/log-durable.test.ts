@@ -1,4 +1,4 @@
-import { logEvents } from '@svc/db';
+import { conversations, logEvents, type Sql } from '@svc/db';
 import { createLogger } from '@svc/gateway';
 import { Redis } from 'ioredis';
 import t from 'tap';
@@ -10,6 +10,14 @@ import { LogCopier } from '../../gateway/src/workers/log-copier.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 
 const out = (conversationId: string, data: string) => ({ conversationId, kind: 'output', stream: 'stdout', data });
+
+/** The copy keeps only events of conversations that exist: make the ones a test writes to. */
+const haveConversations = (sql: Sql, accountId: string, ...ids: string[]) =>
+  Promise.all(
+    ids.map((id) =>
+      conversations.insertConversation(sql, { id, accountId, agentId: 'agt_x', title: '', source: 'ui' }),
+    ),
+  );
 
 for (const backend of backends()) {
   t.test(`the durable copy on ${backend}`, async (t) => {
@@ -34,6 +42,7 @@ for (const backend of backends()) {
       await sub?.quit();
     });
     const { accountId: tenant } = await signUp(svc);
+    await haveConversations(sql, tenant, 'a', 'b');
     let seq = 0;
     for (let i = 0; i < 35; i++)
       await log.append({ tenant, producer: 'p', seq: ++seq, events: [out(i % 2 ? 'a' : 'b', `line ${i}`)] });
@@ -119,6 +128,7 @@ for (const backend of backends()) {
 
     t.test('a producer mark the hot log lost is loaded from the copy: a durable resend stays a no-op', async (t) => {
       const { accountId: ten } = await signUp(svc);
+      await haveConversations(sql, ten, 'm');
       const loadMark = (tenant: string, producer: string) => logEvents.durableMark(sql, tenant, producer);
       const withMarks = (): EventLog =>
         redis ? redisEventLog(redis, sub as Redis, { prefix, loadMark }) : memoryEventLog({ loadMark });
@@ -180,6 +190,7 @@ for (const backend of backends()) {
 
     t.test('a read racing a copy and a trim finds no hole', async (t) => {
       const { accountId: ten } = await signUp(svc);
+      await haveConversations(sql, ten, 'r');
       for (let i = 0; i < 30; i++)
         await log.append({ tenant: ten, producer: 'p', seq: i + 1, events: [out('r', `r${i}`)] });
       const events = await log.read(ten, { after: 0, limit: 100 });
@@ -230,6 +241,7 @@ for (const backend of backends()) {
 t.test('the running service copies what its write path appends, redacted, within about a second', async (t) => {
   const svc = await startTestService(t);
   const { accountId } = await signUp(svc);
+  await haveConversations(svc.db.sql, accountId, 'conv1');
   svc.redaction.register(accountId, 'conv1', ['ghp_secretvalue123456']);
   const result = await svc.appendEvents({
     tenant: accountId,

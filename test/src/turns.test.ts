@@ -295,6 +295,25 @@ for (const backend of backends()) {
       },
     );
 
+    t.test('delete mid-turn: the conversation goes, the runner stays connected and works on', async (t) => {
+      const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'be slow' } });
+      t.equal(res.status, 201);
+      const cid = res.body.id as string;
+      await underWay(cid);
+      const del = await http.delete(`/api/conversations/${cid}`, { token });
+      t.equal(del.status, 204);
+      t.equal((await http.get(`/api/conversations/${cid}`, { token })).status, 404);
+      // What the runtime said after the delete (its turn's end, at least) is dropped, not kept.
+      await sleep(1500);
+      const left = await svc.db.sql`SELECT 1 FROM log_events WHERE conversation_id = ${cid}`;
+      t.equal(left.length, 0, 'nothing of it is left in the copy');
+      t.equal(runner.child.exitCode, null, 'the runner is still running');
+      t.notMatch(runner.output, /refused|connection lost \(4003/, 'and was never refused');
+      const next = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'after' } });
+      t.equal(next.status, 201);
+      t.equal((await settled(next.body.id, 1)).state, 'done', 'the runner takes the next conversation');
+    });
+
     t.test('terminate: the running turn ends interrupted, the sandbox goes, then 410', async (t) => {
       const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'be slow' } });
       t.equal(res.status, 201, JSON.stringify(res.body));

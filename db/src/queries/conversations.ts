@@ -353,3 +353,9 @@ export async function runningTurnsOnSandboxes(
     FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
     WHERE s.runner_id = ${runnerId} AND s.id = ANY(${sandboxIds}) AND t.state = 'running'`;
 }
+
+/** Whether the tenant has the conversation (a deleted one is gone). */
+export async function exists(sql: Sql, accountId: string, id: string): Promise<boolean> {
+  const rows = await sql`SELECT 1 FROM conversations WHERE account_id = ${accountId} AND id = ${id}`;
+  return rows.length === 1;
+}

@@ -30,7 +30,8 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     producer,
     durable_seq: seq,
   }));
-  const rows = events.map((e) => ({
+  const ids = [...new Set(events.map((e) => e.conversationId).filter((id): id is string => id !== null))];
+  const toRow = (e: LogEventRow) => ({
     account_id: accountId,
     id: e.id,
     conversation_id: e.conversationId,
@@ -44,11 +45,25 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     ts: e.ts,
     producer: e.producer,
     seq: e.seq,
-  }));
+  });
   const last = (events.at(-1) as LogEventRow).id;
   await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
-    await t`INSERT INTO log_events ${t(rows)} ON CONFLICT (account_id, id) DO NOTHING`;
+    // Events of a conversation deleted since they were appended are not copied, and the
+    // conversations kept are locked until the copy commits: a delete running now waits and
+    // then removes what this copy wrote. Placeholders of dropped output are not stored either.
+    const live = ids.length
+      ? new Set(
+          (
+            await t<{ id: string }[]>`
+              SELECT id FROM conversations WHERE account_id = ${accountId} AND id = ANY(${ids}) FOR SHARE`
+          ).map((r) => r.id),
+        )
+      : new Set<string>();
+    const rows = events
+      .filter((e) => (e.conversationId === null ? e.kind !== 'dropped' : live.has(e.conversationId)))
+      .map(toRow);
+    if (rows.length) await t`INSERT INTO log_events ${t(rows)} ON CONFLICT (account_id, id) DO NOTHING`;
     await t`INSERT INTO log_copy_marks (account_id, copied_id) VALUES (${accountId}, ${last})
             ON CONFLICT (account_id) DO UPDATE SET copied_id = GREATEST(log_copy_marks.copied_id, excluded.copied_id)`;
     await t`INSERT INTO log_producer_marks ${t(producerRows)}

@@ -12,13 +12,29 @@ import {
   type ServiceMessage,
   sandboxProducer,
 } from '@svc/core';
-import { logEvents, runners, type Sql, sandboxes } from '@svc/db';
+import { conversations, logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import { hashSecret } from '../secrets/tokens.ts';
 import type { RunnerRouter } from './router.ts';
 
 type TurnResult = 'done' | 'failed' | 'interrupted' | 'timeout';
+
+/**
+ * What an event of a deleted conversation becomes: no conversation, no content, a kind no
+ * stream sends. It holds the event's number, so the runner's output stays numbered without
+ * holes and the runner forgets it like any other.
+ */
+const DROPPED = {
+  conversationId: null,
+  turnId: null,
+  kind: 'dropped',
+  stream: 'stdout',
+  data: null,
+  stage: null,
+  state: null,
+  durationMs: null,
+} as const;
 const TURN_RESULTS = new Set<string>(['done', 'failed', 'interrupted', 'timeout']);
 type Usage = { input: number; output: number; cache_read?: number; cache_write?: number };
 
@@ -270,17 +286,24 @@ export class RunnerFabric {
         `sandbox ${m.sandbox} (incarnation ${m.incarnation}) is not on this runner`,
       );
     }
+    // Conversations deleted while their runtime still spoke: their events are not kept.
+    let deleted: Set<string> | undefined;
     for (const e of m.events) {
-      if (!sbx.conversations.has(e.conversation_id)) {
+      if (!sbx.conversations.has(e.conversation_id) && !deleted?.has(e.conversation_id)) {
         // A conversation attached since the sandbox was loaded: look again once.
         const fresh = await sandboxes.conversationIds(this.deps.sql, sbx.accountId, m.sandbox);
         sbx.conversations = new Set(fresh);
         if (!sbx.conversations.has(e.conversation_id)) {
-          throw new ApiError('invalid_request', `conversation ${e.conversation_id} is not on sandbox ${m.sandbox}`);
+          if (await conversations.exists(this.deps.sql, sbx.accountId, e.conversation_id)) {
+            throw new ApiError('invalid_request', `conversation ${e.conversation_id} is not on sandbox ${m.sandbox}`);
+          }
+          deleted ??= new Set();
+          deleted.add(e.conversation_id);
         }
       }
     }
     for (const e of m.events) {
+      if (deleted?.has(e.conversation_id)) continue;
       if (e.kind === 'stage' && e.stage === PERMISSION_REQUEST_STAGE)
         await this.deps.onPermissionStage(sbx.accountId, e);
     }
@@ -290,16 +313,21 @@ export class RunnerFabric {
       tenant: sbx.accountId,
       producer,
       seq: m.seq,
-      events: m.events.map((e) => ({
-        conversationId: e.conversation_id,
-        turnId: e.turn_id ?? null,
-        kind: e.kind,
-        stream: e.stream,
-        data: e.data ?? null,
-        stage: e.stage ?? null,
-        state: e.state ?? null,
-        durationMs: e.duration_ms ?? null,
-      })),
+      events: m.events.map((e) =>
+        deleted?.has(e.conversation_id)
+          ? // Its place in the producer's numbering is kept, with nothing of what it said.
+            DROPPED
+          : {
+              conversationId: e.conversation_id,
+              turnId: e.turn_id ?? null,
+              kind: e.kind,
+              stream: e.stream,
+              data: e.data ?? null,
+              stage: e.stage ?? null,
+              state: e.state ?? null,
+              durationMs: e.duration_ms ?? null,
+            },
+      ),
     });
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
     // A turn's end, now in the log, ends the turn's record (compare-and-set: once); the end of

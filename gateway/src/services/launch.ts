@@ -27,6 +27,7 @@ import type { LocalSandboxes } from '../sandboxes/local.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
+import { deleteConversation } from './conversations.ts';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
@@ -660,6 +661,23 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
     if (destroy && sandbox.provider === 'local') await deps.local.stop(sandbox.id);
   }
   return (await conversations.getConversation(sql, who.accountId, conversationId)) as conversations.ConversationRow;
+}
+
+/**
+ * `DELETE /api/conversations/:id`: a live conversation is terminated first (its runtime stops,
+ * its ephemeral sandbox goes), then it is deleted with its turns and log. What its runtime
+ * still sends afterwards is dropped by the fabric.
+ */
+export async function removeConversation(deps: LaunchDeps, who: ActorRef, conversationId: string): Promise<void> {
+  const conv = await conversations.getConversation(deps.sql, who.accountId, conversationId);
+  if (!conv) throw new ApiError('not_found', 'Conversation not found.');
+  if (conv.status !== 'terminated') {
+    await terminateConversation(deps, who, conversationId).catch((err: unknown) => {
+      // Terminated meanwhile by another request: nothing left to stop.
+      if (!(err instanceof ApiError && err.code === 'conversation_terminated')) throw err;
+    });
+  }
+  await deleteConversation(deps.sql, who, conversationId);
 }
 
 /** The `turn` stage event that ends a turn the service ended itself. */

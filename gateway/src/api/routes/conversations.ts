@@ -16,7 +16,13 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import * as convs from '../../services/conversations.ts';
-import { interruptConversation, sendPrompt, startConversation, terminateConversation } from '../../services/launch.ts';
+import {
+  interruptConversation,
+  removeConversation,
+  sendPrompt,
+  startConversation,
+  terminateConversation,
+} from '../../services/launch.ts';
 import { actorOf } from '../../services/principal.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
@@ -95,11 +101,13 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete a conversation with its turns and log',
+      description:
+        'A live conversation is terminated first: its running turn stops and its ephemeral sandbox is destroyed.',
       params: IdParam,
       response: { 204: z.null(), 404: ErrorBody },
     },
     handler: async (req, reply) => {
-      await convs.deleteConversation(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
+      await removeConversation(deps.launch, actorOf(requirePrincipal(req)), req.params.id);
       return reply.code(204).send(null);
     },
   });
