@@ -2,14 +2,20 @@
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
  *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
+ *              [--run-as sandbox-user]
  *
- * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME. It says
+ * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
+ * SVC_RUNNER_RUN_AS. `--run-as` (root only) runs runtimes and setup scripts as that
+ * unprivileged user, and lets the runner fence that user's traffic into its egress proxy with
+ * a firewall rule (see network.ts). It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
+import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import type { RunAs } from './network.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {
@@ -24,7 +30,8 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
 };
 
 const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
-  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME)
+                  [--run-as <unprivileged user>]
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_RUN_AS)
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
 
 function say(line: string): void {
@@ -43,6 +50,7 @@ const { values } = (() => {
         token: { type: 'string' },
         root: { type: 'string' },
         name: { type: 'string' },
+        'run-as': { type: 'string' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -63,6 +71,7 @@ const url = values.url ?? process.env.SVC_RUNNER_URL;
 const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
+const runAsName = values['run-as'] ?? process.env.SVC_RUNNER_RUN_AS;
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -81,8 +90,24 @@ try {
   fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
 }
 
-say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}`);
-const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname: name } : {}) }, (e) => {
+let runAs: RunAs | undefined;
+if (runAsName) {
+  if (process.getuid?.() !== 0)
+    fail(EXIT.usage, '--run-as needs the runner to run as root (it starts processes as that user)');
+  try {
+    const id = (flag: string) => Number(execFileSync('id', [flag, runAsName], { encoding: 'utf8' }).trim());
+    runAs = { name: runAsName, uid: id('-u'), gid: id('-g') };
+  } catch {
+    fail(EXIT.usage, `--run-as: no such user ${runAsName}`);
+  }
+  if (runAs.uid === 0) fail(EXIT.usage, `--run-as: ${runAsName} is root; name an unprivileged user`);
+}
+
+say(
+  `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}`,
+);
+const extra = { ...(name ? { hostname: name } : {}), ...(runAs ? { runAs } : {}) };
+const agent = new RunnerAgent({ url, token, root: rootDir, ...extra }, (e) => {
   switch (e.type) {
     case 'connecting':
       if (e.attempt === 1) say(`connecting to ${e.url}`);
