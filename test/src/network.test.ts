@@ -1,6 +1,6 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { createServer, get, type IncomingHttpHeaders, request, type Server } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import { type AddressInfo, connect, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import {
   type EgressGrant,
@@ -10,6 +10,7 @@ import {
   removeCommands,
   removeFirewall,
 } from '@svc/runner-agent';
+import fc from 'fast-check';
 import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
@@ -17,16 +18,24 @@ import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts'
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** A local HTTP server on `host` that answers `hello from <name>` and counts what it was asked. */
+/** A local HTTP server on `host` that answers `hello from <name>` and counts connections and requests. */
 async function startTarget(t: Test, host: string, name: string) {
   const seen: { url: string; headers: IncomingHttpHeaders }[] = [];
   const server: Server = createServer((req, res) => {
     seen.push({ url: req.url ?? '', headers: req.headers });
     res.writeHead(200, { 'content-type': 'text/plain' }).end(`hello from ${name}`);
   });
+  const counts = { connections: 0 };
+  server.on('connection', () => counts.connections++);
   await new Promise<void>((resolve) => server.listen(0, host, resolve));
   t.teardown(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  return { port: (server.address() as AddressInfo).port, seen };
+  return {
+    port: (server.address() as AddressInfo).port,
+    seen,
+    get connections() {
+      return counts.connections;
+    },
+  };
 }
 
 const basic = (proxyUrl: string) => {
@@ -114,6 +123,20 @@ t.test('allowed_hosts entries match exact hosts, ports and *.subdomains, without
   t.ok(hostAllowed(null, 'anything.test', 1), 'no list allows everything');
 });
 
+t.test('property: a wildcard never covers its own domain, and matching ignores case', async (t) => {
+  const label = fc.stringMatching(/^[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?$/);
+  const domain = fc.array(label, { minLength: 1, maxLength: 4 }).map((l) => l.join('.'));
+  fc.assert(
+    fc.property(domain, label, fc.integer({ min: 1, max: 65_535 }), (d, sub, port) => {
+      if (hostAllowed([`*.${d}`], d, port)) return false;
+      if (!hostAllowed([`*.${d}`], `${sub}.${d}`.toUpperCase(), port)) return false;
+      if (!hostAllowed([d.toUpperCase()], d, port)) return false;
+      return !hostAllowed([d], `${sub}.${d}`, port) && !hostAllowed([`${d}:${port}`], d, (port % 65_535) + 1);
+    }),
+  );
+  t.pass('held for every generated case');
+});
+
 t.test('the egress proxy', async (t) => {
   const allowed = await startTarget(t, '127.0.0.2', 'allowed');
   const refused = await startTarget(t, '127.0.0.3', 'refused');
@@ -149,7 +172,7 @@ t.test('the egress proxy', async (t) => {
     const plain = await viaAbsolute(proxy, auth, `http://127.0.0.3:${refused.port}/x`);
     t.equal(plain.status, 403);
     t.match(plain.body, /127\.0\.0\.3 is not in this sandbox's allowed_hosts/);
-    t.equal(refused.seen.length, 0, 'the refused server saw nothing');
+    t.equal(refused.connections, 0, 'nothing connected to the refused server');
     t.same(
       refusals.map((r) => [r.grant.sandbox, r.grant.conversationId, r.host]),
       [
@@ -187,6 +210,36 @@ t.test('the egress proxy', async (t) => {
     proxy.revoke('sbx_b');
     t.equal((await viaConnect(proxy, basic(other), `127.0.0.3:${refused.port}`)).status, 407, 'revoked');
     t.equal((await viaConnect(proxy, auth, `127.0.0.2:${allowed.port}`)).status, 200, 'a’s credential still works');
+  });
+
+  t.test('property: arbitrary CONNECT lines get an HTTP answer and never reach a refused host', async (t) => {
+    const line = fc.string({ maxLength: 80 }).map((x) => x.replace(/[\r\n]/g, ''));
+    const target = fc.oneof(
+      line,
+      fc.constantFrom(`127.0.0.3:${refused.port}`, `127.0.0.2:${allowed.port}`, `[::1]:${refused.port}`),
+    );
+    const header = fc.oneof(line, fc.constant(auth));
+    const before = refused.connections;
+    const ask = (request: string) =>
+      new Promise<string>((resolve) => {
+        const socket = connect(proxy.port, '127.0.0.1');
+        let answer = '';
+        socket.on('data', (d) => {
+          answer += d;
+          if (answer.includes('\r\n')) socket.destroy();
+        });
+        socket.on('close', () => resolve(answer));
+        socket.on('error', () => resolve(answer));
+        socket.end(request);
+      });
+    await fc.assert(
+      fc.asyncProperty(target, header, async (to, credential) => {
+        const answer = await ask(`CONNECT ${to} HTTP/1.1\r\nHost: ${to}\r\nProxy-Authorization: ${credential}\r\n\r\n`);
+        return /^HTTP\/1\.1 (200|400|403|407|502) /.test(answer);
+      }),
+      { numRuns: 150 },
+    );
+    t.equal(refused.connections, before, 'nothing connected to the refused server');
   });
 
   t.test('an allowed host that is down is 502, not a hang', async (t) => {
@@ -310,7 +363,7 @@ t.test('a sandbox reaches its allowed hosts and its model provider, and is refus
   t.match(limited.reply, `fetch ${refusedUrl}: proxy 403.`, 'the other host is refused by the proxy');
   t.match(limited.reply, new RegExp(`fetch ${providerUrl}: \\d{3}\\.`), 'the model provider is reachable');
   t.notMatch(limited.reply, `fetch ${providerUrl}: proxy`, 'the provider host is never refused');
-  t.equal(refused.seen.length, 0, 'the refused server was never contacted');
+  t.equal(refused.connections, 0, 'nothing connected to the refused server');
   t.ok(allowed.seen.length >= 1);
   t.same(limited.network?.mode, 'proxy');
   t.same(
