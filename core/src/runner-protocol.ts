@@ -107,6 +107,16 @@ export const SandboxCreate = z.object({
   /** Variables and secrets for the runtime's environment (never the prompt, never the log). */
   env: z.record(z.string(), z.string()),
   setup_script: z.string().max(100_000).nullable(),
+  /**
+   * The sandbox's egress policy: `allowed_hosts` (exact `host` or `host:port`, or `*.domain` for
+   * its subdomains) is what its runtimes and setup script may reach through the runner's
+   * allow-listing proxy; the service has already added the model provider's host and its own.
+   * Null or absent: unrestricted. Optional: a runner one release older ignores it.
+   */
+  network: z
+    .object({ allowed_hosts: z.array(z.string().min(1).max(260)).max(600) })
+    .nullable()
+    .optional(),
 });
 
 export const SandboxDestroy = z.object({

@@ -305,6 +305,11 @@ export async function startService(
         relay,
         apiUrl: base,
         limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
+        providerUrls: {
+          anthropic: config.ANTHROPIC_BASE_URL,
+          openai: config.OPENAI_BASE_URL,
+          google: config.GEMINI_BASE_URL,
+        },
       },
     };
 

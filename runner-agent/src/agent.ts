@@ -15,6 +15,8 @@ import {
   ServiceMessage,
 } from '@svc/core';
 import WebSocket from 'ws';
+import type { EgressGrant } from './egress-proxy.ts';
+import { type RunAs, RunnerEgress } from './network.ts';
 import { OutputLog, type OutputLogOptions } from './output.ts';
 import { buildSandbox, type Sandbox, sandboxDir } from './sandbox.ts';
 import { recoverSpool } from './spool.ts';
@@ -31,6 +33,8 @@ export interface AgentOptions {
   /** The directory sandboxes live under. */
   root: string;
   hostname?: string;
+  /** The unprivileged user runtimes and setup scripts run as (`--run-as`; needs root). */
+  runAs?: RunAs;
   /** Reconnect backoff: first delay and ceiling (exponential with full jitter between). */
   backoffMs?: { first: number; max: number };
   /**
@@ -107,6 +111,9 @@ export class RunnerAgent {
   /** Each sandbox's build, which its turns wait for. */
   private readonly building = new Map<string, Promise<Sandbox>>();
   private readonly turns = new Turns((sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e));
+  private readonly egress: RunnerEgress;
+  /** Refusals already reported, per conversation, turn and host: one line each. */
+  private readonly refusals = new Set<string>();
   /** Output per sandbox incarnation, kept until durable. */
   private readonly outputs = new Map<string, OutputLog>();
   private flushQueued = false;
@@ -119,6 +126,7 @@ export class RunnerAgent {
     private readonly report: (event: AgentEvent) => void = () => {},
   ) {
     this.url = connectUrl(options.url);
+    this.egress = new RunnerEgress(options.runAs ?? null, (grant, host) => this.refused(grant, host));
     this.done = new Promise((resolve) => {
       this.finish = resolve;
     });
@@ -171,6 +179,7 @@ export class RunnerAgent {
       this.outputClosed = true;
       for (const log of this.outputs.values()) log.close();
     });
+    void this.egress.close();
     this.report({ type: 'stopped', reason, message });
     this.finish({ reason, message });
   }
@@ -339,8 +348,10 @@ export class RunnerAgent {
               conversationId: command.conversation_id,
               env: command.env,
               setupScript: command.setup_script,
+              network: command.network ?? null,
             },
             emit,
+            this.egress,
           ),
         );
         this.building.set(command.sandbox, build);
@@ -384,12 +395,33 @@ export class RunnerAgent {
     this.building.delete(id);
     await build?.catch(() => {});
     await this.turns.closeSandbox(id);
+    this.egress.forget(id);
     try {
       await rm(sandboxDir(this.options.root, id), { recursive: true, force: true });
       this.report({ type: 'sandbox', id, state: 'destroyed' });
     } catch (err) {
       this.report({ type: 'sandbox', id, state: 'failed', message: `not removed: ${(err as Error).message}` });
     }
+  }
+
+  /**
+   * A request of a sandbox's process that the egress proxy refused: one `stderr` line in its
+   * conversation per refused host and turn (the build's, for the setup script), so a refusal is
+   * visible without a retrying client flooding the log.
+   */
+  private refused(grant: EgressGrant, host: string): void {
+    const turnId = this.turns.runningTurn(grant.conversationId);
+    const key = `${grant.conversationId} ${turnId} ${host}`;
+    if (this.refusals.has(key)) return;
+    if (this.refusals.size >= 10_000) this.refusals.clear();
+    this.refusals.add(key);
+    this.emit(grant.sandbox, grant.incarnation, {
+      conversation_id: grant.conversationId,
+      turn_id: turnId,
+      kind: 'output',
+      stream: 'stderr',
+      data: `svc-runner: network: refused ${host} (not in allowed_hosts)\n`,
+    });
   }
 
   private scheduleReconnect(code: number, reason: string): void {

@@ -2,16 +2,20 @@
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
  *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
- *              [--output-memory-mb 8]
+ *              [--output-memory-mb 8] [--run-as sandbox-user]
  *
  * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
- * SVC_RUNNER_OUTPUT_MEMORY_MB. It says
+ * SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS. `--run-as` (root only) runs runtimes and
+ * setup scripts as that unprivileged user, and lets the runner fence that user's traffic into
+ * its egress proxy with a firewall rule (see network.ts). It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
+import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent, spoolDir } from './agent.ts';
+import type { RunAs } from './network.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {
@@ -26,8 +30,9 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
 };
 
 const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
-                  [--output-memory-mb <MiB>]
-  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB)
+                  [--output-memory-mb <MiB>] [--run-as <unprivileged user>]
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB,
+   SVC_RUNNER_RUN_AS)
 --output-memory-mb: output not yet stored by the service kept in memory per sandbox (default 8);
   the rest waits on disk under <root>/spool.
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
@@ -49,6 +54,7 @@ const { values } = (() => {
         root: { type: 'string' },
         name: { type: 'string' },
         'output-memory-mb': { type: 'string' },
+        'run-as': { type: 'string' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -70,6 +76,7 @@ const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
 const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;
+const runAsName = values['run-as'] ?? process.env.SVC_RUNNER_RUN_AS;
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -95,13 +102,29 @@ try {
   fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
 }
 
-say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}`);
+let runAs: RunAs | undefined;
+if (runAsName) {
+  if (process.getuid?.() !== 0)
+    fail(EXIT.usage, '--run-as needs the runner to run as root (it starts processes as that user)');
+  try {
+    const id = (flag: string) => Number(execFileSync('id', [flag, runAsName], { encoding: 'utf8' }).trim());
+    runAs = { name: runAsName, uid: id('-u'), gid: id('-g') };
+  } catch {
+    fail(EXIT.usage, `--run-as: no such user ${runAsName}`);
+  }
+  if (runAs.uid === 0) fail(EXIT.usage, `--run-as: ${runAsName} is root; name an unprivileged user`);
+}
+
+say(
+  `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}`,
+);
 const options = {
   url,
   token,
   root: rootDir,
   ...(name ? { hostname: name } : {}),
   ...(outputMemory ? { outputMemory } : {}),
+  ...(runAs ? { runAs } : {}),
 };
 const agent = new RunnerAgent(options, (e) => {
   switch (e.type) {

@@ -6,6 +6,8 @@
  */
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
 export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+export { type EgressGrant, EgressProxy, hostAllowed } from './egress-proxy.ts';
+export { firewallRules, installCommands, installFirewall, removeCommands, removeFirewall } from './firewall.ts';
 export {
   allowAnswer,
   ConversationPermissions,

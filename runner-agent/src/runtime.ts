@@ -61,6 +61,8 @@ export interface AcpRuntimeOptions {
    * model from its own environment or configuration.
    */
   model?: string;
+  /** The user and group the process runs as (the runner's `--run-as`); absent: the runner's own. */
+  user?: { uid: number; gid: number };
 }
 
 /** How many of the last stderr lines an unexpected exit quotes. */
@@ -207,7 +209,13 @@ export class AcpRuntime {
     for (const key of ['PATH', 'HOME'] as const) {
       if (env[key] === undefined && process.env[key] !== undefined) env[key] = process.env[key];
     }
-    const child = spawn(options.command, options.args, { cwd: options.cwd, env, detached: true, stdio: 'pipe' });
+    const child = spawn(options.command, options.args, {
+      cwd: options.cwd,
+      env,
+      detached: true,
+      stdio: 'pipe',
+      ...(options.user ? { uid: options.user.uid, gid: options.user.gid } : {}),
+    });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
       child.on('error', (err) => reject(new Error(`cannot start ${options.command}: ${err.message}`)));

@@ -39,6 +39,11 @@ export class Turns {
 
   constructor(private readonly emitFor: (sandbox: string, incarnation: number) => Emit) {}
 
+  /** The turn `conversationId` is running now, if any. */
+  runningTurn(conversationId: string): string | null {
+    return this.sessions.get(conversationId)?.turnId ?? null;
+  }
+
   async start(command: TurnStartCommand, sandbox: Promise<Sandbox>): Promise<void> {
     const emit = this.emitFor(command.sandbox, command.incarnation);
     const at = { conversation_id: command.conversation_id, turn_id: command.turn_id };
@@ -78,7 +83,8 @@ export class Turns {
           command: command.runtime.command,
           args: command.runtime.args,
           cwd: built.dir,
-          env: sandboxEnv({ dir: built.dir, env: command.runtime.env }),
+          env: sandboxEnv({ ...built, env: command.runtime.env }, command.conversation_id),
+          ...(built.user ? { user: built.user } : {}),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
           ...(command.runtime.session_meta ? { sessionMeta: command.runtime.session_meta } : {}),
           onUpdate: (update) =>

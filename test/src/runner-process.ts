@@ -13,11 +13,12 @@ export const SCRIPTED_AGENT_COMMAND = `${process.execPath} --import ${import.met
 
 /**
  * A real `svc-runner` process connected to the service with `token`, its sandboxes under a
- * fresh root. Resolves once it says it is connected; killed when the test ends.
+ * fresh root, with `args` added to its command line. Resolves once it says it is connected;
+ * killed when the test ends.
  */
-export async function startRunnerProcess(t: Test, url: string, token: string) {
+export async function startRunnerProcess(t: Test, url: string, token: string, args: string[] = []) {
   const root = mkdtempSync(join(tmpdir(), 'svc-runner-root-'));
-  const child = spawn(process.execPath, [BIN, '--url', url, '--token', token, '--root', root], {
+  const child = spawn(process.execPath, [BIN, '--url', url, '--token', token, '--root', root, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const runner = { child, root, output: '' };

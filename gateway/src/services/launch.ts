@@ -56,6 +56,12 @@ export interface LaunchDeps {
   /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
   apiUrl: () => string;
   limits: SandboxLimits;
+  /**
+   * The base URL of each model provider's API by the provider part of a model name
+   * (`anthropic`, `openai`, `google`: ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GEMINI_BASE_URL):
+   * an egress allowlist always lets the runtime reach its provider.
+   */
+  providerUrls: Record<string, string>;
 }
 
 /** The credential each model provider's runtime reads, in the order they are tried. */
@@ -88,6 +94,20 @@ const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL' 
 function sessionMetaFor(agent: AgentRow): Record<string, unknown> | undefined {
   if (agent.runtime === 'claude' && agent.system.trim()) return { systemPrompt: { append: agent.system } };
   return undefined;
+}
+
+/**
+ * A sandbox's egress policy (DECISIONS: `allowed_hosts` is enforced by the runner): null for an
+ * environment without `networking_config` (unrestricted); otherwise its allowlist plus the
+ * host of the agent's model provider and of the service itself (SVC_API_URL, which the runtime
+ * calls for sub-conversations), so a list, even empty, never cuts the runtime off from either.
+ */
+function networkPolicy(deps: LaunchDeps, environment: EnvironmentRow, agent: AgentRow) {
+  if (!environment.networking_config) return null;
+  const always = [deps.providerUrls[providerOf(agent.model) ?? ''], deps.apiUrl()].flatMap((u) =>
+    u ? [new URL(u).host] : [],
+  );
+  return { allowed_hosts: [...new Set([...environment.networking_config.allowed_hosts, ...always])] };
 }
 
 /** Splits a configured command line on spaces (quotes group words). */
@@ -199,7 +219,11 @@ interface TurnPlan {
   conversationId: string;
   sandbox: sandboxes.SandboxRow;
   /** Build the machine first (a new sandbox, or a new incarnation of one that is gone). */
-  build: { env: Record<string, string>; setupScript: string | null } | null;
+  build: {
+    env: Record<string, string>;
+    setupScript: string | null;
+    network: { allowed_hosts: string[] } | null;
+  } | null;
   turn: {
     id: string;
     prompt: string;
@@ -241,6 +265,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         conversation_id: conversationId,
         env: plan.build.env,
         setup_script: plan.build.setupScript,
+        network: plan.build.network,
       });
     }
     if (plan.turn) {
@@ -479,7 +504,9 @@ export async function startConversation(
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: machine.gone ? { env, setupScript: environment.setup_script || null } : null,
+    build: machine.gone
+      ? { env, setupScript: environment.setup_script || null, network: networkPolicy(deps, environment, agent) }
+      : null,
     turn:
       turnId && input.prompt
         ? {
@@ -568,7 +595,9 @@ export async function sendPrompt(
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: gone ? { env, setupScript: environment.setup_script || null } : null,
+    build: gone
+      ? { env, setupScript: environment.setup_script || null, network: networkPolicy(deps, environment, agent) }
+      : null,
     turn: {
       id: turnId,
       prompt: input.prompt,

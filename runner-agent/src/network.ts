@@ -1,0 +1,136 @@
+import type { RunnerEvent } from '@svc/core';
+import { EgressProxy, type OnRefused } from './egress-proxy.ts';
+import { installFirewall } from './firewall.ts';
+
+/** The unprivileged user runtimes and setup scripts run as (`svc-runner --run-as`). */
+export interface RunAs {
+  name: string;
+  uid: number;
+  gid: number;
+}
+
+/** What the `network` stage applied to a sandbox, as its processes need it. */
+export interface SandboxEgress {
+  /**
+   * The proxy variables of a process of `conversationId` on the sandbox (empty when it is
+   * unrestricted and nothing goes through the proxy). Each conversation has its own
+   * credential, so a refusal is reported to the conversation whose process made it.
+   */
+  env(conversationId: string): Record<string, string>;
+}
+
+/**
+ * Hosts a process reaches without the proxy: loopback is the sandbox's own machine (its test
+ * servers, and SVC_API_URL when the service runs there), not egress.
+ */
+const NO_PROXY = 'localhost,127.0.0.1,::1';
+
+type Emit = (event: RunnerEvent) => void;
+
+/**
+ * The runner's egress control (DECISIONS: `networking_config.allowed_hosts` is enforced): one
+ * allow-listing proxy for all its sandboxes, started on first use, and, when the runner is
+ * root and runs processes as a `--run-as` user, a firewall rule by that user's id that leaves
+ * a process ignoring the proxy no route off the machine. The rule is per user, not per
+ * sandbox, so with it in place an unrestricted sandbox also goes out through the proxy (with
+ * no allowlist): only HTTP(S) leaves then, and its stage says so.
+ */
+export class RunnerEgress {
+  private proxy: Promise<EgressProxy> | undefined;
+  private firewall: Promise<string> | undefined;
+
+  constructor(
+    readonly runAs: RunAs | null,
+    private readonly onRefused: OnRefused,
+  ) {}
+
+  /** `uid <n>` when the rule holds, else `none: <why>`; the rule is installed on first call. */
+  private firewallState(): Promise<string> {
+    if (!this.runAs) {
+      return Promise.resolve(
+        process.getuid?.() === 0
+          ? 'none: no --run-as user (runtimes run as the runner’s own user)'
+          : 'none: runner is not root',
+      );
+    }
+    if (process.getuid?.() !== 0) return Promise.resolve('none: runner is not root');
+    this.firewall ??= installFirewall(this.runAs.uid);
+    return this.firewall;
+  }
+
+  private started(): Promise<EgressProxy> {
+    this.proxy ??= EgressProxy.start(this.onRefused);
+    return this.proxy;
+  }
+
+  /**
+   * Runs stage `network` for a sandbox: applies `network` (null: unrestricted) and reports what
+   * holds in the stage's data, `{"mode": "proxy" | "unrestricted", "allowed_hosts": [...],
+   * "firewall": "uid <n>" | "none: <why>"}`, with a `note` where the proxy is only advisory.
+   * Fails the stage (and the build) when an allowlist cannot be applied at all.
+   */
+  async apply(
+    spec: { id: string; incarnation: number; conversationId: string; network?: { allowed_hosts: string[] } | null },
+    emit: Emit,
+  ): Promise<SandboxEgress> {
+    const { id: sandbox, incarnation, conversationId } = spec;
+    const network = spec.network ?? null;
+    const base = {
+      conversation_id: conversationId,
+      kind: 'stage' as const,
+      stream: 'stage' as const,
+      stage: 'network',
+    };
+    // A new build (incarnation) of the sandbox: the credentials of the one before end.
+    this.forget(sandbox);
+    const startedAt = Date.now();
+    const firewall = await this.firewallState();
+    const enforced = firewall.startsWith('uid ');
+    if (network === null && !enforced) return { env: () => ({}) };
+    emit({ ...base, state: 'started' });
+    try {
+      const proxy = await this.started();
+      const allowedHosts = network ? [...new Set(network.allowed_hosts)] : null;
+      const data: Record<string, unknown> = network
+        ? { mode: 'proxy', allowed_hosts: allowedHosts, firewall }
+        : { mode: 'unrestricted', firewall };
+      if (network && !enforced) {
+        data.note = 'the proxy is advisory: a process that ignores HTTP(S)_PROXY is not stopped';
+      }
+      if (!network && enforced) data.note = 'only HTTP(S) through the runner’s proxy leaves the machine';
+      emit({ ...base, state: 'done', duration_ms: Date.now() - startedAt, data: JSON.stringify(data) });
+      const urls = new Map<string, string>();
+      return {
+        env: (conv): Record<string, string> => {
+          let url = urls.get(conv);
+          if (!url) {
+            url = proxy.grant({ sandbox, incarnation, conversationId: conv, allowedHosts });
+            urls.set(conv, url);
+          }
+          return {
+            HTTP_PROXY: url,
+            HTTPS_PROXY: url,
+            http_proxy: url,
+            https_proxy: url,
+            NO_PROXY,
+            no_proxy: NO_PROXY,
+          };
+        },
+      };
+    } catch (err) {
+      const message = `egress policy not applied: ${(err as Error).message}`;
+      emit({ ...base, state: 'failed', duration_ms: Date.now() - startedAt, data: message });
+      throw new Error(message);
+    }
+  }
+
+  /** The sandbox's proxy credentials stop working (it was destroyed or rebuilt). */
+  forget(sandbox: string): void {
+    void this.proxy?.then((p) => p.revoke(sandbox));
+  }
+
+  async close(): Promise<void> {
+    const proxy = await this.proxy?.catch(() => undefined);
+    await proxy?.close();
+  }
+}
