@@ -82,9 +82,13 @@ const CREDENTIALS: Record<
  * the variable it reads, and the model selected in its ACP session by the runner. Claude Code
  * lists the model named by ANTHROPIC_MODEL among the session's model choices, and
  * claude-agent-acp opens every session on its first choice ("default") whatever the
- * environment says, so both are needed. Other runtimes get no model yet.
+ * environment says, so both are needed. Gemini CLI reads GEMINI_MODEL (its documented
+ * variable; not tested with the real CLI here). codex and opencode get no model yet.
  */
-const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL' };
+const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL', gemini: 'GEMINI_MODEL' };
+
+/** Runtimes whose ACP session the runner switches to the agent's model (tested with the real agent). */
+const SESSION_MODEL = new Set<Runtime>(['claude']);
 
 /**
  * How the agent's system prompt reaches each runtime whose way is known: claude-agent-acp
@@ -210,7 +214,7 @@ async function runtimeEnvironment(
     token.key,
     ...(credential ? [credential.value] : []),
   ]);
-  return { env, runtimeEnv, model };
+  return { env, runtimeEnv, model: SESSION_MODEL.has(runtime) ? model : undefined };
 }
 
 /** What runs a turn on a sandbox once the records are written (in the background). */
