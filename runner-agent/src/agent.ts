@@ -28,6 +28,8 @@ export interface AgentOptions {
   token: string;
   /** The directory sandboxes live under. */
   root: string;
+  /** `--allow-apt`: builds may install the environment's apt packages on this machine. */
+  allowApt?: boolean;
   hostname?: string;
   /** Reconnect backoff: first delay and ceiling (exponential with full jitter between). */
   backoffMs?: { first: number; max: number };
@@ -261,8 +263,12 @@ export class RunnerAgent {
               conversationId: command.conversation_id,
               env: command.env,
               setupScript: command.setup_script,
+              repositories: command.repositories,
+              packages: command.packages,
+              skills: command.skills,
             },
             emit,
+            { allowApt: this.options.allowApt ?? false },
           ),
         );
         this.building.set(command.sandbox, build);

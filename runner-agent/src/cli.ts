@@ -1,9 +1,11 @@
 /**
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
- *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
+ *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1] [--allow-apt]
  *
- * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME. It says
+ * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
+ * SVC_RUNNER_ALLOW_APT=1. `--allow-apt` lets builds install environments' apt packages on this
+ * machine (as root, or through passwordless sudo); without it a build with apt packages fails. It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
 import { mkdirSync } from 'node:fs';
@@ -23,8 +25,9 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
   refused: 8,
 };
 
-const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
-  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME)
+const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>] [--allow-apt]
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_ALLOW_APT=1)
+  --allow-apt: environments' apt packages may be installed on this machine (as root or with passwordless sudo)
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
 
 function say(line: string): void {
@@ -43,6 +46,7 @@ const { values } = (() => {
         token: { type: 'string' },
         root: { type: 'string' },
         name: { type: 'string' },
+        'allow-apt': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -63,6 +67,7 @@ const url = values.url ?? process.env.SVC_RUNNER_URL;
 const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
+const allowApt = values['allow-apt'] ?? process.env.SVC_RUNNER_ALLOW_APT === '1';
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -81,8 +86,8 @@ try {
   fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
 }
 
-say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}`);
-const agent = new RunnerAgent({ url, token, root: rootDir, ...(name ? { hostname: name } : {}) }, (e) => {
+say(`runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${allowApt ? '; apt packages allowed' : ''}`);
+const agent = new RunnerAgent({ url, token, root: rootDir, allowApt, ...(name ? { hostname: name } : {}) }, (e) => {
   switch (e.type) {
     case 'connecting':
       if (e.attempt === 1) say(`connecting to ${e.url}`);

@@ -1,7 +1,10 @@
-import { spawn } from 'node:child_process';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { RunnerEvent } from '@svc/core';
+import { gitClone, pathInside } from './clone.ts';
+import { installApt, installNpm, npmBin } from './packages.ts';
+import { runStreamed } from './run-streamed.ts';
+import { installSkillSource, type SkillSpec, writeInlineSkills } from './skills.ts';
 
 export interface SandboxSpec {
   id: string;
@@ -9,6 +12,15 @@ export interface SandboxSpec {
   conversationId: string;
   env: Record<string, string>;
   setupScript: string | null;
+  repositories?: { url: string; mount_path: string }[] | undefined;
+  packages?: { apt?: string[] | undefined; npm?: string[] | undefined } | undefined;
+  skills?: SkillSpec[] | undefined;
+}
+
+/** What the runner's owner allows builds to do on this machine. */
+export interface BuildOptions {
+  /** `--allow-apt`: apt packages may be installed on the machine (as root or with sudo -n). */
+  allowApt: boolean;
 }
 
 /** A sandbox on this machine: its directory and the environment its processes get. */
@@ -36,14 +48,19 @@ async function stage<T>(emit: Emit, conversationId: string, name: string, fn: ()
   }
 }
 
-/** The environment a sandbox's processes start with: the sandbox's own, nothing of ours. */
+/**
+ * The environment a sandbox's processes start with: the sandbox's own, nothing of ours, with the
+ * binaries of its npm packages first on PATH.
+ */
 export function sandboxEnv(sandbox: { dir: string; env: Record<string, string> }): Record<string, string> {
-  return {
+  const env: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
     HOME: sandbox.dir,
     LANG: 'C.UTF-8',
     ...sandbox.env,
   };
+  env.PATH = `${npmBin(sandbox.dir)}:${env.PATH}`;
+  return env;
 }
 
 /** The directory a sandbox lives in under the runner's root. */
@@ -52,17 +69,25 @@ export function sandboxDir(root: string, id: string): string {
 }
 
 /**
- * Builds a sandbox under `root`, reporting each stage as it goes: `provision` (its directory)
- * and `setup` (the environment's setup script, its output streamed as stdout/stderr events).
+ * Builds a sandbox under `root`, reporting each stage as it goes: `provision` (its directory,
+ * and the agent's inline skills written into it), `clone` (the environment's repositories into
+ * their `mount_path`, then skills from a source), `packages` (apt, then npm) and `setup` (the
+ * environment's setup script). Each stage's output (git, npm, apt-get, the script) is streamed
+ * as stdout/stderr events. A stage with nothing to do is not reported at all.
  * The build ends with stage `sandbox` `done` (the service then marks the sandbox ready; the
  * service opened that stage when it asked for the machine) or, after the failed stage,
  * `sandbox` `failed` with the reason, and rejects.
  */
-export async function buildSandbox(root: string, spec: SandboxSpec, emit: Emit): Promise<Sandbox> {
+export async function buildSandbox(
+  root: string,
+  spec: SandboxSpec,
+  emit: Emit,
+  options: BuildOptions = { allowApt: false },
+): Promise<Sandbox> {
   const started = Date.now();
   const closing = { conversation_id: spec.conversationId, kind: 'stage' as const, stream: 'stage' as const };
   try {
-    const sandbox = await buildSteps(root, spec, emit);
+    const sandbox = await buildSteps(root, spec, emit, options);
     emit({ ...closing, stage: 'sandbox', state: 'done', duration_ms: Date.now() - started });
     return sandbox;
   } catch (err) {
@@ -77,36 +102,41 @@ export async function buildSandbox(root: string, spec: SandboxSpec, emit: Emit):
   }
 }
 
-async function buildSteps(root: string, spec: SandboxSpec, emit: Emit): Promise<Sandbox> {
+async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
   const dir = sandboxDir(root, spec.id);
-  await stage(emit, spec.conversationId, 'provision', () => mkdir(dir, { recursive: true, mode: 0o700 }));
+  const skills = spec.skills ?? [];
+  await stage(emit, spec.conversationId, 'provision', async () => {
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await writeInlineSkills(dir, skills);
+  });
   const sandbox: Sandbox = { id: spec.id, incarnation: spec.incarnation, dir, env: spec.env };
+  const env = sandboxEnv(sandbox);
+  const output = (stream: 'stdout' | 'stderr', data: string) =>
+    emit({ conversation_id: spec.conversationId, kind: 'output', stream, data });
+  const repositories = spec.repositories ?? [];
+  const sources = skills.filter((s) => 'source' in s);
+  if (repositories.length > 0 || sources.length > 0) {
+    await stage(emit, spec.conversationId, 'clone', async () => {
+      for (const repo of repositories) {
+        await gitClone(repo.url, await pathInside(dir, repo.mount_path), undefined, { cwd: dir, env }, output);
+      }
+      for (const source of sources) await installSkillSource(dir, source, env, output);
+    });
+  }
+  const npm = spec.packages?.npm ?? [];
+  const apt = spec.packages?.apt ?? [];
+  if (npm.length > 0 || apt.length > 0) {
+    await stage(emit, spec.conversationId, 'packages', async () => {
+      // apt first: a refused or failed apt install fails the build before a long npm install.
+      if (apt.length > 0) await installApt(dir, apt, options.allowApt, env, output);
+      if (npm.length > 0) await installNpm(dir, npm, env, output);
+    });
+  }
   const script = spec.setupScript;
   if (script?.trim()) {
     await stage(emit, spec.conversationId, 'setup', () =>
-      runScript(script, dir, sandboxEnv(sandbox), (stream, data) =>
-        emit({ conversation_id: spec.conversationId, kind: 'output', stream, data }),
-      ),
+      runStreamed('the setup script', 'bash', ['-c', script], { cwd: dir, env }, output),
     );
   }
   return sandbox;
-}
-
-/** Runs a shell script in its own process group, streaming its output; rejects on a non-zero exit. */
-function runScript(
-  script: string,
-  cwd: string,
-  env: Record<string, string>,
-  onOutput: (stream: 'stdout' | 'stderr', data: string) => void,
-): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const child = spawn('bash', ['-c', script], { cwd, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-    child.stdout.setEncoding('utf8').on('data', (d: string) => onOutput('stdout', d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => onOutput('stderr', d));
-    child.on('error', reject);
-    child.on('close', (code, signal) => {
-      if (code === 0) resolve();
-      else reject(new Error(`the setup script ${signal ? `was killed by ${signal}` : `exited with ${code}`}`));
-    });
-  });
 }

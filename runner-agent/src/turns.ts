@@ -80,6 +80,8 @@ export class Turns {
           cwd: built.dir,
           env: sandboxEnv({ dir: built.dir, env: command.runtime.env }),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
+          // ACP stdio McpServer entries; `env` is empty: a server inherits the runtime's.
+          mcpServers: (command.mcp_servers ?? []).map((m) => ({ ...m, env: [] })),
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,

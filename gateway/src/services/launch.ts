@@ -2,10 +2,12 @@ import {
   ApiError,
   AVATAR_TYPES,
   newId,
+  Packages,
   PROMPT_IMAGE_MAX_BYTES,
   providerOf,
   type Runtime,
   runtimeModel,
+  type SandboxCreateCommand,
   sniffImage,
   validationFailed,
 } from '@svc/core';
@@ -98,6 +100,20 @@ function policyOf(agent: AgentRow) {
 /** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
 const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
 
+/** What the runner builds besides the directory: the environment's repositories and packages, the agent's skills. */
+function buildStages(agent: AgentRow, environment: EnvironmentRow) {
+  const packages = Packages.safeParse(environment.packages);
+  return {
+    repositories: environment.repositories,
+    packages: packages.success ? { apt: packages.data.apt ?? [], npm: packages.data.npm ?? [] } : {},
+    skills: agent.skills as SandboxCreateCommand['skills'],
+  };
+}
+
+function mcpServersOf(agent: AgentRow) {
+  return Object.entries(agent.mcp_servers).map(([name, m]) => ({ name, command: m.command, args: m.args ?? [] }));
+}
+
 /**
  * Images sent with a prompt, decoded and checked by their bytes: each must be png, jpeg, gif
  * or webp and agree with its declared type (415), and fit in 5 MB (413).
@@ -188,7 +204,12 @@ interface TurnPlan {
   conversationId: string;
   sandbox: sandboxes.SandboxRow;
   /** Build the machine first (a new sandbox, or a new incarnation of one that is gone). */
-  build: { env: Record<string, string>; setupScript: string | null } | null;
+  build: {
+    env: Record<string, string>;
+    setupScript: string | null;
+    /** Repositories, packages and skills for stages `clone`, `packages` and `provision`. */
+    stages: ReturnType<typeof buildStages>;
+  } | null;
   turn: {
     id: string;
     prompt: string;
@@ -199,6 +220,8 @@ interface TurnPlan {
     model: string | undefined;
     /** Which permission requests wait for an answer over the API (the agent's `permission_policy`). */
     permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
+    /** The agent's MCP servers, for the runtime's ACP session. */
+    mcpServers: { name: string; command: string; args: string[] }[];
   } | null;
 }
 
@@ -228,6 +251,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         conversation_id: conversationId,
         env: plan.build.env,
         setup_script: plan.build.setupScript,
+        ...plan.build.stages,
       });
     }
     if (plan.turn) {
@@ -243,6 +267,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
+        mcp_servers: plan.turn.mcpServers,
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
           : {}),
@@ -460,7 +485,9 @@ export async function startConversation(
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: machine.gone ? { env, setupScript: environment.setup_script || null } : null,
+    build: machine.gone
+      ? { env, setupScript: environment.setup_script || null, stages: buildStages(agent, environment) }
+      : null,
     turn:
       turnId && input.prompt
         ? {
@@ -471,6 +498,7 @@ export async function startConversation(
             env: runtimeEnv,
             model,
             permissionPolicy: policyOf(agent),
+            mcpServers: mcpServersOf(agent),
           }
         : null,
   });
@@ -548,7 +576,9 @@ export async function sendPrompt(
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: gone ? { env, setupScript: environment.setup_script || null } : null,
+    build: gone
+      ? { env, setupScript: environment.setup_script || null, stages: buildStages(agent, environment) }
+      : null,
     turn: {
       id: turnId,
       prompt: input.prompt,
@@ -557,6 +587,7 @@ export async function sendPrompt(
       env: runtimeEnv,
       model,
       permissionPolicy: policyOf(agent),
+      mcpServers: mcpServersOf(agent),
     },
   });
   return turn;
