@@ -1,10 +1,11 @@
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
+import { pathInside } from '../../runner-agent/src/clone.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
@@ -286,4 +287,17 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
     );
     t.equal(turn.state, 'failed');
   });
+});
+
+t.test('a mount_path must name a new directory inside the sandbox, also past symbolic links', async (t) => {
+  const sandbox = mkdtempSync(join(tmpdir(), 'svc-mount-'));
+  const outside = mkdtempSync(join(tmpdir(), 'svc-outside-'));
+  symlinkSync(outside, join(sandbox, 'link'));
+  mkdirSync(join(sandbox, 'taken'));
+  t.equal(await pathInside(sandbox, 'src/tools'), join(sandbox, 'src', 'tools'), 'a new directory, parents created');
+  await t.rejects(pathInside(sandbox, 'link/repo'), /leads outside the sandbox through a symbolic link/);
+  await t.rejects(pathInside(sandbox, 'link/deeper/repo'), /leads outside the sandbox/);
+  await t.rejects(pathInside(sandbox, '../escape'), /does not name a directory inside the sandbox/);
+  await t.rejects(pathInside(sandbox, '.'), /does not name a directory inside the sandbox/);
+  await t.rejects(pathInside(sandbox, 'taken'), /already exists/);
 });
