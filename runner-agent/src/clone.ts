@@ -1,6 +1,6 @@
 import { mkdir, realpath, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, relative, resolve } from 'node:path';
-import { machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
+import { FETCH_TIMEOUT_MS, machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
 
 /** How many of git's last stderr lines a failed clone quotes in its message. */
 const QUOTED_LINES = 3;
@@ -78,13 +78,19 @@ export async function gitClone(
   const tail: string[] = [];
   const args = ['clone', '--depth', '1', '--progress', ...(ref ? ['--branch', ref] : []), '--', url, target];
   try {
-    await runStreamed('git clone', 'git', args, { cwd: options.cwd, env: gitEnv(url, options.env) }, (stream, data) => {
-      if (stream === 'stderr') {
-        for (const line of data.split(/[\r\n]+/)) if (line.trim()) tail.push(line.trim());
-        tail.splice(0, Math.max(0, tail.length - QUOTED_LINES));
-      }
-      onOutput(stream, data);
-    });
+    await runStreamed(
+      'git clone',
+      'git',
+      args,
+      { cwd: options.cwd, env: gitEnv(url, options.env), timeoutMs: FETCH_TIMEOUT_MS },
+      (stream, data) => {
+        if (stream === 'stderr') {
+          for (const line of data.split(/[\r\n]+/)) if (line.trim()) tail.push(line.trim());
+          tail.splice(0, Math.max(0, tail.length - QUOTED_LINES));
+        }
+        onOutput(stream, data);
+      },
+    );
   } catch (err) {
     const said = tail.filter(
       (l) => !/^(Cloning into|remote: (Counting|Compressing|Total)|Receiving|Resolving)/.test(l),

@@ -1,6 +1,6 @@
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
+import { FETCH_TIMEOUT_MS, machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
 
 /** Where a sandbox's npm packages go; its `node_modules/.bin` is on the sandbox's PATH. */
 export function npmPrefix(dir: string): string {
@@ -29,7 +29,13 @@ export async function installNpm(
   await mkdir(prefix, { recursive: true });
   const args = ['install', '--prefix', prefix, '--no-audit', '--no-fund', '--no-save', '--', ...packages];
   try {
-    await runStreamed('npm install', 'npm', args, { cwd: dir, env: { ...machineTrust(), ...env } }, onOutput);
+    await runStreamed(
+      'npm install',
+      'npm',
+      args,
+      { cwd: dir, env: { ...machineTrust(), ...env }, timeoutMs: FETCH_TIMEOUT_MS },
+      onOutput,
+    );
   } catch (err) {
     throw new Error(`installing npm packages (${packages.join(', ')}) failed: ${(err as Error).message}`);
   }
@@ -58,12 +64,12 @@ export async function installApt(
   const aptEnv = { ...env, DEBIAN_FRONTEND: 'noninteractive' };
   const run = (what: string, args: string[]) =>
     root
-      ? runStreamed(what, 'apt-get', args, { cwd: dir, env: aptEnv }, onOutput)
+      ? runStreamed(what, 'apt-get', args, { cwd: dir, env: aptEnv, timeoutMs: FETCH_TIMEOUT_MS }, onOutput)
       : runStreamed(
           what,
           'sudo',
           ['-n', '--preserve-env=DEBIAN_FRONTEND', 'apt-get', ...args],
-          { cwd: dir, env: aptEnv },
+          { cwd: dir, env: aptEnv, timeoutMs: FETCH_TIMEOUT_MS },
           onOutput,
         );
   try {

@@ -1,20 +1,25 @@
 import { spawn } from 'node:child_process';
 
+/** How long one git clone, npm install or apt-get run may take before the build fails. */
+export const FETCH_TIMEOUT_MS = 10 * 60_000;
+
 export type OnOutput = (stream: 'stdout' | 'stderr', data: string) => void;
 
 /**
  * Runs `command` with exactly `env` in its own process group, streaming its output as it comes.
  * Resolves on exit 0; otherwise rejects with an Error whose message is `what` and how the
- * process ended (`exited with 128`, `was killed by SIGTERM`, `could not start: ENOENT`).
+ * process ended (`exited with 128`, `was killed by SIGTERM`, `could not start: ENOENT`). With
+ * `timeoutMs`, the whole group is killed when it runs longer and the Error says `timed out`.
  */
 export function runStreamed(
   what: string,
   command: string,
   args: string[],
-  options: { cwd: string; env: Record<string, string> },
+  options: { cwd: string; env: Record<string, string>; timeoutMs?: number },
   onOutput: OnOutput,
 ): Promise<void> {
   return new Promise((resolve, reject) => {
+    let timedOut = false;
     const child = spawn(command, args, {
       cwd: options.cwd,
       env: options.env,
@@ -26,8 +31,20 @@ export function runStreamed(
     child.on('error', (err: NodeJS.ErrnoException) =>
       reject(new Error(`${what} could not start: ${err.code ?? err.message}`)),
     );
+    const timer = options.timeoutMs
+      ? setTimeout(() => {
+          timedOut = true;
+          try {
+            process.kill(-(child.pid as number), 'SIGKILL');
+          } catch {
+            // ESRCH: the group is already gone.
+          }
+        }, options.timeoutMs)
+      : undefined;
     child.on('close', (code, signal) => {
-      if (code === 0) resolve();
+      clearTimeout(timer);
+      if (timedOut) reject(new Error(`${what} timed out after ${(options.timeoutMs ?? 0) / 1000} s`));
+      else if (code === 0) resolve();
       else reject(new Error(`${what} ${signal ? `was killed by ${signal}` : `exited with ${code}`}`));
     });
   });

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pathInside } from '../../runner-agent/src/clone.ts';
+import { runStreamed } from '../../runner-agent/src/run-streamed.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
@@ -300,4 +301,21 @@ t.test('a mount_path must name a new directory inside the sandbox, also past sym
   await t.rejects(pathInside(sandbox, '../escape'), /does not name a directory inside the sandbox/);
   await t.rejects(pathInside(sandbox, '.'), /does not name a directory inside the sandbox/);
   await t.rejects(pathInside(sandbox, 'taken'), /already exists/);
+});
+
+t.test('a build step that runs past its time limit is killed with its children and fails saying so', async (t) => {
+  const started = Date.now();
+  const out: string[] = [];
+  await t.rejects(
+    runStreamed(
+      'git clone',
+      'bash',
+      ['-c', 'echo fetching; sleep 30 & wait'],
+      { cwd: tmpdir(), env: { PATH: process.env.PATH ?? '' }, timeoutMs: 300 },
+      (_stream, data) => out.push(data),
+    ),
+    { message: 'git clone timed out after 0.3 s' },
+  );
+  t.ok(Date.now() - started < 5000, 'it did not wait for the sleeping child');
+  t.same(out, ['fetching\n'], 'output before the limit was streamed');
 });
