@@ -117,7 +117,36 @@ export const SandboxCreate = z.object({
     .object({ allowed_hosts: z.array(z.string().min(1).max(260)).max(600) })
     .nullable()
     .optional(),
+  /**
+   * The environment's repositories, cloned into `mount_path` under the sandbox (stage `clone`).
+   * This and the two fields below are optional: a runner one release older ignores them.
+   */
+  repositories: z
+    .array(z.object({ url: z.string().min(1).max(2000), mount_path: z.string().min(1).max(500) }))
+    .max(20)
+    .optional(),
+  /** The environment's `apt` and `npm` package lists (stage `packages`). */
+  packages: z
+    .object({
+      apt: z.array(z.string().max(200)).max(500).optional(),
+      npm: z.array(z.string().max(214)).max(500).optional(),
+    })
+    .optional(),
+  /**
+   * The agent's skills: `{name, content}` is written verbatim as `.claude/skills/<name>/SKILL.md`
+   * under the sandbox's HOME; `{source, ref?}` is a git repository cloned in stage `clone`.
+   */
+  skills: z
+    .array(
+      z.union([
+        z.object({ name: z.string().min(1).max(64), content: z.string().max(200_000) }),
+        z.object({ source: z.string().min(1).max(500), ref: z.string().min(1).max(200).optional() }),
+      ]),
+    )
+    .max(50)
+    .optional(),
 });
+export type SandboxCreateCommand = z.infer<typeof SandboxCreate>;
 
 export const SandboxDestroy = z.object({
   kind: z.literal('sandbox.destroy'),
@@ -170,6 +199,20 @@ export const TurnStart = z.object({
     .optional(),
   /** A request that waits this long unanswered is denied (PERMISSION_TIMEOUT_S); absent: 300 s. */
   permission_timeout_ms: z.number().int().min(100).optional(),
+  /**
+   * The agent's MCP servers, passed to the runtime in ACP `session/new` as stdio servers
+   * (`env` empty: they inherit the runtime's). Read when the conversation's runtime starts.
+   */
+  mcp_servers: z
+    .array(
+      z.object({
+        name: z.string().min(1).max(64),
+        command: z.string().min(1).max(1000),
+        args: z.array(z.string().max(4000)).max(100),
+      }),
+    )
+    .max(50)
+    .optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;

@@ -32,6 +32,8 @@ export interface AgentOptions {
   token: string;
   /** The directory sandboxes live under. */
   root: string;
+  /** `--allow-apt`: builds may install the environment's apt packages on this machine. */
+  allowApt?: boolean;
   hostname?: string;
   /** The unprivileged user runtimes and setup scripts run as (`--run-as`; needs root). */
   runAs?: RunAs;
@@ -349,9 +351,12 @@ export class RunnerAgent {
               env: command.env,
               setupScript: command.setup_script,
               network: command.network ?? null,
+              repositories: command.repositories,
+              packages: command.packages,
+              skills: command.skills,
             },
             emit,
-            this.egress,
+            { allowApt: this.options.allowApt ?? false, egress: this.egress },
           ),
         );
         this.building.set(command.sandbox, build);

@@ -2,12 +2,14 @@
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
  *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
- *              [--output-memory-mb 8] [--run-as sandbox-user]
+ *              [--output-memory-mb 8] [--run-as sandbox-user] [--allow-apt]
  *
  * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
- * SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS. `--run-as` (root only) runs runtimes and
- * setup scripts as that unprivileged user, and lets the runner fence that user's traffic into
- * its egress proxy with a firewall rule (see network.ts). It says
+ * SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1. `--run-as` (root only)
+ * runs runtimes and setup scripts as that unprivileged user, and lets the runner fence that
+ * user's traffic into its egress proxy with a firewall rule (see network.ts). `--allow-apt` lets
+ * builds install environments' apt packages on this machine (as root, or through passwordless
+ * sudo); without it a build with apt packages fails. It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
 import { execFileSync } from 'node:child_process';
@@ -30,11 +32,12 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
 };
 
 const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
-                  [--output-memory-mb <MiB>] [--run-as <unprivileged user>]
+                  [--output-memory-mb <MiB>] [--run-as <unprivileged user>] [--allow-apt]
   (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB,
-   SVC_RUNNER_RUN_AS)
+   SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1)
 --output-memory-mb: output not yet stored by the service kept in memory per sandbox (default 8);
   the rest waits on disk under <root>/spool.
+--allow-apt: environments' apt packages may be installed on this machine (as root or with passwordless sudo)
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
 
 function say(line: string): void {
@@ -55,6 +58,7 @@ const { values } = (() => {
         name: { type: 'string' },
         'output-memory-mb': { type: 'string' },
         'run-as': { type: 'string' },
+        'allow-apt': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -77,6 +81,7 @@ const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
 const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;
 const runAsName = values['run-as'] ?? process.env.SVC_RUNNER_RUN_AS;
+const allowApt = values['allow-apt'] ?? process.env.SVC_RUNNER_ALLOW_APT === '1';
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -116,12 +121,13 @@ if (runAsName) {
 }
 
 say(
-  `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}`,
+  `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}${allowApt ? '; apt packages allowed' : ''}`,
 );
 const options = {
   url,
   token,
   root: rootDir,
+  allowApt,
   ...(name ? { hostname: name } : {}),
   ...(outputMemory ? { outputMemory } : {}),
   ...(runAs ? { runAs } : {}),

@@ -1,8 +1,11 @@
-import { spawn } from 'node:child_process';
-import { chmod, chown, mkdir } from 'node:fs/promises';
+import { chmod, chown, lchown, mkdir, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { RunnerEvent } from '@svc/core';
+import { gitClone, pathInside } from './clone.ts';
 import type { RunAs, RunnerEgress, SandboxEgress } from './network.ts';
+import { installApt, installNpm, npmBin } from './packages.ts';
+import { runStreamed } from './run-streamed.ts';
+import { installSkillSource, type SkillSpec, writeInlineSkills } from './skills.ts';
 
 export interface SandboxSpec {
   id: string;
@@ -12,6 +15,17 @@ export interface SandboxSpec {
   setupScript: string | null;
   /** The egress policy (stage `network`): null or absent is unrestricted. */
   network?: { allowed_hosts: string[] } | null;
+  repositories?: { url: string; mount_path: string }[] | undefined;
+  packages?: { apt?: string[] | undefined; npm?: string[] | undefined } | undefined;
+  skills?: SkillSpec[] | undefined;
+}
+
+/** What the runner's owner allows builds to do on this machine, and its egress. */
+export interface BuildOptions {
+  /** `--allow-apt`: apt packages may be installed on the machine (as root or with sudo -n). */
+  allowApt: boolean;
+  /** The runner's egress proxy and `--run-as` user (stage `network`). */
+  egress?: RunnerEgress | undefined;
 }
 
 /** A sandbox on this machine: its directory and the environment its processes get. */
@@ -44,21 +58,23 @@ async function stage<T>(emit: Emit, conversationId: string, name: string, fn: ()
 }
 
 /**
- * The environment a sandbox's processes start with: the sandbox's own, nothing of ours but
- * the egress proxy variables of `conversationId`'s processes, which the sandbox's variables
- * cannot override.
+ * The environment a sandbox's processes start with: the sandbox's own, with the binaries of
+ * its npm packages first on PATH, and nothing of ours but the egress proxy variables of
+ * `conversationId`'s processes, which the sandbox's variables cannot override.
  */
 export function sandboxEnv(
   sandbox: { dir: string; env: Record<string, string>; egress?: SandboxEgress },
   conversationId?: string,
 ): Record<string, string> {
-  return {
+  const env: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
     HOME: sandbox.dir,
     LANG: 'C.UTF-8',
     ...sandbox.env,
     ...(conversationId && sandbox.egress ? sandbox.egress.env(conversationId) : {}),
   };
+  env.PATH = `${npmBin(sandbox.dir)}:${env.PATH}`;
+  return env;
 }
 
 /** The directory a sandbox lives in under the runner's root. */
@@ -68,9 +84,13 @@ export function sandboxDir(root: string, id: string): string {
 
 /**
  * Builds a sandbox under `root`, reporting each stage as it goes: `provision` (its directory,
- * owned by the `--run-as` user when there is one), `network` (the egress policy, through
- * `egress`; see RunnerEgress.apply) and `setup` (the environment's setup script, its output
- * streamed as stdout/stderr events).
+ * owned by the `--run-as` user when there is one, and the agent's inline skills written into
+ * it), `network` (the egress policy, through the runner's egress; see RunnerEgress.apply),
+ * `clone` (the environment's repositories into their `mount_path`, then skills from a source),
+ * `packages` (apt, then npm) and `setup` (the environment's setup script). Each stage's output
+ * (git, npm, apt-get, the script) is streamed as stdout/stderr events. A stage with nothing to
+ * do is not reported at all. git and npm fetch through the sandbox's egress proxy, so an
+ * allowlist must name the hosts they fetch from.
  * The build ends with stage `sandbox` `done` (the service then marks the sandbox ready; the
  * service opened that stage when it asked for the machine) or, after the failed stage,
  * `sandbox` `failed` with the reason, and rejects.
@@ -79,12 +99,12 @@ export async function buildSandbox(
   root: string,
   spec: SandboxSpec,
   emit: Emit,
-  egress?: RunnerEgress,
+  options: BuildOptions = { allowApt: false },
 ): Promise<Sandbox> {
   const started = Date.now();
   const closing = { conversation_id: spec.conversationId, kind: 'stage' as const, stream: 'stage' as const };
   try {
-    const sandbox = await buildSteps(root, spec, emit, egress);
+    const sandbox = await buildSteps(root, spec, emit, options);
     emit({ ...closing, stage: 'sandbox', state: 'done', duration_ms: Date.now() - started });
     return sandbox;
   } catch (err) {
@@ -99,16 +119,19 @@ export async function buildSandbox(
   }
 }
 
-async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, egress?: RunnerEgress): Promise<Sandbox> {
+async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
   const dir = sandboxDir(root, spec.id);
+  const { egress } = options;
   const user = egress?.runAs ?? undefined;
+  const skills = spec.skills ?? [];
   await stage(emit, spec.conversationId, 'provision', async () => {
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    await writeInlineSkills(dir, skills);
     if (user) {
       // The user may pass through the runner's directories to its sandbox, not list them.
       await chmod(root, 0o711);
       await chmod(join(root, 'sandboxes'), 0o711);
-      await chown(dir, user.uid, user.gid);
+      await chownTree(dir, user);
     }
   });
   const sandbox: Sandbox = {
@@ -119,39 +142,45 @@ async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, egress?: 
     ...(user ? { user } : {}),
   };
   if (egress) sandbox.egress = await egress.apply(spec, emit);
+  const env = sandboxEnv(sandbox, spec.conversationId);
+  const output = (stream: 'stdout' | 'stderr', data: string) =>
+    emit({ conversation_id: spec.conversationId, kind: 'output', stream, data });
+  const repositories = spec.repositories ?? [];
+  const sources = skills.filter((s) => 'source' in s);
+  if (repositories.length > 0 || sources.length > 0) {
+    await stage(emit, spec.conversationId, 'clone', async () => {
+      for (const repo of repositories) {
+        await gitClone(repo.url, await pathInside(dir, repo.mount_path), undefined, { cwd: dir, env }, output);
+      }
+      for (const source of sources) await installSkillSource(dir, source, env, output);
+    });
+  }
+  const npm = spec.packages?.npm ?? [];
+  const apt = spec.packages?.apt ?? [];
+  if (npm.length > 0 || apt.length > 0) {
+    await stage(emit, spec.conversationId, 'packages', async () => {
+      // apt first: a refused or failed apt install fails the build before a long npm install.
+      if (apt.length > 0) await installApt(dir, apt, options.allowApt, env, output);
+      if (npm.length > 0) await installNpm(dir, npm, env, output);
+    });
+  }
+  // The runner cloned and installed as itself: what it wrote becomes the sandbox user's.
+  if (user && (repositories.length > 0 || sources.length > 0 || npm.length > 0)) await chownTree(dir, user);
   const script = spec.setupScript;
   if (script?.trim()) {
     await stage(emit, spec.conversationId, 'setup', () =>
-      runScript(script, dir, sandboxEnv(sandbox, spec.conversationId), user, (stream, data) =>
-        emit({ conversation_id: spec.conversationId, kind: 'output', stream, data }),
-      ),
+      runStreamed('the setup script', 'bash', ['-c', script], { cwd: dir, env, ...(user ? { user } : {}) }, output),
     );
   }
   return sandbox;
 }
 
-/** Runs a shell script in its own process group, streaming its output; rejects on a non-zero exit. */
-function runScript(
-  script: string,
-  cwd: string,
-  env: Record<string, string>,
-  user: RunAs | undefined,
-  onOutput: (stream: 'stdout' | 'stderr', data: string) => void,
-): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const child = spawn('bash', ['-c', script], {
-      cwd,
-      env,
-      detached: true,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      ...(user ? { uid: user.uid, gid: user.gid } : {}),
-    });
-    child.stdout.setEncoding('utf8').on('data', (d: string) => onOutput('stdout', d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => onOutput('stderr', d));
-    child.on('error', reject);
-    child.on('close', (code, signal) => {
-      if (code === 0) resolve();
-      else reject(new Error(`the setup script ${signal ? `was killed by ${signal}` : `exited with ${code}`}`));
-    });
-  });
+/** Gives a directory tree to `user` (symbolic links themselves, never what they point to). */
+async function chownTree(dir: string, user: RunAs): Promise<void> {
+  await chown(dir, user.uid, user.gid);
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) await chownTree(path, user);
+    else await lchown(path, user.uid, user.gid);
+  }
 }

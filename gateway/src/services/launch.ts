@@ -2,10 +2,12 @@ import {
   ApiError,
   AVATAR_TYPES,
   newId,
+  Packages,
   PROMPT_IMAGE_MAX_BYTES,
   providerOf,
   type Runtime,
   runtimeModel,
+  type SandboxCreateCommand,
   sniffImage,
   validationFailed,
 } from '@svc/core';
@@ -133,6 +135,20 @@ function policyOf(agent: AgentRow) {
 /** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
 const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
 
+/** What the runner builds besides the directory: the environment's repositories and packages, the agent's skills. */
+function buildStages(agent: AgentRow, environment: EnvironmentRow) {
+  const packages = Packages.safeParse(environment.packages);
+  return {
+    repositories: environment.repositories,
+    packages: packages.success ? { apt: packages.data.apt ?? [], npm: packages.data.npm ?? [] } : {},
+    skills: agent.skills as SandboxCreateCommand['skills'],
+  };
+}
+
+function mcpServersOf(agent: AgentRow) {
+  return Object.entries(agent.mcp_servers).map(([name, m]) => ({ name, command: m.command, args: m.args ?? [] }));
+}
+
 /**
  * Images sent with a prompt, decoded and checked by their bytes: each must be png, jpeg, gif
  * or webp and agree with its declared type (415), and fit in 5 MB (413).
@@ -227,6 +243,8 @@ interface TurnPlan {
     env: Record<string, string>;
     setupScript: string | null;
     network: { allowed_hosts: string[] } | null;
+    /** Repositories, packages and skills for stages `clone`, `packages` and `provision`. */
+    stages: ReturnType<typeof buildStages>;
   } | null;
   turn: {
     id: string;
@@ -240,6 +258,8 @@ interface TurnPlan {
     permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
     /** `_meta` for the runtime's session/new (the system prompt, for runtimes that take it there). */
     sessionMeta: Record<string, unknown> | undefined;
+    /** The agent's MCP servers, for the runtime's ACP session. */
+    mcpServers: { name: string; command: string; args: string[] }[];
   } | null;
 }
 
@@ -270,6 +290,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         env: plan.build.env,
         setup_script: plan.build.setupScript,
         network: plan.build.network,
+        ...plan.build.stages,
       });
     }
     if (plan.turn) {
@@ -291,6 +312,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
+        mcp_servers: plan.turn.mcpServers,
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
           : {}),
@@ -509,7 +531,12 @@ export async function startConversation(
     conversationId,
     sandbox,
     build: machine.gone
-      ? { env, setupScript: environment.setup_script || null, network: networkPolicy(deps, environment, agent) }
+      ? {
+          env,
+          setupScript: environment.setup_script || null,
+          network: networkPolicy(deps, environment, agent),
+          stages: buildStages(agent, environment),
+        }
       : null,
     turn:
       turnId && input.prompt
@@ -522,6 +549,7 @@ export async function startConversation(
             model,
             permissionPolicy: policyOf(agent),
             sessionMeta: sessionMetaFor(agent),
+            mcpServers: mcpServersOf(agent),
           }
         : null,
   });
@@ -600,7 +628,12 @@ export async function sendPrompt(
     conversationId,
     sandbox,
     build: gone
-      ? { env, setupScript: environment.setup_script || null, network: networkPolicy(deps, environment, agent) }
+      ? {
+          env,
+          setupScript: environment.setup_script || null,
+          network: networkPolicy(deps, environment, agent),
+          stages: buildStages(agent, environment),
+        }
       : null,
     turn: {
       id: turnId,
@@ -611,6 +644,7 @@ export async function sendPrompt(
       model,
       permissionPolicy: policyOf(agent),
       sessionMeta: sessionMetaFor(agent),
+      mcpServers: mcpServersOf(agent),
     },
   });
   return turn;
