@@ -55,11 +55,7 @@ t.test('a gemini runtime gets its model, its credential and the service, the way
     await sleep(50);
   }
   t.match(text, /GEMINI_MODEL=gemini-2\.5-pro\./, 'the model, as Gemini CLI names it');
-  // The record ends just after the turn's end event is in the log.
-  for (let i = 0; i < 100; i++) {
-    if ((await http.get(`/api/conversations/${res.body.id}`, { token })).body.status === 'idle') break;
-    await sleep(50);
-  }
+  // The turn's record ended before its end event reached the log: the next prompt goes at once.
   const key = await http.post(`/api/conversations/${res.body.id}/prompts`, {
     token,
     body: { prompt: 'print env GEMINI_API_KEY' },

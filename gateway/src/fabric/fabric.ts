@@ -15,6 +15,7 @@ import {
 import { conversations, logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
+import type { AppendResult, NewEvent } from '../log/log.ts';
 import { hashSecret } from '../secrets/tokens.ts';
 import type { RunnerRouter } from './router.ts';
 
@@ -309,33 +310,47 @@ export class RunnerFabric {
     }
     const producer = sandboxProducer(m.sandbox, m.incarnation);
     this.bySandbox.set(m.sandbox, s);
-    const result = await this.deps.appendEvents({
-      tenant: sbx.accountId,
-      producer,
-      seq: m.seq,
-      events: m.events.map((e) =>
-        deleted?.has(e.conversation_id)
-          ? // Its place in the producer's numbering is kept, with nothing of what it said.
-            DROPPED
-          : {
-              conversationId: e.conversation_id,
-              turnId: e.turn_id ?? null,
-              kind: e.kind,
-              stream: e.stream,
-              data: e.data ?? null,
-              stage: e.stage ?? null,
-              state: e.state ?? null,
-              durationMs: e.duration_ms ?? null,
-            },
-      ),
-    });
+    const events: NewEvent[] = m.events.map((e) =>
+      deleted?.has(e.conversation_id)
+        ? // Its place in the producer's numbering is kept, with nothing of what it said.
+          DROPPED
+        : {
+            conversationId: e.conversation_id,
+            turnId: e.turn_id ?? null,
+            kind: e.kind,
+            stream: e.stream,
+            data: e.data ?? null,
+            stage: e.stage ?? null,
+            state: e.state ?? null,
+            durationMs: e.duration_ms ?? null,
+          },
+    );
+    const tenant = sbx.accountId;
+    // Appended in segments that end before each turn's end event, whose record is ended first
+    // (compare-and-set: once): a client that sees `turn done` finds the conversation idle and
+    // can send the next prompt at once. A resend ends a record its first sending did not.
+    const result = { status: 'appended' as AppendResult['status'], hwm: 0 };
+    let from = 0;
+    const appendUpTo = async (to: number): Promise<boolean> => {
+      if (to <= from) return true;
+      const r = await this.deps.appendEvents({ tenant, producer, seq: m.seq + from, events: events.slice(from, to) });
+      result.hwm = r.hwm;
+      if (r.status !== 'appended') result.status = r.status;
+      if (r.status === 'gap') return false;
+      from = to;
+      return true;
+    };
+    let whole = true;
+    for (const [i, e] of events.entries()) {
+      if (e.kind !== 'stage' || e.stage !== 'turn' || !e.turnId || !TURN_RESULTS.has(e.state ?? '')) continue;
+      whole = await appendUpTo(i);
+      if (!whole) break;
+      await this.deps.onTurnEnd(tenant, e.turnId, e.state as TurnResult, usageOf(e.data ?? null));
+    }
+    if (whole) await appendUpTo(events.length);
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
-    // A turn's end, now in the log, ends the turn's record (compare-and-set: once); the end of
-    // a build (the runner closes stage `sandbox`) makes the sandbox ready or failed.
-    for (const e of result.events) {
-      if (e.kind === 'stage' && e.stage === 'turn' && e.turnId && TURN_RESULTS.has(e.state ?? '')) {
-        await this.deps.onTurnEnd(sbx.accountId, e.turnId, e.state as TurnResult, usageOf(e.data));
-      }
+    // The end of a build (the runner closes stage `sandbox`) makes the sandbox ready or failed.
+    for (const e of events.slice(0, from)) {
       if (e.kind === 'stage' && e.stage === 'sandbox' && (e.state === 'done' || e.state === 'failed')) {
         await this.deps.onSandboxBuilt(m.sandbox, m.incarnation, e.state === 'done');
       }
