@@ -232,7 +232,9 @@ const REPLY_MAX_CHARS = 200_000;
 
 /**
  * A turn's reply: the text of its agent messages, in order, as the log holds them (redacted).
- * Its end event is in the log after everything the turn said, so the reply is whole.
+ * The runner sends a turn's end after everything the turn said, and the fabric ends the record
+ * only once what came before the end is appended, so the reply is whole. It reads the
+ * conversation's log from the start: fine at turn ends, worth an index on long conversations.
  */
 async function replyOf(
   deps: { sql: Sql; log: EventLog },
