@@ -264,6 +264,61 @@ interface TurnPlan {
 }
 
 /**
+ * What a launch and a prompt both do once their records are written: the runtime's
+ * environment is placed (and registered for redaction), then the build, when the machine
+ * needs one, and the turn, when there is one, run on the sandbox in the background.
+ */
+async function runOnSandbox(
+  deps: LaunchDeps,
+  p: {
+    accountId: string;
+    conversationId: string;
+    sandbox: sandboxes.SandboxRow;
+    agent: AgentRow;
+    environment: EnvironmentRow;
+    vaultId: string | null;
+    credential: { env: string; value: string } | undefined;
+    build: boolean;
+    turn: { id: string; prompt: string; images: { mediaType: string; data: Buffer }[] } | null;
+  },
+): Promise<void> {
+  const { agent, environment } = p;
+  const { env, runtimeEnv, model } = await runtimeEnvironment(
+    deps,
+    p.accountId,
+    p.conversationId,
+    agent,
+    environment,
+    p.vaultId,
+    p.credential,
+  );
+  runTurn(deps, {
+    accountId: p.accountId,
+    conversationId: p.conversationId,
+    sandbox: p.sandbox,
+    build: p.build
+      ? {
+          env,
+          setupScript: environment.setup_script || null,
+          network: networkPolicy(deps, environment, agent),
+          stages: buildStages(agent, environment),
+        }
+      : null,
+    turn: p.turn
+      ? {
+          ...p.turn,
+          runtime: agent.runtime as Runtime,
+          env: runtimeEnv,
+          model,
+          permissionPolicy: policyOf(agent),
+          sessionMeta: sessionMetaFor(agent),
+          mcpServers: mcpServersOf(agent),
+        }
+      : null,
+  });
+}
+
+/**
  * Gets the sandbox's machine running (for `local`, its own runner-agent child; for `runner`,
  * the runner already chosen), builds it when asked, then starts the turn. Every failure is
  * reported in the conversation's log and ends the turn `failed`, never left running.
@@ -517,41 +572,16 @@ export async function startConversation(
   });
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id: conversationId });
 
-  const { env, runtimeEnv, model } = await runtimeEnvironment(
-    deps,
-    who.accountId,
+  await runOnSandbox(deps, {
+    accountId: who.accountId,
     conversationId,
+    sandbox,
     agent,
     environment,
     vaultId,
     credential,
-  );
-  runTurn(deps, {
-    accountId: who.accountId,
-    conversationId,
-    sandbox,
-    build: machine.gone
-      ? {
-          env,
-          setupScript: environment.setup_script || null,
-          network: networkPolicy(deps, environment, agent),
-          stages: buildStages(agent, environment),
-        }
-      : null,
-    turn:
-      turnId && input.prompt
-        ? {
-            id: turnId,
-            prompt: input.prompt,
-            images,
-            runtime: agent.runtime as Runtime,
-            env: runtimeEnv,
-            model,
-            permissionPolicy: policyOf(agent),
-            sessionMeta: sessionMetaFor(agent),
-            mcpServers: mcpServersOf(agent),
-          }
-        : null,
+    build: machine.gone,
+    turn: turnId && input.prompt ? { id: turnId, prompt: input.prompt, images } : null,
   });
 
   const row = await conversations.getConversation(sql, who.accountId, conversationId);
@@ -614,38 +644,16 @@ export async function sendPrompt(
   });
   await recordAudit(sql, who, 'conversation.prompted', { type: 'conversation', id: conversationId });
 
-  const { env, runtimeEnv, model } = await runtimeEnvironment(
-    deps,
-    who.accountId,
-    conversationId,
-    agent,
-    environment,
-    conv.vault_id,
-    credential,
-  );
-  runTurn(deps, {
+  await runOnSandbox(deps, {
     accountId: who.accountId,
     conversationId,
     sandbox,
-    build: gone
-      ? {
-          env,
-          setupScript: environment.setup_script || null,
-          network: networkPolicy(deps, environment, agent),
-          stages: buildStages(agent, environment),
-        }
-      : null,
-    turn: {
-      id: turnId,
-      prompt: input.prompt,
-      images,
-      runtime: agent.runtime as Runtime,
-      env: runtimeEnv,
-      model,
-      permissionPolicy: policyOf(agent),
-      sessionMeta: sessionMetaFor(agent),
-      mcpServers: mcpServersOf(agent),
-    },
+    agent,
+    environment,
+    vaultId: conv.vault_id,
+    credential,
+    build: gone,
+    turn: { id: turnId, prompt: input.prompt, images },
   });
   return turn;
 }
