@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
+import type { TestService } from './harness.ts';
 
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
@@ -36,4 +37,34 @@ export async function startRunnerProcess(t: Test, url: string, token: string, ar
   }
   if (!/connected as runner/.test(runner.output)) throw new Error(`svc-runner did not connect: ${runner.output}`);
   return runner;
+}
+
+/**
+ * What most runner tests start from: an environment `main`, an agent `coder` on runtime
+ * `claude` and provider `runner`, an Anthropic credential, and a real svc-runner connected
+ * with the account's runner token.
+ */
+export async function claudeOnRunner(t: Test, svc: Pick<TestService, 'url' | 'http'>, token: string) {
+  const { http } = svc;
+  const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
+  const agent = (
+    await http.post('/api/agents', {
+      token,
+      body: {
+        name: 'coder',
+        runtime: 'claude',
+        model: 'anthropic/claude-sonnet-4-5',
+        environment_id: env.id,
+        sandbox_provider: 'runner',
+      },
+    })
+  ).body;
+  const credential = await http.put('/api/account/inference-credentials/anthropic_api_key', {
+    token,
+    body: { value: 'sk-ant-test-credential-123456' },
+  });
+  t.equal(credential.status, 200, 'the credential is stored');
+  const runnerRow = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
+  const runner = await startRunnerProcess(t, svc.url, runnerRow.token);
+  return { env, agent, runnerRow, runner };
 }

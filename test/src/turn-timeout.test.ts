@@ -1,6 +1,6 @@
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -11,25 +11,7 @@ t.test('a turn past TURN_TIME_LIMIT_MS ends timeout; the conversation takes the 
   const { http } = svc;
   const me = await signUp(svc);
   const token = me.key;
-  const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'coder',
-        runtime: 'claude',
-        model: 'anthropic/claude-sonnet-4-5',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-      },
-    })
-  ).body;
-  await http.put('/api/account/inference-credentials/anthropic_api_key', {
-    token,
-    body: { value: 'sk-ant-test-credential-123456' },
-  });
-  const runner = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
-  await startRunnerProcess(t, svc.url, runner.token);
+  const { agent } = await claudeOnRunner(t, svc, token);
 
   const settled = async (id: string, n: number) => {
     for (let i = 0; i < 300; i++) {

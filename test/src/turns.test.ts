@@ -1,7 +1,7 @@
 import { RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const PNG = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==';
@@ -35,30 +35,9 @@ for (const backend of backends()) {
     const me = await signUp(svc);
     const other = await signUp(svc);
     const token = me.key;
-    const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
-    const agent = (
-      await http.post('/api/agents', {
-        token,
-        body: {
-          name: 'coder',
-          runtime: 'claude',
-          model: 'anthropic/claude-sonnet-4-5',
-          environment_id: env.id,
-          sandbox_provider: 'runner',
-        },
-      })
-    ).body;
-    t.equal(
-      (
-        await http.put('/api/account/inference-credentials/anthropic_api_key', {
-          token,
-          body: { value: 'sk-ant-test-credential-123456' },
-        })
-      ).status,
-      200,
-    );
-    const runnerRow = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
-    let runner = await startRunnerProcess(t, svc.url, runnerRow.token);
+    const setup = await claudeOnRunner(t, svc, token);
+    const { agent, runnerRow } = setup;
+    let { runner } = setup;
 
     const feed = async (id: string) =>
       (await http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body.data as WireEvent[];
