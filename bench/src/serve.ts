@@ -1,14 +1,17 @@
 /**
- * A bench target: the service on embedded storage, rate limit off, logging silent, either
- * behind the edge (`edge`) or Fastify alone (`direct`). Prints `READY <url>` when listening.
+ * A bench target: the service on embedded storage (or what BENCH_CONFIG names: REDIS_URL,
+ * EDGE=false, ...), rate limit off, logging silent. Run it with `fork` (lib/ours.ts): it
+ * sends `{type: 'ready', url, port}` when listening and answers calls `{id, op, args}` where
+ * `op` is `<module>#<export>` under bench/src, called with the service and `args`. That is how
+ * a scenario makes its accounts and conversations and appends inside the target's process.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadConfig, startService } from '@svc/gateway';
+import { createLogger, loadConfig, startService } from '@svc/gateway';
 
-const mode = process.argv[2] === 'direct' ? 'direct' : 'edge';
+const overrides = JSON.parse(process.env.BENCH_CONFIG ?? '{}') as Record<string, string>;
 const config = loadConfig({
   PORT: '0',
   DATABASE_URL: 'memory',
@@ -16,10 +19,38 @@ const config = loadConfig({
   MASTER_KEY: randomBytes(32).toString('hex'),
   RATE_LIMIT_PER_MINUTE: '0',
   LOG_LEVEL: 'silent',
-  EDGE: mode === 'edge' ? 'true' : 'false',
+  SSE_IDLE_CLOSE_MS: '0',
+  ...overrides,
 });
-const service = await startService(config);
-process.stdout.write(`READY ${service.url}\n`);
+const service = await startService(config, createLogger(config.LOG_LEVEL));
+
+interface Call {
+  id: number;
+  op: string;
+  args: unknown;
+}
+
+process.on('message', (m: Call) => {
+  void (async () => {
+    try {
+      const [file, name] = m.op.split('#') as [string, string];
+      const mod = (await import(new URL(`./${file}.ts`, import.meta.url).href)) as Record<
+        string,
+        (svc: typeof service, args: unknown) => Promise<unknown>
+      >;
+      const fn = mod[name];
+      if (typeof fn !== 'function') throw new Error(`no export ${name} in ${file}`);
+      process.send?.({ id: m.id, result: await fn(service, m.args) });
+    } catch (err) {
+      process.send?.({ id: m.id, error: (err as Error).stack ?? String(err) });
+    }
+  })();
+});
+process.send?.({ type: 'ready', url: service.url, port: service.port });
 process.on('SIGTERM', () => {
+  void service.close().then(() => process.exit(0));
+});
+// A target outliving its bench is a leak: go when the parent does.
+process.on('disconnect', () => {
   void service.close().then(() => process.exit(0));
 });

@@ -1,0 +1,5 @@
+import type { Scenario } from '../lib/scenario.ts';
+import { crud } from './crud.ts';
+
+/** Every scenario, in the order `all` runs them and the README lists them. */
+export const scenarios: Scenario[] = [crud];
