@@ -1,0 +1,23 @@
+import { fileURLToPath } from 'node:url';
+import { rssOf, startProcess } from '../lib/proc.ts';
+
+export interface UwsFloor {
+  port: number;
+  pid: number;
+  rss(): number;
+  stop(): Promise<void>;
+}
+
+/**
+ * The bare uWebSockets.js SSE server (uws-sse-server.ts) in a process of its own, on a free
+ * loopback port; the same `/sub/<channel>` and `/pub/<channel>` paths as Nchan.
+ */
+export async function startUwsFloor(nodeArgs: string[] = []): Promise<UwsFloor> {
+  const started = await startProcess(
+    process.execPath,
+    [...nodeArgs, '--import', 'tsx', fileURLToPath(new URL('./uws-sse-server.ts', import.meta.url))],
+    { ready: /listening on (\d+)/, name: 'uWebSockets.js floor' },
+  );
+  const pid = started.child.pid as number;
+  return { port: Number(started.ready[1]), pid, rss: () => rssOf(pid), stop: started.stop };
+}

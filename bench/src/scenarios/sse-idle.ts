@@ -1,0 +1,264 @@
+import { startOurs } from '../lib/ours.ts';
+import { startPostgres } from '../lib/postgres.ts';
+import { rssOfTree, sleep } from '../lib/proc.ts';
+import { startRedis } from '../lib/redis.ts';
+import { absoluteTarget, type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import { round } from '../lib/stats.ts';
+import type { Bar } from '../lib/svg.ts';
+import { startNchan } from '../peers/nchan.ts';
+import { startUwsFloor } from '../peers/uws-sse.ts';
+import { startFleet, type WatcherSpec } from '../sse/fleet.ts';
+
+/** Holds a stream open without a byte between `: connected` and the reading. */
+const QUIET_STREAMS = { SSE_HEARTBEAT_MS: '3600000', SSE_IDLE_CLOSE_MS: '0' };
+/** What one edge process is asked to hold (its open files are capped at 20,000). */
+const ONE_EDGE = 18_000;
+/** Past what one process may hold: the multi-edge phase. */
+const MANY_EDGES = 50_000;
+const EDGE_PROCESSES = 3;
+
+interface Held {
+  system: string;
+  asked: number;
+  held: number;
+  failed: number;
+  openSeconds: number;
+  rssBefore: number;
+  rssAfter: number;
+  bytesPerWatcher: number;
+  failures: string[];
+}
+
+/**
+ * Memory per held SSE watcher: N authenticated `/api/events/stream` watchers on one edge
+ * process of ours, and the same N EventSource subscribers on Nchan (one worker, a channel per
+ * subscriber) and on a bare uWebSockets.js server. Memory per watcher is the server's RSS
+ * after all are held and settled (after a full GC in ours) minus its RSS before, over the
+ * number held. With more than 20,000 asked, a second phase holds that many across
+ * EDGE_PROCESSES edge processes sharing the port.
+ */
+export const sseIdle: Scenario = {
+  name: 'sse-idle',
+  title: 'sse-idle: memory per held SSE watcher, ours against Nchan and a bare uWebSockets.js server',
+  defaults: { connections: ONE_EDGE, duration: 5, rate: 0 },
+  smoke: { connections: 1000, duration: 1, rate: 0 },
+  async run({ opts, progress, defer }): Promise<Outcome> {
+    const n = Math.min(opts.connections, ONE_EDGE);
+    const settleMs = opts.duration * 1000;
+    let clientCpu = 0;
+
+    /** Opens `watchers`, holds them `settleMs`, reads memory, closes them. */
+    const hold = async (
+      system: string,
+      port: number,
+      ready: string,
+      watchers: WatcherSpec[],
+      rss: () => number,
+      collect: () => Promise<unknown> = async () => {},
+    ): Promise<Held> => {
+      await sleep(opts.smoke ? 200 : 1000);
+      await collect();
+      const rssBefore = rss();
+      const started = Date.now();
+      const fleet = startFleet({ port, ready, watchers });
+      try {
+        await fleet.opened(180_000, (s) =>
+          progress.update(`${system}: ${s.held}/${watchers.length} held, ${s.failed} failed`),
+        );
+        const openSeconds = (Date.now() - started) / 1000;
+        await progress.countdown(opts.duration, () => `${system}: holding ${fleet.status().held}`);
+        await collect();
+        const rssAfter = rss();
+        const s = fleet.status();
+        const report = await fleet.report();
+        const held = s.held - s.closed;
+        const result: Held = {
+          system,
+          asked: watchers.length,
+          held,
+          failed: s.failed + s.closed,
+          openSeconds: round(openSeconds),
+          rssBefore,
+          rssAfter,
+          bytesPerWatcher: held > 0 ? Math.round((rssAfter - rssBefore) / held) : Number.NaN,
+          failures: report.failures,
+        };
+        progress.say(
+          `${system}: ${held}/${watchers.length} held (opened in ${result.openSeconds} s), ${result.bytesPerWatcher} bytes per watcher (RSS ${mib(rssBefore)} -> ${mib(rssAfter)} MiB)${result.failed ? `, ${result.failed} failed: ${report.failures[0]}` : ''}`,
+        );
+        return result;
+      } finally {
+        await fleet.close();
+        clientCpu += fleet.cpuSeconds();
+        void settleMs;
+      }
+    };
+
+    // Ours: one edge process; Postgres outside it, as deployed (and so PGlite's heap is not
+    // counted as watchers' memory).
+    progress.update('starting Postgres');
+    const pg = await startPostgres((s) => progress.say(s));
+    defer(() => pg.stop());
+    const ours = await startOurs({ ...QUIET_STREAMS, DATABASE_URL: pg.url }, ['--expose-gc']);
+    let oursHeld: Held;
+    try {
+      const me = await ours.call<{ key: string }>('tenant#signUp');
+      const watchers = Array.from({ length: n }, () => ({
+        path: '/api/events/stream',
+        authorization: `Bearer ${me.key}`,
+      }));
+      oursHeld = await hold(
+        'ours',
+        ours.port,
+        ': connected',
+        watchers,
+        () => rssOfTree(ours.pid),
+        () => ours.call('ops/memory#collect'),
+      );
+    } finally {
+      await ours.stop();
+    }
+
+    const channels = (count: number) => Array.from({ length: count }, (_, i) => ({ path: `/sub/c${i}` }));
+    let nchanHeld: Held | undefined;
+    let nchanError: string | undefined;
+    try {
+      const nchan = await startNchan({ connections: n }, (s) => progress.say(s));
+      try {
+        nchanHeld = await hold('Nchan', nchan.port, ': hi', channels(n), nchan.rss);
+      } finally {
+        await nchan.stop();
+      }
+    } catch (err) {
+      nchanError = (err as Error).message;
+      progress.say(`Nchan not measured: ${nchanError}`);
+    }
+
+    const floor = await startUwsFloor();
+    let floorHeld: Held;
+    try {
+      floorHeld = await hold('uWebSockets.js floor', floor.port, ': connected', channels(n), floor.rss);
+    } finally {
+      await floor.stop();
+    }
+
+    // Past one process: EDGE_PROCESSES edge processes on one port (SO_REUSEPORT), which needs
+    // Redis and Postgres shared by them.
+    let many: (Held & { processes: number }) | undefined;
+    let manyNote: string | undefined;
+    if (opts.connections > 20_000) {
+      const redis = await startRedis();
+      defer(() => redis.stop());
+      const multi = await startOurs(
+        { ...QUIET_STREAMS, EDGE_PROCESSES: String(EDGE_PROCESSES), REDIS_URL: redis.url, DATABASE_URL: pg.url },
+        ['--expose-gc'],
+      );
+      try {
+        const supported = await multi.call<number | null>('ops/memory#edgeProcesses');
+        if (supported === null) {
+          manyNote = 'this build has no EDGE_PROCESSES: not measured';
+        } else {
+          const me = await multi.call<{ key: string }>('tenant#signUp');
+          const watchers = Array.from({ length: opts.connections }, () => ({
+            path: '/api/events/stream',
+            authorization: `Bearer ${me.key}`,
+          }));
+          many = {
+            ...(await hold(`ours, ${supported} edge processes`, multi.port, ': connected', watchers, () =>
+              rssOfTree(multi.pid),
+            )),
+            processes: supported,
+          };
+        }
+      } finally {
+        await multi.stop();
+      }
+    } else {
+      manyNote = `runs when --connections is above 20,000 (e.g. --connections ${MANY_EDGES})`;
+    }
+
+    const decide = !opts.smoke;
+    const targets: Target[] = [
+      absoluteTarget('watchers held by one edge process', 'watchers', oursHeld.held, { atLeast: ONE_EDGE }, decide),
+      ratioTarget(
+        'memory per held watcher',
+        'B',
+        oursHeld.bytesPerWatcher,
+        nchanHeld && { name: 'Nchan', value: nchanHeld.bytesPerWatcher },
+        { atMost: 0.4 },
+        decide,
+      ),
+      {
+        ...ratioTarget(
+          'memory per held watcher against the floor',
+          'B',
+          oursHeld.bytesPerWatcher,
+          { name: 'bare uWebSockets.js', value: floorHeld.bytesPerWatcher },
+          { atMost: 1 },
+          false,
+        ),
+        goal: 'reported (share of the floor)',
+      },
+    ];
+    if (nchanError) (targets[1] as Target).note = `Nchan not measured: ${nchanError}`;
+    if (!opts.smoke) {
+      targets.push(
+        many
+          ? absoluteTarget(
+              `watchers held across ${many.processes} edge processes on one port`,
+              'watchers',
+              many.held,
+              { atLeast: MANY_EDGES },
+              decide,
+            )
+          : {
+              what: `watchers held across edge processes on one port`,
+              unit: 'watchers',
+              value: Number.NaN,
+              goal: `>= ${MANY_EDGES} watchers`,
+              met: null,
+              note: manyNote,
+            },
+      );
+    }
+
+    const systems = [oursHeld, nchanHeld, floorHeld].filter((x): x is Held => x !== undefined);
+    const who = (s: string) => (s === 'ours' ? 'ours' : s === 'Nchan' ? 'Nchan' : 'floor');
+    const bars: Bar[] = systems.map((s) => ({ label: s.system, value: s.bytesPerWatcher, who: who(s.system) }));
+    if (many) bars.push({ label: many.system, value: many.bytesPerWatcher, who: 'ours' });
+    return {
+      figures: {
+        watchers: n,
+        settleSeconds: opts.duration,
+        ours: oursHeld,
+        nchan: nchanHeld ?? nchanError,
+        floor: floorHeld,
+        manyEdges: many ?? manyNote,
+      },
+      targets,
+      charts: [
+        { kind: 'bars', file: 'memory', title: 'Memory per held SSE watcher', unit: 'bytes', bars },
+        {
+          kind: 'bars',
+          file: 'held',
+          title: 'Watchers held',
+          unit: 'watchers',
+          bars: [...systems, ...(many ? [many] : [])].map((s) => ({
+            label: s.system,
+            value: s.held,
+            who: who(s.system),
+          })),
+        },
+      ],
+      notes: [
+        `${n} watchers per system, opened from child processes (at most 5,000 sockets each, each from its own loopback source address), held ${opts.duration} s, then memory read.`,
+        'Ours: authenticated `GET /api/events/stream` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold; RSS after a full GC (--expose-gc) minus RSS before.',
+        'Nchan: nginx with one worker, `nchan_subscriber eventsource` with one channel per subscriber; RSS of master and worker. Floor: a bare uWebSockets.js server holding the responses in a Set per channel.',
+        'A watcher is held once the stream head and its first comment arrived (`: connected`; Nchan sends `: hi`).',
+      ],
+      clientCpuSeconds: clientCpu,
+    };
+  },
+};
+
+const mib = (b: number) => (b / 2 ** 20).toFixed(1);
