@@ -30,7 +30,7 @@ export async function startNchan(
   const dir = mkdtempSync(join(tmpdir(), 'svc-bench-nchan-'));
   for (const d of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']) mkdirSync(join(dir, d));
   // nginx opens one descriptor per socket and a few of its own; the hard cap is 20,000 here.
-  const files = Math.min(20_000, opts.connections + 200);
+  const files = Math.min(20_000, opts.connections + 1000);
   const conf = `
 load_module ${MODULE};
 daemon off;
@@ -40,7 +40,7 @@ worker_rlimit_nofile ${files};
 pid ${dir}/nginx.pid;
 error_log stderr notice;
 events {
-  worker_connections ${files - 50};
+  worker_connections ${files - 20};
   multi_accept on;
 }
 http {

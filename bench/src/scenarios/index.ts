@@ -1,6 +1,7 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { sseFanout } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [crud, sseIdle];
+export const scenarios: Scenario[] = [crud, sseIdle, sseFanout];

@@ -34,12 +34,23 @@ export interface Fleet {
   close(): Promise<void>;
 }
 
+/**
+ * Source addresses are never reused within one bench process: the sockets of a closed fleet
+ * linger in TIME_WAIT on theirs, and binding next to thousands of those makes the kernel's
+ * search for a free port slow.
+ */
+let nextAddress = 0;
+function freshAddress(): string {
+  const a = nextAddress++;
+  return `127.0.${1 + Math.floor(a / 250)}.${2 + (a % 250)}`;
+}
+
 /** Sockets per client process: under the 20,000 open files a process may hold here. */
 const PER_PROCESS = 5000;
 
 /**
  * SSE watchers held by child processes (watcher.ts), `PER_PROCESS` at most each, each process
- * on its own loopback source address (127.0.0.2, 127.0.0.3, ...) so no address runs out of
+ * on its own loopback source address (127.0.1.2, 127.0.1.3, ...) so no address runs out of
  * ephemeral ports however many watchers there are.
  */
 export function startFleet(opts: {
@@ -69,7 +80,7 @@ export function startFleet(opts: {
     const job: ToWatcher = {
       type: 'open',
       port: opts.port,
-      localAddress: `127.0.0.${2 + i}`,
+      localAddress: freshAddress(),
       ready: opts.ready,
       watchers: opts.watchers.slice(i * per, (i + 1) * per),
       inFlight: opts.inFlight ?? 64,

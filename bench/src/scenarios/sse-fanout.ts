@@ -1,0 +1,166 @@
+import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import type { Bar, Chart } from '../lib/svg.ts';
+import { type FanoutPlan, type FanoutResult, runFanout, type System } from '../sse/fanout.ts';
+
+/** Watchers per conversation and conversations per tenant of the issue's layout (10,000 / 1,000 / 10). */
+const PER_CONVERSATION = 10;
+const MAX_TENANTS = 10;
+
+export function fanoutPlan(opts: { connections: number; duration: number; rate: number; redis?: string }): FanoutPlan {
+  const conversations = Math.max(1, Math.round(opts.connections / PER_CONVERSATION));
+  return {
+    watchers: opts.connections,
+    conversations,
+    tenants: Math.min(MAX_TENANTS, conversations),
+    rate: opts.rate,
+    seconds: opts.duration,
+    padding: 0,
+    slow: 0,
+    redis: opts.redis,
+  };
+}
+
+const who = (s: System) => (s === 'floor' ? 'floor' : s);
+const label = (s: System) => (s === 'floor' ? 'bare uWebSockets.js' : s);
+
+/** Latency over time (p50 and p99 per second) and the overall percentiles, for any set of runs. */
+export function latencyCharts(runs: { name: string; who: string; r: FanoutResult }[]): Chart[] {
+  const over = (p: 'p50' | 'p99'): Chart => ({
+    kind: 'lines',
+    file: `latency-${p}`,
+    title: `Append-to-receipt ${p} per second`,
+    unit: 'ms',
+    xLabel: 'seconds since publishing began',
+    series: runs.map(({ name, r }) => ({
+      name,
+      points: r.perSecond.filter((s) => s.count > 0).map((s) => [s.second, s[p]] as const),
+    })),
+  });
+  const bars: Bar[] = [];
+  for (const p of ['p50', 'p99', 'p99.9'] as const) {
+    for (const { name, who, r } of runs) bars.push({ label: `${p} ${name}`, value: r.latency[p] as number, who });
+  }
+  return [
+    over('p50'),
+    over('p99'),
+    { kind: 'bars', file: 'latency', title: 'Append-to-receipt latency', unit: 'ms', bars },
+  ];
+}
+
+/**
+ * Fan-out: 10,000 watchers over 1,000 conversations of 10 tenants (`GET
+ * /api/conversations/:id/stream?wait=true`, each tenant's bearer key), events appended at a
+ * fixed rate inside our service through its write path, each carrying its scheduled send
+ * time. The same layout on Nchan (1,000 channels x 10 EventSource subscribers, a publisher
+ * process POSTing at the same rate over keep-alive) and on the bare uWebSockets.js floor.
+ * Delivered events/s and send-to-receipt latency, per second and overall.
+ */
+export const sseFanout: Scenario = {
+  name: 'sse-fanout',
+  title:
+    'sse-fanout: live fan-out to 10,000 watchers of 1,000 conversations, ours against Nchan and a bare uWebSockets.js server',
+  defaults: { connections: 10_000, duration: 15, rate: 1000 },
+  smoke: { connections: 300, duration: 2, rate: 100 },
+  async run({ opts, progress }): Promise<Outcome> {
+    const plan = fanoutPlan(opts);
+    const results: Partial<Record<System, FanoutResult>> = {};
+    const errors: Partial<Record<System, string>> = {};
+    for (const system of ['ours', 'Nchan', 'floor'] as const) {
+      try {
+        results[system] = await runFanout(system, plan, progress);
+      } catch (err) {
+        if (system === 'ours') throw err;
+        errors[system] = (err as Error).message;
+        progress.say(`${system} not measured: ${errors[system]}`);
+      }
+    }
+    const ours = results.ours as FanoutResult;
+    const base = (s: System, f: (r: FanoutResult) => number) => {
+      const r = results[s];
+      return r ? { name: label(s), value: f(r) } : undefined;
+    };
+    const decide = !opts.smoke;
+    const lost = (r: FanoutResult) => r.expected - r.delivered;
+    const targets: Target[] = [
+      ratioTarget(
+        'delivered events/s',
+        'events/s',
+        ours.deliveredPerSecond,
+        base('Nchan', (r) => r.deliveredPerSecond),
+        { atLeast: 1 },
+        decide,
+      ),
+      ratioTarget(
+        'append-to-receipt p99',
+        'ms',
+        ours.latency.p99 as number,
+        base('Nchan', (r) => r.latency.p99 as number),
+        { atMost: 2 },
+        decide,
+      ),
+      {
+        ...ratioTarget(
+          'delivered events/s against the floor',
+          'events/s',
+          ours.deliveredPerSecond,
+          base('floor', (r) => r.deliveredPerSecond),
+          { atLeast: 1 },
+          false,
+        ),
+        goal: 'reported (share of the floor)',
+      },
+      {
+        ...ratioTarget(
+          'append-to-receipt p99 against the floor',
+          'ms',
+          ours.latency.p99 as number,
+          base('floor', (r) => r.latency.p99 as number),
+          { atMost: 1 },
+          false,
+        ),
+        goal: 'reported (multiple of the floor)',
+      },
+    ];
+    if (errors.Nchan) for (const t of targets.slice(0, 2)) t.note = `Nchan not measured: ${errors.Nchan}`;
+    if (lost(ours) > 0 && targets[0]) {
+      targets[0].note = `${lost(ours)} of ${ours.expected} deliveries missing`;
+      if (decide) targets[0].met = false;
+    }
+    const runs = (Object.entries(results) as [System, FanoutResult][]).map(([s, r]) => ({
+      name: label(s),
+      who: who(s),
+      r,
+    }));
+    return {
+      figures: { plan, ...results, errors },
+      targets,
+      charts: [
+        {
+          kind: 'bars',
+          file: 'throughput',
+          title: 'Delivered events per second',
+          unit: 'events/s',
+          bars: runs.map(({ name, who, r }) => ({ label: name, value: r.deliveredPerSecond, who })),
+        },
+        ...latencyCharts(runs),
+        {
+          kind: 'bars',
+          file: 'memory',
+          title: 'Server memory per watcher while fanning out (RSS peak / watchers)',
+          unit: 'bytes',
+          bars: runs.map(({ name, who, r }) => ({ label: name, value: r.rssPeak / Math.max(1, r.held), who })),
+        },
+      ],
+      notes: [
+        `${plan.watchers} watchers over ${plan.conversations} conversations of ${plan.tenants} tenants (${PER_CONVERSATION} per conversation), ${plan.rate} events/s in total for ${plan.seconds} s, round robin over the conversations; watchers in child processes on raw sockets.`,
+        'Ours: `GET /api/conversations/:id/stream?wait=true` with the tenant key; events appended inside the service process through appendEvents (one producer per conversation), on a throwaway Redis and embedded PGlite. Nchan and the floor: `/sub/<channel>` subscribers, a publisher process POSTing `/pub/<channel>` over 16 keep-alive connections.',
+        'Latency is from the scheduled send time in each event to its receipt, so a publisher that falls behind shows as latency. Delivered events/s counts deliveries to every watcher (until all arrived or 10 s past the end) over the publishing time.',
+        ...runs.map(
+          ({ name, r }) =>
+            `${name}: ${r.delivered}/${r.expected} delivered, server CPU ${r.serverCpuSeconds} s, clients ${r.clientCpuSeconds} s.`,
+        ),
+      ],
+      clientCpuSeconds: runs.reduce((a, { r }) => a + r.clientCpuSeconds, 0),
+    };
+  },
+};

@@ -1,0 +1,250 @@
+import { fork } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { startOurs } from '../lib/ours.ts';
+import { startPostgres } from '../lib/postgres.ts';
+import { cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
+import type { Progress } from '../lib/progress.ts';
+import { startRedis } from '../lib/redis.ts';
+import { Histogram, round } from '../lib/stats.ts';
+import type { Layout } from '../ops/fanout.ts';
+import { startNchan } from '../peers/nchan.ts';
+import { startUwsFloor } from '../peers/uws-sse.ts';
+import { type FleetReport, startFleet, type WatcherSpec } from './fleet.ts';
+import type { PublishJob } from './publisher.ts';
+
+export type System = 'ours' | 'Nchan' | 'floor';
+
+export interface FanoutPlan {
+  /** Healthy watchers, spread evenly over the conversations. */
+  watchers: number;
+  conversations: number;
+  tenants: number;
+  /** Events a second, in total, round robin over the conversations. */
+  rate: number;
+  seconds: number;
+  /** Bytes of filler after each event's send time. */
+  padding: number;
+  /** Watchers that stop reading once held, on the busiest stream each system has. */
+  slow: number;
+  /** Our service's configuration on top of the bench defaults. */
+  config?: Record<string, string>;
+  /** An existing Redis for ours (--redis). */
+  redis?: string;
+}
+
+export interface FanoutResult {
+  system: System;
+  held: number;
+  failed: number;
+  published: number;
+  publishFailed: number;
+  expected: number;
+  delivered: number;
+  /** Deliveries to healthy watchers over the nominal publishing time. */
+  deliveredPerSecond: number;
+  latency: Record<string, number>;
+  /** Healthy watchers' latency percentiles per second of the run. */
+  perSecond: { second: number; count: number; p50: number; p99: number }[];
+  rssBefore: number;
+  rssAfter: number;
+  rssPeak: number;
+  serverCpuSeconds: number;
+  clientCpuSeconds: number;
+  slowHeld: number;
+  slowClosed: number;
+  failures: string[];
+}
+
+const now = () => performance.timeOrigin + performance.now();
+
+/** Watcher `i` follows conversation `i % conversations`, so every conversation gets the same share. */
+const conversationOf = (plan: FanoutPlan, i: number) => i % plan.conversations;
+
+/** Healthy deliveries due: each event once per healthy watcher of its conversation. */
+function expectedDeliveries(plan: FanoutPlan, published: number): number {
+  let sum = 0;
+  for (let c = 0; c < plan.conversations; c++) {
+    const events = Math.floor(published / plan.conversations) + (c < published % plan.conversations ? 1 : 0);
+    const watchers = Math.floor(plan.watchers / plan.conversations) + (c < plan.watchers % plan.conversations ? 1 : 0);
+    sum += events * watchers;
+  }
+  return sum;
+}
+
+/**
+ * One fan-out run against one system: start it, hold the watchers, publish at the plan's
+ * rate, wait for delivery to finish (or 10 s past the end), read memory and CPU, stop it.
+ */
+export async function runFanout(system: System, plan: FanoutPlan, progress: Progress): Promise<FanoutResult> {
+  const stops: (() => Promise<unknown>)[] = [];
+  try {
+    let port: number;
+    let pid: number;
+    let ready: string;
+    let specs: WatcherSpec[];
+    let publish: () => Promise<{ sent: number; failed: number; cpu: number }>;
+    if (system === 'ours') {
+      let redisUrl = plan.redis;
+      if (!redisUrl) {
+        const redis = await startRedis();
+        stops.push(() => redis.stop());
+        redisUrl = redis.url;
+      }
+      // Postgres outside the process, as deployed: embedded PGlite runs its queries (the log
+      // copier's inserts among them) on the event loop that delivers the events.
+      const pg = await startPostgres();
+      stops.push(() => pg.stop());
+      const ours = await startOurs({
+        SSE_HEARTBEAT_MS: '15000',
+        SSE_IDLE_CLOSE_MS: '0',
+        REDIS_URL: redisUrl,
+        DATABASE_URL: pg.url,
+        REDIS_KEY_PREFIX: `bench${Date.now()}:`,
+        ...plan.config,
+      });
+      stops.push(() => ours.stop());
+      progress.update(`ours: ${plan.tenants} accounts, ${plan.conversations} conversations`);
+      const layout = await ours.call<Layout>('ops/fanout#setup', {
+        tenants: plan.tenants,
+        perTenant: Math.ceil(plan.conversations / plan.tenants),
+      });
+      const conversations = layout.tenants.flatMap((t) => t.conversations.map((id) => ({ id, key: t.key })));
+      conversations.length = plan.conversations;
+      specs = Array.from({ length: plan.watchers }, (_, i) => {
+        const c = conversations[conversationOf(plan, i)] as { id: string; key: string };
+        return { path: `/api/conversations/${c.id}/stream?wait=true`, authorization: `Bearer ${c.key}` };
+      });
+      // A slow watcher follows its tenant's whole stream: the most a watcher can fall behind by.
+      for (let i = 0; i < plan.slow; i++) {
+        const t = layout.tenants[i % layout.tenants.length] as Layout['tenants'][number];
+        specs.push({ path: '/api/events/stream', authorization: `Bearer ${t.key}`, slow: true });
+      }
+      ({ port, pid } = ours);
+      ready = ': connected';
+      publish = async () => {
+        const r = await ours.call<{ appended: number; failed: number }>('ops/fanout#append', {
+          rate: plan.rate,
+          seconds: plan.seconds,
+          padding: plan.padding,
+        });
+        return { sent: r.appended, failed: r.failed, cpu: 0 };
+      };
+    } else {
+      const peer =
+        system === 'Nchan'
+          ? await startNchan({ connections: plan.watchers + plan.slow + 100 }, (s) => progress.say(s))
+          : await startUwsFloor();
+      stops.push(() => peer.stop());
+      ({ port, pid } = peer);
+      ready = system === 'Nchan' ? ': hi' : ': connected';
+      const channels = Array.from({ length: plan.conversations }, (_, c) => `c${c}`);
+      specs = Array.from({ length: plan.watchers }, (_, i) => ({ path: `/sub/${channels[conversationOf(plan, i)]}` }));
+      // The peers have no tenant-wide stream: a slow subscriber follows one channel.
+      for (let i = 0; i < plan.slow; i++) specs.push({ path: `/sub/${channels[i % channels.length]}`, slow: true });
+      publish = async () => {
+        const child = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
+          execArgv: ['--import', 'tsx'],
+          stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+        });
+        stops.push(() => stopChild(child));
+        let cpu = 0;
+        const sample = setInterval(() => {
+          try {
+            cpu = cpuSecondsOf(child.pid as number);
+          } catch {
+            // exited
+          }
+        }, 250);
+        const done = await new Promise<{ sent: number; failed: number }>((resolve, reject) => {
+          child.once('message', resolve);
+          child.once('exit', (code) => reject(new Error(`publisher exited (${code})`)));
+          child.send({
+            type: 'publish',
+            port,
+            channels,
+            rate: plan.rate,
+            seconds: plan.seconds,
+            padding: plan.padding,
+            connections: 16,
+          } satisfies PublishJob);
+        });
+        try {
+          cpu = cpuSecondsOf(child.pid as number);
+        } catch {
+          // exited
+        }
+        clearInterval(sample);
+        return { ...done, cpu };
+      };
+    }
+
+    const fleet = startFleet({ port, ready, watchers: specs, inFlight: 32 });
+    stops.push(() => fleet.close());
+    await fleet.opened(240_000, (s) =>
+      progress.update(`${system}: ${s.held}/${specs.length} watchers held, ${s.failed} failed`),
+    );
+    const opened = fleet.status();
+    progress.say(`${system}: ${opened.held}/${specs.length} watchers held (${fleet.processes} client processes)`);
+    await sleep(1000);
+    const rssBefore = rssOfTree(pid);
+    let rssPeak = rssBefore;
+    const memory = setInterval(() => {
+      rssPeak = Math.max(rssPeak, rssOfTree(pid));
+    }, 250);
+    const cpuBefore = cpuSecondsOf(pid);
+    const start = now();
+    fleet.measure(start);
+    const publishing = publish();
+    await progress.countdown(plan.seconds, () => `${system}: ${fleet.status().received} delivered`);
+    const published = await publishing;
+    const expected = expectedDeliveries(plan, published.sent);
+    await until(
+      () => {
+        progress.update(`${system}: draining, ${fleet.status().received}/${expected} delivered`);
+        return fleet.status().received >= expected;
+      },
+      10_000,
+      100,
+    );
+    await sleep(300);
+    clearInterval(memory);
+    const rssAfter = rssOfTree(pid);
+    rssPeak = Math.max(rssPeak, rssAfter);
+    const serverCpuSeconds = cpuSecondsOf(pid) - cpuBefore;
+    const report: FleetReport = await fleet.report();
+    const result: FanoutResult = {
+      system,
+      held: report.held - report.slowOpen - report.slowClosed,
+      failed: report.failed,
+      published: published.sent,
+      publishFailed: published.failed,
+      expected,
+      delivered: report.received,
+      deliveredPerSecond: round(report.received / plan.seconds),
+      latency: report.latency.summary(),
+      perSecond: report.perSecond.map((h: Histogram, second) => ({
+        second,
+        count: h.total,
+        p50: round(h.percentile(50), 3),
+        p99: round(h.percentile(99), 3),
+      })),
+      rssBefore,
+      rssAfter,
+      rssPeak,
+      serverCpuSeconds: round(serverCpuSeconds),
+      clientCpuSeconds: round(fleet.cpuSeconds() + published.cpu),
+      slowHeld: report.slowOpen + report.slowClosed,
+      slowClosed: report.slowClosed,
+      failures: report.failures,
+    };
+    progress.say(
+      `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms, p99.9 ${result.latency['p99.9']} ms, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
+    );
+    return result;
+  } finally {
+    for (const stop of stops.reverse()) await stop().catch(() => {});
+  }
+}
+
+export const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+export { Histogram };
