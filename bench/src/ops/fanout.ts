@@ -60,15 +60,16 @@ function appendOne(svc: Service, x: Target, data: string): Promise<unknown> {
 }
 
 /**
- * Appends `rate` events a second for `seconds`, round robin over the conversations of
- * `setup`, through the service's one write path. Each event's data is `t:<scheduled send time,
+ * Appends `rate` events a second for `seconds`, round robin over the first `conversations`
+ * of `setup` (in the order of its layout), through the service's one write path. Each event's data is `t:<scheduled send time,
  * ms since the epoch>` and `padding` bytes: the scheduled time, so an appender that falls
  * behind shows as latency rather than as a slower rate.
  */
 export async function append(
   svc: Service,
-  args: { rate: number; seconds: number; padding: number },
+  args: { rate: number; seconds: number; padding: number; conversations: number },
 ): Promise<{ appended: number; failed: number; seconds: number }> {
+  const to = targets.slice(0, args.conversations);
   const pad = args.padding > 0 ? ` ${'x'.repeat(args.padding)}` : '';
   const total = Math.round(args.rate * args.seconds);
   const start = now();
@@ -78,7 +79,7 @@ export async function append(
   while (issued < total) {
     const due = Math.min(total, Math.floor(((now() - start) * args.rate) / 1000) + 1);
     for (; issued < due; issued++) {
-      const x = targets[issued % targets.length] as Target;
+      const x = to[issued % to.length] as Target;
       const sentAt = start + (issued * 1000) / args.rate;
       x.chain = x.chain
         .then(() => appendOne(svc, x, `t:${sentAt.toFixed(3)}${pad}`))
@@ -89,6 +90,6 @@ export async function append(
     }
     await new Promise((r) => setTimeout(r, 1));
   }
-  await Promise.all(targets.map((x) => x.chain));
+  await Promise.all(to.map((x) => x.chain));
   return { appended, failed, seconds: (now() - start) / 1000 };
 }

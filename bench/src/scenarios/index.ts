@@ -1,7 +1,8 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { slowWatcher } from './slow-watcher.ts';
 import { sseFanout } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [crud, sseIdle, sseFanout];
+export const scenarios: Scenario[] = [crud, sseIdle, sseFanout, slowWatcher];

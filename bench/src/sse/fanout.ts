@@ -28,8 +28,12 @@ export interface FanoutPlan {
   slow: number;
   /** Our service's configuration on top of the bench defaults. */
   config?: Record<string, string>;
-  /** An existing Redis for ours (--redis). */
+  /** An existing Redis for ours (--redis, or one a scenario shares between runs). */
   redis?: string;
+  /** An existing Postgres for ours (one a scenario shares between runs). */
+  postgres?: string;
+  /** Node flags for our service (`--cpu-prof`). */
+  nodeArgs?: string[];
 }
 
 export interface FanoutResult {
@@ -92,16 +96,23 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       }
       // Postgres outside the process, as deployed: embedded PGlite runs its queries (the log
       // copier's inserts among them) on the event loop that delivers the events.
-      const pg = await startPostgres();
-      stops.push(() => pg.stop());
-      const ours = await startOurs({
-        SSE_HEARTBEAT_MS: '15000',
-        SSE_IDLE_CLOSE_MS: '0',
-        REDIS_URL: redisUrl,
-        DATABASE_URL: pg.url,
-        REDIS_KEY_PREFIX: `bench${Date.now()}:`,
-        ...plan.config,
-      });
+      let postgresUrl = plan.postgres;
+      if (!postgresUrl) {
+        const pg = await startPostgres();
+        stops.push(() => pg.stop());
+        postgresUrl = pg.url;
+      }
+      const ours = await startOurs(
+        {
+          SSE_HEARTBEAT_MS: '15000',
+          SSE_IDLE_CLOSE_MS: '0',
+          REDIS_URL: redisUrl,
+          DATABASE_URL: postgresUrl,
+          REDIS_KEY_PREFIX: `bench${Date.now()}:`,
+          ...plan.config,
+        },
+        plan.nodeArgs,
+      );
       stops.push(() => ours.stop());
       progress.update(`ours: ${plan.tenants} accounts, ${plan.conversations} conversations`);
       const layout = await ours.call<Layout>('ops/fanout#setup', {
@@ -126,6 +137,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
           rate: plan.rate,
           seconds: plan.seconds,
           padding: plan.padding,
+          conversations: plan.conversations,
         });
         return { sent: r.appended, failed: r.failed, cpu: 0 };
       };
