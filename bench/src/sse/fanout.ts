@@ -2,7 +2,7 @@ import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
-import { cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
+import { cpuOfTree, cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
 import type { Progress } from '../lib/progress.ts';
 import { startRedis } from '../lib/redis.ts';
 import { Histogram, round } from '../lib/stats.ts';
@@ -203,7 +203,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const memory = setInterval(() => {
       rssPeak = Math.max(rssPeak, rssOfTree(pid));
     }, 250);
-    const cpuBefore = cpuSecondsOf(pid);
+    const cpuBefore = cpuOfTree(pid);
     const start = now();
     fleet.measure(start);
     const publishing = publish();
@@ -222,7 +222,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     clearInterval(memory);
     const rssAfter = rssOfTree(pid);
     rssPeak = Math.max(rssPeak, rssAfter);
-    const serverCpuSeconds = cpuSecondsOf(pid) - cpuBefore;
+    const serverCpuSeconds = cpuOfTree(pid) - cpuBefore;
     const report: FleetReport = await fleet.report();
     const result: FanoutResult = {
       system,

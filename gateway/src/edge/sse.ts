@@ -53,7 +53,14 @@ interface Watcher {
   /** When the last `conversations` event went out, and whether one waits for its turn. */
   conversationsSentAt: number;
   conversationsPending: boolean;
-  stop?: () => void;
+  stop: (() => void) | undefined;
+}
+
+/** What a multiplexed route shares among its watchers. */
+interface MultiplexedRoute {
+  path: string;
+  kinds: ReadonlySet<TenantEventKind>;
+  select: (id: string, info: ConversationInfo) => Record<string, string> | undefined;
 }
 
 /** What a stream request carries; read before the first await (uWS frees the request then). */
@@ -200,6 +207,19 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   }
 
   /**
+   * Forgets a watcher whose client went away. A function of its own so the handler, which
+   * lives as long as the stream, keeps only the watcher alive and not everything the opening
+   * read (headers, query, the admission).
+   */
+  function whenAborted(res: HttpResponse, w: Watcher): void {
+    res.onAborted(() => {
+      w.closed = true;
+      w.stop?.();
+      watchers.delete(w);
+    });
+  }
+
+  /**
    * Common opening of every stream: rate limit, authentication (bearer key or session cookie;
    * a sandbox token only where `sandbox` allows), the checks of `prepare` (which answers with
    * an error before any byte of stream), then the stream's head and `: connected`.
@@ -240,12 +260,9 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
       told: 0,
       conversationsSentAt: 0,
       conversationsPending: false,
+      stop: undefined,
     };
-    res.onAborted(() => {
-      w.closed = true;
-      w.stop?.();
-      watchers.delete(w);
-    });
+    whenAborted(res, w);
 
     void (async () => {
       const refused = await o.admit();
@@ -358,98 +375,17 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     kinds: ReadonlySet<TenantEventKind>,
     select: (id: string, info: ConversationInfo) => Record<string, string> | undefined,
   ) {
+    const route: MultiplexedRoute = { path, kinds, select };
     app.get(path, (res, req) => {
       open(res, req, async ({ w, principal, query, after: resumeAfter, resumed }) => {
-        const withBlocks = query.get('blocks') === 'true';
-        const streams = streamsOf(query);
         const tenant = principal.accountId;
         // Without Last-Event-ID a multiplexed stream starts live (the client lists first).
         const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
         w.position = Math.max(w.position, after);
         w.told = Math.max(w.told, after);
         const release = directory.acquire(tenant);
-        // Events wait here, in order, while the conversation of the first is looked up.
-        const queue: LogEvent[] = [];
-        let pumping = false;
-
-        /** Sends what is queued, in order, up to the first event whose conversation is unknown. */
-        const render = () => {
-          let frames = '';
-          let last = 0;
-          let i = 0;
-          for (; i < queue.length; i++) {
-            const e = queue[i] as LogEvent;
-            if (e.conversationId === null) {
-              // A change may have deleted a conversation or moved it off the team channel.
-              directory.forget(tenant, e.id);
-              w.position = Math.max(w.position, e.id);
-              if (!kinds.has(e.kind as TenantEventKind)) continue;
-              if (e.kind === 'conversations') {
-                // At most one a second: the first goes now, later ones fold into one.
-                if (Date.now() - w.conversationsSentAt < CONVERSATIONS_EVENT_EVERY_MS) {
-                  w.conversationsPending = true;
-                  continue;
-                }
-                w.conversationsSentAt = Date.now();
-                w.conversationsPending = false;
-              }
-              frames += frame(e.id, JSON.parse(e.data ?? '{}'), e.kind);
-              last = e.id;
-              continue;
-            }
-            const info = directory.get(tenant, e.conversationId);
-            if (info === undefined) break;
-            w.position = Math.max(w.position, e.id);
-            if (streams && !streams.includes(e.stream)) continue;
-            const extra = info ? select(e.conversationId, info) : undefined;
-            if (!extra) continue;
-            frames += cachedFrame(`${path}:${withBlocks}`, e, () =>
-              frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
-            );
-            last = e.id;
-          }
-          queue.splice(0, i);
-          if (frames) sendEvents(w, frames, last);
-        };
-
-        /** Looks up what the queue waits for, one query for all of it, until the queue is sent. */
-        const pump = async () => {
-          pumping = true;
-          try {
-            for (;;) {
-              render();
-              if (queue.length === 0 || w.closed) return;
-              const unknown = new Set<string>();
-              for (const e of queue) {
-                if (e.conversationId !== null && directory.get(tenant, e.conversationId) === undefined) {
-                  unknown.add(e.conversationId);
-                }
-              }
-              await directory.load(tenant, unknown);
-            }
-          } finally {
-            pumping = false;
-          }
-        };
-
-        const onEvents = (events: LogEvent[]) => {
-          if (w.closed) return;
-          queue.push(...events);
-          if (queue.length > MAX_QUEUED_EVENTS) {
-            deps.logger.info('stream watcher fell behind its lookups; cut off');
-            return cut(w);
-          }
-          if (pumping) return;
-          render();
-          if (queue.length > 0) {
-            pump().catch((err) => {
-              deps.logger.error({ err }, 'stream lookup failed');
-              cut(w);
-            });
-          }
-        };
-
-        const stop = await follow(deps.log, tenant, after, onEvents, {
+        const feed = new MultiplexedFeed(w, route, tenant, streamsOf(query), query.get('blocks') === 'true');
+        const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
           read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
         });
         w.stop = () => {
@@ -459,6 +395,105 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         if (w.closed) w.stop();
       });
     });
+  }
+
+  /**
+   * One watcher of a multiplexed stream. A class rather than closures: a node holds one per
+   * watcher for as long as it watches, and methods live once on the prototype (tsx names
+   * every closure it creates, which costs each a property store of its own).
+   */
+  class MultiplexedFeed {
+    /** Events wait here, in order, while the conversation of the first is looked up. */
+    private readonly queue: LogEvent[] = [];
+    private pumping = false;
+    constructor(
+      private readonly w: Watcher,
+      private readonly route: MultiplexedRoute,
+      private readonly tenant: string,
+      private readonly streams: string[] | undefined,
+      private readonly withBlocks: boolean,
+    ) {}
+
+    onEvents(events: LogEvent[]): void {
+      const { w, queue } = this;
+      if (w.closed) return;
+      for (const e of events) queue.push(e);
+      if (queue.length > MAX_QUEUED_EVENTS) {
+        deps.logger.info('stream watcher fell behind its lookups; cut off');
+        cut(w);
+        return;
+      }
+      if (this.pumping) return;
+      this.render();
+      if (queue.length > 0) {
+        this.pump().catch((err) => {
+          deps.logger.error({ err }, 'stream lookup failed');
+          cut(w);
+        });
+      }
+    }
+
+    /** Sends what is queued, in order, up to the first event whose conversation is unknown. */
+    private render(): void {
+      const { w, queue, tenant, streams, withBlocks, route } = this;
+      let frames = '';
+      let last = 0;
+      let i = 0;
+      for (; i < queue.length; i++) {
+        const e = queue[i] as LogEvent;
+        if (e.conversationId === null) {
+          // A change may have deleted a conversation or moved it off the team channel.
+          directory.forget(tenant, e.id);
+          w.position = Math.max(w.position, e.id);
+          if (!route.kinds.has(e.kind as TenantEventKind)) continue;
+          if (e.kind === 'conversations') {
+            // At most one a second: the first goes now, later ones fold into one.
+            if (Date.now() - w.conversationsSentAt < CONVERSATIONS_EVENT_EVERY_MS) {
+              w.conversationsPending = true;
+              continue;
+            }
+            w.conversationsSentAt = Date.now();
+            w.conversationsPending = false;
+          }
+          frames += frame(e.id, JSON.parse(e.data ?? '{}'), e.kind);
+          last = e.id;
+          continue;
+        }
+        const info = directory.get(tenant, e.conversationId);
+        if (info === undefined) break;
+        w.position = Math.max(w.position, e.id);
+        if (streams && !streams.includes(e.stream)) continue;
+        const extra = info ? route.select(e.conversationId, info) : undefined;
+        if (!extra) continue;
+        frames += cachedFrame(`${route.path}:${withBlocks}`, e, () =>
+          frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
+        );
+        last = e.id;
+      }
+      queue.splice(0, i);
+      if (frames) sendEvents(w, frames, last);
+    }
+
+    /** Looks up what the queue waits for, one query for all of it, until the queue is sent. */
+    private async pump(): Promise<void> {
+      const { w, queue, tenant } = this;
+      this.pumping = true;
+      try {
+        for (;;) {
+          this.render();
+          if (queue.length === 0 || w.closed) return;
+          const unknown = new Set<string>();
+          for (const e of queue) {
+            if (e.conversationId !== null && directory.get(tenant, e.conversationId) === undefined) {
+              unknown.add(e.conversationId);
+            }
+          }
+          await directory.load(tenant, unknown);
+        }
+      } finally {
+        this.pumping = false;
+      }
+    }
   }
 
   multiplexed('/api/events/stream', new Set(['conversations']), (id) => ({ conversation_id: id }));

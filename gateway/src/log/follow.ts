@@ -19,27 +19,48 @@ export async function follow(
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
-  let last = after;
-  let live = false;
-  const buffered: LogEvent[][] = [];
-  const emit = (events: LogEvent[]) => {
-    const fresh = events.filter((e) => e.id > last);
-    if (fresh.length === 0) return;
-    last = (fresh.at(-1) as LogEvent).id;
-    onEvents(fresh);
-  };
-  const stop = await log.subscribe(tenant, (batch) => {
-    if (live) emit(batch.events);
-    else buffered.push(batch.events);
-  });
+  const joined = new Joined(after, onEvents);
+  const stop = await log.subscribe(tenant, (batch) => joined.arrived(batch.events));
   for (;;) {
-    const page = await read(last, pageSize);
+    const page = await read(joined.last, pageSize);
     if (page.length === 0) break;
-    emit(page);
+    joined.emit(page);
     if (page.length < pageSize) break;
   }
-  for (const events of buffered) emit(events);
-  buffered.length = 0;
-  live = true;
+  joined.goLive();
   return stop;
+}
+
+/**
+ * A watcher's place in the log while it joins and after. A class rather than closures: a
+ * node holds one per watcher for as long as it watches, and methods live once on the
+ * prototype (tsx names every closure it creates, which costs each a property store).
+ */
+class Joined {
+  private live = false;
+  private buffered: LogEvent[][] = [];
+  constructor(
+    public last: number,
+    private readonly onEvents: (events: LogEvent[]) => void,
+  ) {}
+
+  arrived(events: LogEvent[]): void {
+    if (this.live) this.emit(events);
+    else this.buffered.push(events);
+  }
+
+  emit(events: LogEvent[]): void {
+    const last = this.last;
+    // The common case, a live batch wholly after what was delivered, is passed on as it is.
+    const fresh = events.length > 0 && (events[0] as LogEvent).id > last ? events : events.filter((e) => e.id > last);
+    if (fresh.length === 0) return;
+    this.last = (fresh.at(-1) as LogEvent).id;
+    this.onEvents(fresh);
+  }
+
+  goLive(): void {
+    for (const events of this.buffered) this.emit(events);
+    this.buffered = [];
+    this.live = true;
+  }
 }
