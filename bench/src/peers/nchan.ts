@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ensurePackages } from '../lib/apt.ts';
@@ -10,6 +10,8 @@ export interface Nchan {
   pid: number;
   /** Resident memory of the master and its workers. */
   rss(): number;
+  /** The last lines nginx logged at `warn` or above (why connections were refused, say). */
+  errors(): string[];
   stop(): Promise<void>;
 }
 
@@ -29,8 +31,9 @@ export async function startNchan(
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'svc-bench-nchan-'));
   for (const d of ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']) mkdirSync(join(dir, d));
-  // nginx opens one descriptor per socket and a few of its own; the hard cap is 20,000 here.
-  const files = Math.min(20_000, opts.connections + 1000);
+  // nginx counts a connection per socket and more of its own (Nchan's subscribers need about
+  // 5% more than there are); the hard cap on open files is 20,000 here.
+  const files = Math.min(20_000, Math.ceil(opts.connections * 1.1) + 100);
   const conf = `
 load_module ${MODULE};
 daemon off;
@@ -39,8 +42,9 @@ worker_processes ${opts.workers ?? 1};
 worker_rlimit_nofile ${files};
 pid ${dir}/nginx.pid;
 error_log stderr notice;
+error_log ${dir}/error.log warn;
 events {
-  worker_connections ${files - 20};
+  worker_connections ${files};
   multi_accept on;
 }
 http {
@@ -78,6 +82,13 @@ http {
     port,
     pid,
     rss: () => rssOfTree(pid),
+    errors: () => {
+      try {
+        return readFileSync(join(dir, 'error.log'), 'utf8').trim().split('\n').filter(Boolean).slice(-5);
+      } catch {
+        return [];
+      }
+    },
     async stop() {
       // QUIT is nginx's graceful stop, but held streams would keep it up: TERM is the fast one.
       await started.stop();

@@ -126,6 +126,7 @@ export const sseIdle: Scenario = {
       const nchan = await startNchan({ connections: n }, (s) => progress.say(s));
       try {
         nchanHeld = await hold('Nchan', nchan.port, ': hi', channels(n), nchan.rss);
+        nchanHeld.failures.push(...nchan.errors());
       } finally {
         await nchan.stop();
       }

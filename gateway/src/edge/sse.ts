@@ -9,6 +9,7 @@ import { shapeEvent } from '../services/conversations.ts';
 import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
 import type { Principal } from '../services/principal.ts';
 import { canonicalIp } from './client-ip.ts';
+import { ConversationFeeds } from './conversation-feeds.ts';
 import { ConversationDirectory, type ConversationInfo } from './directory.ts';
 import type { Admission } from './forward.ts';
 import { writeError } from './respond.ts';
@@ -134,6 +135,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   const { options } = deps;
   const watchers = new Set<Watcher>();
   const directory = new ConversationDirectory(deps.sql);
+  const conversationFeeds = new ConversationFeeds(deps.log);
 
   const tickMs = Math.max(
     10,
@@ -345,6 +347,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         };
         w.stop = await follow(deps.log, tenant, after, onEvents, {
           read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
+          subscribe: (onBatch) => conversationFeeds.subscribe(tenant, conversationId, onBatch),
         });
         if (w.closed) return w.stop();
         replaying = false;

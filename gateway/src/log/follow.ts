@@ -1,4 +1,4 @@
-import type { EventLog, LogEvent } from './log.ts';
+import type { EventLog, LiveBatch, LogEvent } from './log.ts';
 
 /**
  * Joins a watcher to a tenant's log without a gap (DESIGN.md "Live delivery"): subscribe
@@ -15,12 +15,15 @@ export async function follow(
     pageSize?: number;
     /** Where history comes from (default: the hot log); readLog reaches into Postgres. */
     read?: (after: number, limit: number) => Promise<LogEvent[]>;
+    /** Where live batches come from (default: the log's feed of the tenant), with its promise. */
+    subscribe?: (onBatch: (batch: LiveBatch) => void) => Promise<() => void>;
   } = {},
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
   const joined = new Joined(after, onEvents);
-  const stop = await log.subscribe(tenant, (batch) => joined.arrived(batch.events));
+  const onBatch = (batch: LiveBatch) => joined.arrived(batch.events);
+  const stop = await (options.subscribe ? options.subscribe(onBatch) : log.subscribe(tenant, onBatch));
   for (;;) {
     const page = await read(joined.last, pageSize);
     if (page.length === 0) break;
