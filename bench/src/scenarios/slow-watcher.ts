@@ -9,7 +9,7 @@ const SLOW_SHARE = 0.05;
 /** What the gateway may buffer for one watcher before it cuts it off (SSE_MAX_BUFFER_BYTES). */
 const MAX_BUFFER = 256 * 1024;
 /** Filler per event, so a paused watcher falls megabytes behind within the run. */
-const PADDING = 4096;
+const PADDING = 2048;
 /** Room for what else the run allocates (the slow watchers' own state, GC timing). */
 const SLACK = 64 * 2 ** 20;
 
@@ -25,7 +25,7 @@ const SLACK = 64 * 2 ** 20;
 export const slowWatcher: Scenario = {
   name: 'slow-watcher',
   title: 'slow-watcher: sse-fanout with 5% of watchers that stop reading, against the same run without them',
-  defaults: { connections: 10_000, duration: 20, rate: 1000 },
+  defaults: { connections: 10_000, duration: 30, rate: 1000 },
   smoke: { connections: 300, duration: 1, rate: 100 },
   async run({ opts, progress, defer }): Promise<Outcome> {
     const slow = Math.max(1, Math.round(opts.connections * SLOW_SHARE));

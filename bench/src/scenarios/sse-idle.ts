@@ -44,7 +44,6 @@ export const sseIdle: Scenario = {
   smoke: { connections: 1000, duration: 1, rate: 0 },
   async run({ opts, progress, defer }): Promise<Outcome> {
     const n = Math.min(opts.connections, ONE_EDGE);
-    const settleMs = opts.duration * 1000;
     let clientCpu = 0;
 
     /** Opens `watchers`, holds them `settleMs`, reads memory, closes them. */
@@ -90,7 +89,6 @@ export const sseIdle: Scenario = {
       } finally {
         await fleet.close();
         clientCpu += fleet.cpuSeconds();
-        void settleMs;
       }
     };
 

@@ -146,7 +146,9 @@ function open(job: OpenJob): void {
           head += text;
           const r = head.indexOf(job.ready);
           if (r < 0) {
-            if (head.length > 4096) sock.destroy(new Error(`no ${job.ready} in ${head.slice(0, 200)}`));
+            // A refusal (401, 429, ...) is an answer, not a stream: count it failed now.
+            const refused = head.includes('\r\n\r\n') && !/^HTTP\/1\.1 200 /.test(head);
+            if (refused || head.length > 4096) sock.destroy(new Error(`no ${job.ready} in ${head.slice(0, 200)}`));
             return;
           }
           st.held = true;
