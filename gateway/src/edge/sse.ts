@@ -93,14 +93,21 @@ function frame(id: number, data: unknown, event?: string): string {
   return `id: ${id}\n${event ? `event: ${event}\n` : ''}data: ${JSON.stringify(data)}\n\n`;
 }
 
+/** A frame as text (to join with others) and as the bytes written when it goes alone. */
+interface CachedFrame {
+  text: string;
+  bytes: Buffer;
+}
+
 /**
  * An event's frame for one shape of a stream (which stream, blocks or not), serialised once
  * per node however many watchers send it: every watcher of a tenant on this node receives
  * the same event objects from the feed, so the frame is cached on the object itself (a
- * WeakMap: it goes when the event does).
+ * WeakMap: it goes when the event does). Its UTF-8 bytes are cached too: a string handed to
+ * uWS is encoded again on every write, once per watcher.
  */
-const frameCaches = new Map<string, WeakMap<LogEvent, string>>();
-function cachedFrame(shape: string, e: LogEvent, build: () => string): string {
+const frameCaches = new Map<string, WeakMap<LogEvent, CachedFrame>>();
+function cachedFrame(shape: string, e: LogEvent, build: () => string): CachedFrame {
   let cache = frameCaches.get(shape);
   if (!cache) {
     cache = new WeakMap();
@@ -108,7 +115,8 @@ function cachedFrame(shape: string, e: LogEvent, build: () => string): string {
   }
   let f = cache.get(e);
   if (f === undefined) {
-    f = build();
+    const text = build();
+    f = { text, bytes: Buffer.from(text) };
     cache.set(e, f);
   }
   return f;
@@ -174,14 +182,14 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   const cut = (w: Watcher) => finish(w, 'cut');
 
   /** Writes a frame corked; a watcher that falls too far behind is cut off, never waited for. */
-  function send(w: Watcher, frames: string): void {
+  function send(w: Watcher, frames: string | Buffer): void {
     if (w.closed) return;
     let ok = true;
     w.res.cork(() => {
       ok = w.res.write(frames);
     });
     if (!ok) {
-      w.backlog += Buffer.byteLength(frames);
+      w.backlog += typeof frames === 'string' ? Buffer.byteLength(frames) : frames.length;
       if (w.backlog > options.maxBufferedBytes) {
         deps.logger.info('slow watcher cut off');
         cut(w);
@@ -195,7 +203,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   }
 
   /** Sends events (frames with ids) and records what the client now knows. */
-  function sendEvents(w: Watcher, frames: string, lastId: number): void {
+  function sendEvents(w: Watcher, frames: string | Buffer, lastId: number): void {
     w.lastEventAt = Date.now();
     w.told = Math.max(w.told, lastId);
     send(w, frames);
@@ -328,13 +336,18 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const onEvents = (events: LogEvent[]) => {
           if (w.closed) return;
           let frames = '';
+          let alone: Buffer | undefined;
+          let count = 0;
           let last = 0;
           let ending = false;
           for (const e of events) {
             w.position = Math.max(w.position, e.id);
             if (e.conversationId !== conversationId) continue;
             if (!streams || streams.includes(e.stream)) {
-              frames += cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
+              const f = cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
+              frames += f.text;
+              alone = f.bytes;
+              count++;
               last = e.id;
             }
             if (e.kind === 'stage' && !replaying) {
@@ -342,7 +355,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
               if (!wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;
             }
           }
-          if (frames) sendEvents(w, frames, last);
+          if (count > 0) sendEvents(w, count === 1 && alone ? alone : frames, last);
           if (ending) end(w);
         };
         w.stop = await follow(deps.log, tenant, after, onEvents, {
@@ -440,6 +453,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     private render(): void {
       const { w, queue, tenant, streams, withBlocks, route } = this;
       let frames = '';
+      let alone: Buffer | undefined;
+      let count = 0;
       let last = 0;
       let i = 0;
       for (; i < queue.length; i++) {
@@ -459,6 +474,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             w.conversationsPending = false;
           }
           frames += frame(e.id, JSON.parse(e.data ?? '{}'), e.kind);
+          alone = undefined;
+          count++;
           last = e.id;
           continue;
         }
@@ -468,13 +485,16 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         if (streams && !streams.includes(e.stream)) continue;
         const extra = info ? route.select(e.conversationId, info) : undefined;
         if (!extra) continue;
-        frames += cachedFrame(`${route.path}:${withBlocks}`, e, () =>
+        const f = cachedFrame(`${route.path}:${withBlocks}`, e, () =>
           frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
         );
+        frames += f.text;
+        alone = count === 0 ? f.bytes : undefined;
+        count++;
         last = e.id;
       }
       queue.splice(0, i);
-      if (frames) sendEvents(w, frames, last);
+      if (count > 0) sendEvents(w, count === 1 && alone ? alone : frames, last);
     }
 
     /** Looks up what the queue waits for, one query for all of it, until the queue is sent. */
