@@ -24,7 +24,7 @@ export interface FanoutPlan {
   seconds: number;
   /** Bytes of filler after each event's send time. */
   padding: number;
-  /** Watchers that stop reading once held, on the busiest stream each system has. */
+  /** More watchers of the same conversations that stop reading once held. */
   slow: number;
   /** Our service's configuration on top of the bench defaults. */
   config?: Record<string, string>;
@@ -63,6 +63,10 @@ const now = () => performance.timeOrigin + performance.now();
 
 /** Watcher `i` follows conversation `i % conversations`, so every conversation gets the same share. */
 const conversationOf = (plan: FanoutPlan, i: number) => i % plan.conversations;
+
+/** Slow watcher `i` follows a conversation spread evenly over all of them. */
+const slowConversationOf = (plan: FanoutPlan, i: number) =>
+  Math.floor((i * plan.conversations) / Math.max(1, plan.slow)) % plan.conversations;
 
 /** Healthy deliveries due: each event once per healthy watcher of its conversation. */
 function expectedDeliveries(plan: FanoutPlan, published: number): number {
@@ -125,10 +129,14 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         const c = conversations[conversationOf(plan, i)] as { id: string; key: string };
         return { path: `/api/conversations/${c.id}/stream?wait=true`, authorization: `Bearer ${c.key}` };
       });
-      // A slow watcher follows its tenant's whole stream: the most a watcher can fall behind by.
+      // Slow watchers are more watchers of the same conversations, spread over all of them.
       for (let i = 0; i < plan.slow; i++) {
-        const t = layout.tenants[i % layout.tenants.length] as Layout['tenants'][number];
-        specs.push({ path: '/api/events/stream', authorization: `Bearer ${t.key}`, slow: true });
+        const c = conversations[slowConversationOf(plan, i)] as { id: string; key: string };
+        specs.push({
+          path: `/api/conversations/${c.id}/stream?wait=true`,
+          authorization: `Bearer ${c.key}`,
+          slow: true,
+        });
       }
       ({ port, pid } = ours);
       ready = ': connected';
@@ -151,8 +159,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       ready = system === 'Nchan' ? ': hi' : ': connected';
       const channels = Array.from({ length: plan.conversations }, (_, c) => `c${c}`);
       specs = Array.from({ length: plan.watchers }, (_, i) => ({ path: `/sub/${channels[conversationOf(plan, i)]}` }));
-      // The peers have no tenant-wide stream: a slow subscriber follows one channel.
-      for (let i = 0; i < plan.slow; i++) specs.push({ path: `/sub/${channels[i % channels.length]}`, slow: true });
+      for (let i = 0; i < plan.slow; i++)
+        specs.push({ path: `/sub/${channels[slowConversationOf(plan, i)]}`, slow: true });
       publish = async () => {
         const child = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
           execArgv: ['--import', 'tsx'],
