@@ -5,7 +5,7 @@ import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree, cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
 import type { Progress } from '../lib/progress.ts';
 import { startRedis } from '../lib/redis.ts';
-import { Histogram, round } from '../lib/stats.ts';
+import { type Histogram, round } from '../lib/stats.ts';
 import type { Layout } from '../ops/fanout.ts';
 import { startNchan } from '../peers/nchan.ts';
 import { startUwsFloor } from '../peers/uws-sse.ts';
@@ -267,4 +267,3 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
 }
 
 export const mib = (b: number) => (b / 2 ** 20).toFixed(1);
-export { Histogram };
