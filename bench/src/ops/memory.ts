@@ -18,3 +18,9 @@ export async function edgeProcesses(svc: Service): Promise<number | null> {
   const v = (svc.config as unknown as Record<string, unknown>).EDGE_PROCESSES;
   return v === undefined ? null : Number(v);
 }
+
+/** The JS heap in use (bytes), after a collection when node runs with --expose-gc. */
+export async function heapUsed(svc: Service): Promise<number> {
+  await collect(svc);
+  return process.memoryUsage().heapUsed;
+}

@@ -54,6 +54,7 @@ export const sseIdle: Scenario = {
       watchers: WatcherSpec[],
       rss: () => number,
       collect: () => Promise<unknown> = async () => {},
+      whileHeld: () => Promise<unknown> = async () => {},
     ): Promise<Held> => {
       await sleep(opts.smoke ? 200 : 1000);
       await collect();
@@ -68,6 +69,7 @@ export const sseIdle: Scenario = {
         await progress.countdown(opts.duration, () => `${system}: holding ${fleet.status().held}`);
         await collect();
         const rssAfter = await settledRss(rss);
+        await whileHeld();
         const s = fleet.status();
         const report = await fleet.report();
         const held = s.held - s.closed;
@@ -99,12 +101,14 @@ export const sseIdle: Scenario = {
     defer(() => pg.stop());
     const ours = await startOurs({ ...QUIET_STREAMS, DATABASE_URL: pg.url }, ['--expose-gc']);
     let oursHeld: Held;
+    let heapPerWatcher = Number.NaN;
     try {
       const me = await ours.call<{ key: string }>('tenant#signUp');
       const watchers = Array.from({ length: n }, () => ({
         path: '/api/events/stream',
         authorization: `Bearer ${me.key}`,
       }));
+      const heapBefore = await ours.call<number>('ops/memory#heapUsed');
       oursHeld = await hold(
         'ours',
         ours.port,
@@ -112,6 +116,9 @@ export const sseIdle: Scenario = {
         watchers,
         () => rssOfTree(ours.pid),
         () => ours.call('ops/memory#collect'),
+        async () => {
+          heapPerWatcher = Math.round(((await ours.call<number>('ops/memory#heapUsed')) - heapBefore) / n);
+        },
       );
     } finally {
       await ours.stop();
@@ -228,6 +235,7 @@ export const sseIdle: Scenario = {
     return {
       figures: {
         watchers: n,
+        oursHeapBytesPerWatcher: heapPerWatcher,
         settleSeconds: opts.duration,
         ours: oursHeld,
         nchan: nchanHeld ?? nchanError,
@@ -254,6 +262,7 @@ export const sseIdle: Scenario = {
         'Ours: authenticated `GET /api/events/stream` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold; RSS after a full GC (--expose-gc) minus RSS before. Each RSS figure is the least of five readings over a second, for every system alike.',
         'Nchan: nginx with one worker, `nchan_subscriber eventsource` with one channel per subscriber; RSS of master and worker. Floor: a bare uWebSockets.js server holding the responses in a Set per channel.',
         'A watcher is held once the stream head and its first comment arrived (`: connected`; Nchan sends `: hi`).',
+        `Ours' JS heap in use grew by ${heapPerWatcher} bytes per watcher (after a full GC). The RSS delta can be smaller than heap plus native memory when the heap already had committed room before the watchers came (start-up garbage): a run-to-run spread of a few KB per watcher is that, not the watchers.`,
       ],
       clientCpuSeconds: clientCpu,
     };
