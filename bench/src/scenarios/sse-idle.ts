@@ -34,8 +34,8 @@ interface Held {
  * process of ours, and the same N EventSource subscribers on Nchan (one worker, a channel per
  * subscriber) and on a bare uWebSockets.js server. Memory per watcher is the server's RSS
  * after all are held and settled (after a full GC in ours) minus its RSS before, over the
- * number held. With more than 20,000 asked, a second phase holds that many across
- * EDGE_PROCESSES edge processes sharing the port.
+ * number held. A full run then holds 50,000 (or --connections, when above 18,000) across
+ * EDGE_PROCESSES edge processes sharing the port (SO_REUSEPORT), on Redis and Postgres.
  */
 export const sseIdle: Scenario = {
   name: 'sse-idle',
@@ -152,7 +152,8 @@ export const sseIdle: Scenario = {
     // Redis and Postgres shared by them.
     let many: (Held & { processes: number }) | undefined;
     let manyNote: string | undefined;
-    if (opts.connections > 20_000) {
+    const manyN = opts.connections > ONE_EDGE ? opts.connections : MANY_EDGES;
+    if (!opts.smoke) {
       const redis = await startRedis();
       defer(() => redis.stop());
       const multi = await startOurs(
@@ -165,7 +166,7 @@ export const sseIdle: Scenario = {
           manyNote = 'this build has no EDGE_PROCESSES: not measured';
         } else {
           const me = await multi.call<{ key: string }>('tenant#signUp');
-          const watchers = Array.from({ length: opts.connections }, () => ({
+          const watchers = Array.from({ length: manyN }, () => ({
             path: '/api/events/stream',
             authorization: `Bearer ${me.key}`,
           }));
@@ -179,8 +180,6 @@ export const sseIdle: Scenario = {
       } finally {
         await multi.stop();
       }
-    } else {
-      manyNote = `runs when --connections is above 20,000 (e.g. --connections ${MANY_EDGES})`;
     }
 
     const decide = !opts.smoke;
@@ -261,6 +260,7 @@ export const sseIdle: Scenario = {
         `${n} watchers per system, opened from child processes (at most 5,000 sockets each, each from its own loopback source address), held ${opts.duration} s, then memory read.`,
         'Ours: authenticated `GET /api/events/stream` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold; RSS after a full GC (--expose-gc) minus RSS before. Each RSS figure is the least of five readings over a second, for every system alike.',
         'Nchan: nginx with one worker, `nchan_subscriber eventsource` with one channel per subscriber; RSS of master and worker. Floor: a bare uWebSockets.js server holding the responses in a Set per channel.',
+        `Across edge processes: ${manyN} watchers of one account on a service started with EDGE_PROCESSES=${EDGE_PROCESSES} (SO_REUSEPORT; Redis and the same throwaway Postgres), from ${Math.ceil(manyN / 5000)} client processes; memory is the RSS of the primary and its edge processes, without a forced GC.`,
         'A watcher is held once the stream head and its first comment arrived (`: connected`; Nchan sends `: hi`).',
         `Ours' JS heap in use grew by ${heapPerWatcher} bytes per watcher (after a full GC). The RSS delta can be smaller than heap plus native memory when the heap already had committed room before the watchers came (start-up garbage): a run-to-run spread of a few KB per watcher is that, not the watchers.`,
       ],
