@@ -280,11 +280,24 @@ export const ServiceDurable = z.object({
   seq: z.number().int().min(0),
 });
 
+/**
+ * The service will never take this sandbox incarnation's output (the sandbox is no longer on
+ * this runner: deleted with its account, say): the runner forgets what it keeps of it, on
+ * disk too, and stops its runtimes, instead of resending it at every start.
+ */
+export const ServiceDiscard = z.object({
+  t: z.literal('discard'),
+  sandbox: z.string(),
+  incarnation: z.number().int().min(0),
+  reason: z.string().max(500),
+});
+
 export const ServiceMessage = z.discriminatedUnion('t', [
   ServiceWelcome,
   ServiceCommand,
   ServiceAppended,
   ServiceDurable,
+  ServiceDiscard,
 ]);
 
 /**
