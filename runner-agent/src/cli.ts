@@ -16,7 +16,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent, spoolDir } from './agent.ts';
+import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import type { RunAs } from './network.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
