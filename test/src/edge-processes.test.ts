@@ -6,7 +6,7 @@ import { get } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConfigError, loadConfig } from '@svc/gateway';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { createDatabase, signUp, startTestService, type TestService } from './harness.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
@@ -208,44 +208,69 @@ t.test(
   },
 );
 
-t.test(
-  'npm start with EDGE_PROCESSES=2: the banner names both processes, and a child outlives no primary',
-  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres' },
-  async (t) => {
-    const dataDir = await mkdtemp(join(tmpdir(), 'svc-test-edgeproc-'));
-    t.teardown(() => rm(dataDir, { recursive: true, force: true }));
-    const primary: ChildProcess = spawn(process.execPath, ['gateway/start.mjs'], {
-      cwd: root,
-      env: {
-        ...process.env,
-        PORT: '0',
-        EDGE_PROCESSES: '2',
-        DATABASE_URL: await createDatabase(t),
-        REDIS_URL: process.env.TEST_REDIS_URL,
-        REDIS_KEY_PREFIX: `t${randomBytes(4).toString('hex')}:`,
-        MASTER_KEY: randomBytes(32).toString('hex'),
-        DATA_DIR: dataDir,
-        LOG_LEVEL: 'silent',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+/** `npm start` with EDGE_PROCESSES=2 in a process of its own; its banner names both pids. */
+async function startPrimary(t: Test) {
+  const dataDir = await mkdtemp(join(tmpdir(), 'svc-test-edgeproc-'));
+  t.teardown(() => rm(dataDir, { recursive: true, force: true }));
+  const primary: ChildProcess = spawn(process.execPath, ['gateway/start.mjs'], {
+    cwd: root,
+    env: {
+      ...process.env,
+      PORT: '0',
+      EDGE_PROCESSES: '2',
+      DATABASE_URL: await createDatabase(t),
+      REDIS_URL: process.env.TEST_REDIS_URL,
+      REDIS_KEY_PREFIX: `t${randomBytes(4).toString('hex')}:`,
+      MASTER_KEY: randomBytes(32).toString('hex'),
+      DATA_DIR: dataDir,
+      LOG_LEVEL: 'silent',
+      SHUTDOWN_GRACE_MS: '1000',
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const exited = new Promise<number | null>((resolve) => primary.once('exit', (code) => resolve(code)));
+  let out = '';
+  primary.stdout?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  primary.stderr?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  let banner: RegExpExecArray;
+  try {
+    banner = await until('the banner', () => /edge processes: 2 .*pids (\d+), (\d+)/.exec(out), 60_000);
+  } finally {
     t.teardown(() => {
       if (primary.exitCode === null) primary.kill('SIGKILL');
     });
-    let out = '';
-    primary.stdout?.on('data', (d: Buffer) => {
-      out += d.toString();
+  }
+  return {
+    primary,
+    exited,
+    url: /listening on (\S+)/.exec(out)?.[1] as string,
+    bannerPids: [Number(banner[1]), Number(banner[2])],
+  };
+}
+
+t.test(
+  'npm start with EDGE_PROCESSES=2',
+  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres' },
+  async (t) => {
+    await t.test('SIGTERM to the first process stops both', async (t) => {
+      const { primary, exited, url, bannerPids } = await startPrimary(t);
+      t.equal(bannerPids[0], primary.pid, 'the banner names the first process, then the other');
+      t.equal(await health(url), 200);
+      primary.kill('SIGTERM');
+      t.equal(await exited, 0, 'the first process exits cleanly');
+      t.ok(gone(bannerPids[1] as number), 'having stopped the other');
     });
-    primary.stderr?.on('data', (d: Buffer) => {
-      out += d.toString();
+
+    await t.test('a copy exits when the first process is SIGKILLed', async (t) => {
+      const { primary, url, bannerPids } = await startPrimary(t);
+      t.equal(await health(url), 200);
+      primary.kill('SIGKILL');
+      await until('the copy to exit', () => gone(bannerPids[1] as number));
+      t.pass('it noticed its IPC channel close');
     });
-    const banner = await until('the banner', () => /edge processes: 2 .*pids (\d+), (\d+)/.exec(out), 60_000);
-    const url = /listening on (\S+)/.exec(out)?.[1] as string;
-    t.equal(Number(banner[1]), primary.pid, 'the first pid is the primary');
-    const child = Number(banner[2]);
-    t.equal(await health(url), 200);
-    primary.kill('SIGKILL');
-    await until('the child to exit', () => gone(child));
-    t.pass('the child exited when its primary died');
   },
 );
