@@ -158,7 +158,8 @@ async function readSelect(job: Extract<ReaderJob, { mode: 'select' }>): Promise<
   try {
     for (;;) {
       const rows = await sql<{ id: string; data: string | null }[]>`
-        SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts, producer, seq
+        SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms,
+          to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS ts, producer, seq
         FROM log_events WHERE account_id = ${job.accountId} AND id > ${after} AND id <= ${job.last}
         ORDER BY id LIMIT ${job.page}`;
       if (Number.isNaN(first)) first = rec.at();
