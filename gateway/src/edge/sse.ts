@@ -409,8 +409,11 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             if (streams && !streams.includes(e.stream)) continue;
             const extra = info ? select(e.conversationId, info) : undefined;
             if (!extra) continue;
-            const build = () => frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra));
-            frames += replaying ? build() : cachedFrame(`${path}:${withBlocks}`, e, build);
+            frames += replaying
+              ? frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra))
+              : cachedFrame(`${path}:${withBlocks}`, e, () =>
+                  frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra)),
+                );
             last = e.id;
           }
           queue.splice(0, i);
