@@ -355,6 +355,23 @@ export const replay: Scenario = {
           series,
         },
         {
+          kind: 'lines',
+          file: 'first-event-by-round',
+          title: 'Time to first byte and first event, round by round',
+          unit: 'ms',
+          xLabel: 'round',
+          series: (['conversation', 'tenant'] as const).flatMap((kind) => [
+            {
+              name: `${kind}: first byte`,
+              points: results[kind].map((x, i) => [i + 1, x.firstByteMs] as [number, number]),
+            },
+            {
+              name: `${kind}: first event`,
+              points: results[kind].map((x, i) => [i + 1, x.firstEventMs] as [number, number]),
+            },
+          ]),
+        },
+        {
           kind: 'bars',
           file: 'memory',
           title: 'Server RSS growth while one watcher replays',
