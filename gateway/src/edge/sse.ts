@@ -315,7 +315,11 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             w.position = Math.max(w.position, e.id);
             if (e.conversationId !== conversationId) continue;
             if (!streams || streams.includes(e.stream)) {
-              frames += cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
+              // History read for this watcher is its own: caching its frames would only fill the
+              // cache (and the collector's work) with entries nobody else meets.
+              frames += replaying
+                ? frame(e.id, shapeEvent(e, withBlocks))
+                : cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
               last = e.id;
             }
             if (e.kind === 'stage' && !replaying) {
@@ -368,6 +372,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         w.position = Math.max(w.position, after);
         w.told = Math.max(w.told, after);
         const release = directory.acquire(tenant);
+        // While history is read (follow() has not returned), events are this watcher's own.
+        let replaying = true;
         // Events wait here, in order, while the conversation of the first is looked up.
         const queue: LogEvent[] = [];
         let pumping = false;
@@ -403,9 +409,11 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             if (streams && !streams.includes(e.stream)) continue;
             const extra = info ? select(e.conversationId, info) : undefined;
             if (!extra) continue;
-            frames += cachedFrame(`${path}:${withBlocks}`, e, () =>
-              frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
-            );
+            frames += replaying
+              ? frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra))
+              : cachedFrame(`${path}:${withBlocks}`, e, () =>
+                  frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra)),
+                );
             last = e.id;
           }
           queue.splice(0, i);
@@ -452,6 +460,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const stop = await follow(deps.log, tenant, after, onEvents, {
           read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
         });
+        replaying = false;
         w.stop = () => {
           stop();
           release();

@@ -32,11 +32,16 @@ export async function follow(
     if (live) emit(batch.events);
     else buffered.push(batch.events);
   });
+  // The next page is asked for before this one is delivered, so the store works on it while
+  // this process frames and writes the current one (the two are on different cores).
+  let next = read(last, pageSize);
   for (;;) {
-    const page = await read(last, pageSize);
+    const page = await next;
     if (page.length === 0) break;
+    const full = page.length >= pageSize;
+    if (full) next = read((page.at(-1) as LogEvent).id, pageSize);
     emit(page);
-    if (page.length < pageSize) break;
+    if (!full) break;
   }
   for (const events of buffered) emit(events);
   buffered.length = 0;
