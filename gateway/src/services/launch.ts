@@ -204,6 +204,7 @@ async function runtimeEnvironment(
     args: settings.args,
     model: settings.sessionModel,
     sessionMeta: settings.sessionMeta,
+    homeFiles: settings.homeFiles,
   };
 }
 
@@ -234,6 +235,8 @@ interface TurnPlan {
     permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
     /** `_meta` for the runtime's session/new (the system prompt, for runtimes that take it there). */
     sessionMeta: Record<string, unknown> | undefined;
+    /** Files for the runtime's HOME (the system prompt, for runtimes that read it from a file). */
+    homeFiles: { path: string; content: string }[];
     /** The agent's MCP servers, for the runtime's ACP session. */
     mcpServers: { name: string; command: string; args: string[] }[];
   } | null;
@@ -259,7 +262,7 @@ async function runOnSandbox(
   },
 ): Promise<void> {
   const { agent, environment } = p;
-  const { env, runtimeEnv, args, model, sessionMeta } = await runtimeEnvironment(
+  const { env, runtimeEnv, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
     deps,
     p.accountId,
     p.conversationId,
@@ -289,6 +292,7 @@ async function runOnSandbox(
           model,
           permissionPolicy: policyOf(agent),
           sessionMeta,
+          homeFiles,
           mcpServers: mcpServersOf(agent),
         }
       : null,
@@ -340,6 +344,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
           env: plan.turn.env,
           ...(plan.turn.model ? { model: plan.turn.model } : {}),
           ...(plan.turn.sessionMeta ? { session_meta: plan.turn.sessionMeta } : {}),
+          ...(plan.turn.homeFiles.length ? { home_files: plan.turn.homeFiles } : {}),
         },
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,

@@ -44,7 +44,12 @@ export interface RuntimeSettings {
   sessionModel: string | undefined;
   /** `_meta` of the runtime's `session/new`, for runtimes that take the system prompt there. */
   sessionMeta: Record<string, unknown> | undefined;
+  /** Files the runner writes into the runtime's HOME (the sandbox) before it starts. */
+  homeFiles: { path: string; content: string }[];
 }
+
+/** Where the runner writes the agent's system prompt for runtimes that read it from a file (under HOME). */
+const SYSTEM_PROMPT_FILE = '.svc/system-prompt.md';
 
 /** A TOML basic string (Codex parses each `-c key=value` value as TOML). */
 export function tomlString(text: string): string {
@@ -63,7 +68,10 @@ const CODEX_PROVIDER = 'svc_openai';
  */
 const RUNTIMES: Record<
   Runtime,
-  (p: { model: string; system: string; baseUrl: string | undefined }) => Omit<RuntimeSettings, 'env'> & {
+  (p: { model: string; system: string; baseUrl: string | undefined; sandboxEnv: Record<string, string> }) => Omit<
+    RuntimeSettings,
+    'env'
+  > & {
     env?: Record<string, string>;
   }
 > = {
@@ -79,6 +87,7 @@ const RUNTIMES: Record<
     args: [],
     sessionModel: model,
     sessionMeta: system.trim() ? { systemPrompt: { append: system } } : undefined,
+    homeFiles: [],
   }),
   /**
    * Tested with the real codex-acp 0.16.0 (test/src/launch-codex.test.ts). codex-acp takes
@@ -104,13 +113,71 @@ const RUNTIMES: Record<
       args: config.flatMap(([key, value]) => ['-c', `${key}=${value}`]),
       sessionModel: undefined,
       sessionMeta: undefined,
+      homeFiles: [],
     };
   },
   /** Gemini CLI reads GEMINI_MODEL (its documented variable; not tested with the real CLI here). */
-  gemini: ({ model }) => ({ env: { GEMINI_MODEL: model }, args: [], sessionModel: undefined, sessionMeta: undefined }),
-  /** opencode gets no model or system prompt yet. */
-  opencode: () => ({ args: [], sessionModel: undefined, sessionMeta: undefined }),
+  gemini: ({ model }) => ({
+    env: { GEMINI_MODEL: model },
+    args: [],
+    sessionModel: undefined,
+    sessionMeta: undefined,
+    homeFiles: [],
+  }),
+  /**
+   * Tested with the real opencode 1.18.33 (test/src/launch-opencode.test.ts). opencode reads a
+   * whole configuration, merged over its files, from OPENCODE_CONFIG_CONTENT: the model is
+   * `provider/model_id` there, and the endpoint the provider's `options.baseURL` (in the form of
+   * the AI SDK provider it uses, which has the API version in it). The key is the provider's
+   * usual variable, which opencode reads itself (OPENAI_API_KEY, ANTHROPIC_API_KEY,
+   * GEMINI_API_KEY). The system prompt is a file named in `instructions` (opencode takes
+   * instructions only from files and URLs), which opencode adds after its own prompt, as it
+   * does AGENTS.md; `~/` is HOME, the sandbox. A configuration the sandbox sets in
+   * OPENCODE_CONFIG_CONTENT is kept: the model, endpoint and file are laid over it.
+   */
+  opencode: ({ model, system, baseUrl, sandboxEnv }) => {
+    const provider = providerOf(model) ?? '';
+    const base = sandboxEnv.OPENCODE_CONFIG_CONTENT ? parseObject(sandboxEnv.OPENCODE_CONFIG_CONTENT) : {};
+    const providers = objectOf(base.provider);
+    const own = objectOf(providers[provider]);
+    const sdkUrl = baseUrl && provider in OPENCODE_API_PATH ? baseUrl + OPENCODE_API_PATH[provider] : undefined;
+    const prompt = system.trim() ? [{ path: SYSTEM_PROMPT_FILE, content: system }] : [];
+    const instructions = Array.isArray(base.instructions) ? base.instructions : [];
+    const config = {
+      ...base,
+      model,
+      ...(sdkUrl
+        ? { provider: { ...providers, [provider]: { ...own, options: { ...objectOf(own.options), baseURL: sdkUrl } } } }
+        : {}),
+      ...(prompt.length ? { instructions: [...instructions, `~/${SYSTEM_PROMPT_FILE}`] } : {}),
+    };
+    return {
+      env: { OPENCODE_CONFIG_CONTENT: JSON.stringify(config) },
+      args: [],
+      sessionModel: undefined,
+      sessionMeta: undefined,
+      homeFiles: prompt,
+    };
+  },
 };
+
+/**
+ * What opencode's AI SDK providers expect after the base URL as BASE_URLS has it: Anthropic's
+ * and Gemini's API versions (OpenAI's `/v1` is already there).
+ */
+const OPENCODE_API_PATH: Record<string, string> = { anthropic: '/v1', openai: '', google: '/v1beta' };
+
+const objectOf = (v: unknown): Record<string, unknown> =>
+  v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+
+/** A JSON object, or {} for anything else (opencode would refuse it anyway). */
+function parseObject(text: string): Record<string, unknown> {
+  try {
+    return objectOf(JSON.parse(text));
+  } catch {
+    return {};
+  }
+}
 
 /**
  * What the runtime of `agent` gets besides the sandbox's variables and the credential: its
@@ -134,6 +201,7 @@ export function runtimeSettings(
     model: runtimeModel(agent.runtime, agent.model),
     system: agent.system,
     baseUrl,
+    sandboxEnv,
   });
   return {
     ...settings,

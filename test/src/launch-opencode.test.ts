@@ -1,0 +1,119 @@
+// A conversation on the `opencode` runtime end to end with the real agent: the server, a real
+// svc-runner process, `opencode acp`, and a local fake of the OpenAI Responses API.
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import t from 'tap';
+import { inputText, startFakeOpenAI } from './fakes/openai-responses.ts';
+import { signUp, startTestService } from './harness.ts';
+import { blockText, launchAndWatch, settledTurn, startRunnerAgent } from './real-runtime.ts';
+
+// opencode-ai's own bin is a stub its postinstall script replaces; the binary itself comes in
+// the platform package it depends on (optionally), usable without any script.
+const OPENCODE = join(
+  dirname(fileURLToPath(import.meta.resolve('opencode-linux-x64/package.json'))),
+  'bin',
+  'opencode',
+);
+const KEY = 'sk-proj-end-to-end-fake-openai-key';
+const PROMPT = 'Who are you? Answer in one line.';
+const SYSTEM = 'You answer as the release captain of project Quokka.';
+
+/** What keeps opencode off the internet: no models.dev catalogue fetch, no self-update, no plugin or LSP downloads. */
+const OPENCODE_OFFLINE = {
+  OPENCODE_DISABLE_MODELS_FETCH: '1',
+  OPENCODE_DISABLE_AUTOUPDATE: '1',
+  OPENCODE_DISABLE_DEFAULT_PLUGINS: '1',
+  OPENCODE_DISABLE_LSP_DOWNLOAD: '1',
+};
+
+t.test('an opencode conversation runs opencode acp on a real svc-runner, watched over SSE', async (t) => {
+  const fake = await startFakeOpenAI({
+    apiKey: KEY,
+    models: ['gpt-5.4'],
+    reply: () => ({
+      output: [
+        { type: 'reasoning', summary: 'Introduce myself as configured.' },
+        { type: 'text', text: 'I am the release captain of project Quokka.' },
+      ],
+    }),
+  });
+  const svc = await startTestService(t, {
+    env: {
+      RUNNER_HEARTBEAT_MS: '500',
+      RUNNER_GRACE_MS: '5000',
+      RUNTIME_OPENCODE_COMMAND: `${OPENCODE} acp`,
+      // The credential check on PUT pings the same fake, and the runtime is sent to it.
+      OPENAI_BASE_URL: fake.url,
+      SSE_IDLE_CLOSE_MS: '30000',
+    },
+  });
+  const { http } = svc;
+  const { key: token } = await signUp(svc);
+
+  const put = await http.put('/api/account/inference-credentials/openai_api_key', {
+    token,
+    body: { value: KEY, validate: true },
+  });
+  t.equal(put.status, 200, JSON.stringify(put.body));
+  const env = (await http.post('/api/environments', { token, body: { name: 'oc', env_vars: OPENCODE_OFFLINE } })).body;
+  const agent = (
+    await http.post('/api/agents', {
+      token,
+      body: {
+        name: 'oc coder',
+        runtime: 'opencode',
+        model: 'openai/gpt-5.4',
+        environment_id: env.id,
+        sandbox_provider: 'runner',
+        system: SYSTEM,
+      },
+    })
+  ).body;
+  t.ok(agent.id, JSON.stringify(agent));
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
+
+  const started = Date.now();
+  const { id, ended, events } = await launchAndWatch(svc, token, agent.id, PROMPT);
+  t.ok(ended, 'the stream ended by itself at the end of the turn');
+  const log = () => `runner said: ${runner.output()}\nlast events: ${JSON.stringify(events.slice(-4))}`;
+  t.same(
+    events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
+    [
+      'sandbox started',
+      'provision started',
+      'provision done',
+      'sandbox done',
+      'turn started',
+      'session started',
+      'session done',
+      'turn done',
+    ],
+    'every stage, in order',
+  );
+  const turnEnd = events.find((e) => e.stage === 'turn' && e.state === 'done');
+  t.match(JSON.parse(turnEnd?.data ?? '{}'), { stop_reason: 'end_turn' }, log());
+  t.equal(
+    blockText(events, 'text'),
+    'I am the release captain of project Quokka.',
+    'the reply, rebuilt from its streamed chunks',
+  );
+  t.match(blockText(events, 'thinking'), 'Introduce myself as configured.', 'the reasoning summary, as thinking');
+
+  // What reached the model API. opencode also asks its small model for a title, separately.
+  const calls = fake.responses().filter((c) => c.body?.model === 'gpt-5.4');
+  t.equal(calls.length, 1, "one Responses API call with the agent's model");
+  const call = calls[0];
+  t.match(inputText(call?.body, 'user'), PROMPT, 'the prompt');
+  const system = inputText(call?.body, 'developer') + inputText(call?.body, 'system');
+  t.match(system, 'You are OpenCode', 'opencode keeps its own prompt');
+  t.match(system, SYSTEM, "the agent's system prompt, as instructions after it");
+  t.ok(
+    fake.responses().every((c) => c.headers.authorization === `Bearer ${KEY}`),
+    'the account’s credential as the bearer token',
+  );
+
+  const turn = await settledTurn(svc, token, id);
+  t.equal(turn?.state, 'done', log());
+  t.ok(turn?.usage && turn.usage.input > 0 && turn.usage.output > 0, 'usage as opencode reported it');
+  t.comment(`launch to turn end took ${Date.now() - started} ms`);
+});
