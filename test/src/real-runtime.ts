@@ -30,7 +30,7 @@ export interface WireEvent {
  * A real `svc-runner` connected with a new runner token of the account, its sandboxes under a
  * fresh root. At teardown it gets SIGTERM, which ends its runtimes (process groups of their
  * own that SIGKILL would leave behind) before it exits, then `closeAfter` runs and the root
- * is removed.
+ * is removed (or left, named in a comment, when a runtime still writes into it).
  */
 export async function startRunnerAgent(
   t: Test,
@@ -55,7 +55,14 @@ export async function startRunnerAgent(
     child.kill('SIGTERM');
     await Promise.race([exited, deadline(5000)]);
     await closeAfter();
-    rmSync(root, { recursive: true, force: true, maxRetries: 3 });
+    // A runtime's last writes (its session files, on SIGTERM) may race the removal; a root
+    // left in the temporary directory must not fail the test or keep the other teardowns
+    // from running.
+    try {
+      rmSync(root, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
+    } catch (err) {
+      t.comment(`left ${root}: ${(err as Error).message}`);
+    }
   });
   for (let i = 0; i < 600 && !/connected as runner/.test(out); i++) await sleep(50);
   if (!/connected as runner/.test(out)) throw new Error(`svc-runner did not connect: ${out}`);

@@ -116,13 +116,20 @@ const RUNTIMES: Record<
       homeFiles: [],
     };
   },
-  /** Gemini CLI reads GEMINI_MODEL (its documented variable; not tested with the real CLI here). */
-  gemini: ({ model }) => ({
+  /**
+   * Tested with the real Gemini CLI 0.61.0 (test/src/launch-gemini.test.ts). Gemini CLI reads
+   * its model from GEMINI_MODEL and its key from GEMINI_API_KEY; with GOOGLE_GEMINI_BASE_URL set
+   * it authenticates as a gateway with that key at that URL, without an ACP `authenticate`. Its
+   * system prompt can only be replaced (GEMINI_SYSTEM_MD), not added to, so the agent's system
+   * prompt goes where Gemini CLI reads the user's own instructions, the global context file
+   * `~/.gemini/GEMINI.md` (HOME is the sandbox), which it adds after its own prompt.
+   */
+  gemini: ({ model, system }) => ({
     env: { GEMINI_MODEL: model },
     args: [],
     sessionModel: undefined,
     sessionMeta: undefined,
-    homeFiles: [],
+    homeFiles: system.trim() ? [{ path: '.gemini/GEMINI.md', content: system }] : [],
   }),
   /**
    * Tested with the real opencode 1.18.33 (test/src/launch-opencode.test.ts). opencode reads a
