@@ -11,7 +11,8 @@ import { blockText, launchAndWatch, settledTurn, startRunnerAgent } from './real
 const CODEX_ACP = fileURLToPath(import.meta.resolve('@zed-industries/codex-acp/bin/codex-acp.js'));
 const KEY = 'sk-proj-end-to-end-fake-openai-key';
 const PROMPT = 'Who are you? Answer in one line.';
-const SYSTEM = 'You answer as the release captain of project Quokka.';
+// Quotes, a backslash and a line break: it reaches Codex as a TOML string on its command line.
+const SYSTEM = 'You answer as the release captain of project "Quokka".\nSign off with \\o/.';
 
 t.test('a codex conversation runs codex-acp on a real svc-runner, watched over SSE', async (t) => {
   const fake = await startFakeOpenAI({

@@ -52,7 +52,7 @@ export interface RuntimeSettings {
 const SYSTEM_PROMPT_FILE = '.svc/system-prompt.md';
 
 /** A TOML basic string (Codex parses each `-c key=value` value as TOML). */
-export function tomlString(text: string): string {
+function tomlString(text: string): string {
   // JSON's escapes are TOML's, except that TOML wants DEL escaped and has no lone surrogates.
   const wellFormed = text.replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, '\ufffd');
   return JSON.stringify(wellFormed).replace(/\u007f/g, '\\u007f');
@@ -62,19 +62,22 @@ export function tomlString(text: string): string {
 const CODEX_PROVIDER = 'svc_openai';
 
 /**
- * How each runtime takes the agent's model, system prompt and provider endpoint, given the
- * model as the runtime names it and the provider's base URL (the sandbox's own, else the
- * instance's). The credential goes in the variable of CREDENTIALS.
+ * What a runtime's way is given: the model as the runtime names it, the agent's system
+ * prompt, the provider's base URL (the sandbox's own, else the instance's) and the sandbox's
+ * variables.
  */
-const RUNTIMES: Record<
-  Runtime,
-  (p: { model: string; system: string; baseUrl: string | undefined; sandboxEnv: Record<string, string> }) => Omit<
-    RuntimeSettings,
-    'env'
-  > & {
-    env?: Record<string, string>;
-  }
-> = {
+interface RuntimeInput {
+  model: string;
+  system: string;
+  baseUrl: string | undefined;
+  sandboxEnv: Record<string, string>;
+}
+
+/** How one runtime takes the model, system prompt and endpoint (the base URL variable is added for all). */
+type RuntimeWay = (p: RuntimeInput) => Omit<RuntimeSettings, 'env'> & { env?: Record<string, string> };
+
+/** Each runtime's way. The credential goes in its variable of CREDENTIALS. */
+const RUNTIMES: Record<Runtime, RuntimeWay> = {
   /**
    * Tested with the real claude-agent-acp (test/src/launch-claude.test.ts). Claude Code lists
    * the model named by ANTHROPIC_MODEL among the session's model choices, and claude-agent-acp
@@ -202,7 +205,7 @@ export function runtimeSettings(
   const where = BASE_URLS[provider];
   const instanceUrl = providerUrls[provider];
   const baseUrl = where
-    ? (sandboxEnv[where.env] ?? (instanceUrl ? instanceUrl.replace(/\/+$/, '') + where.path : undefined))
+    ? sandboxEnv[where.env] || (instanceUrl ? instanceUrl.replace(/\/+$/, '') + where.path : undefined)
     : undefined;
   const settings = RUNTIMES[agent.runtime]({
     model: runtimeModel(agent.runtime, agent.model),

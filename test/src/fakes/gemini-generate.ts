@@ -2,9 +2,8 @@
  * A local stand-in for the Gemini API (`generativelanguage.googleapis.com`) as Gemini CLI uses
  * it, speaking its wire format: `POST /v1beta/models/{model}:streamGenerateContent?alt=sse`
  * answered as a server-sent event stream of `GenerateContentResponse` chunks (`candidates`
- * with `content.parts`, text split over several chunks, each thought whole in a part marked
- * `thought: true`,
- * the last chunk carrying `finishReason: "STOP"` and `usageMetadata`);
+ * with `content.parts`: text split over several chunks, each thought whole in a part marked
+ * `thought: true`, the last chunk carrying `finishReason: "STOP"` and `usageMetadata`);
  * `POST .../{model}:generateContent` as one such response; `POST .../{model}:countTokens`;
  * `GET /v1beta/models`; and the API's own error bodies (401 `UNAUTHENTICATED` for a wrong
  * `x-goog-api-key`, 404 `NOT_FOUND` for any other route).
