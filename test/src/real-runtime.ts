@@ -6,13 +6,23 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
-import type { TestService } from './harness.ts';
+import { startTestService, type TestService } from './harness.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
 
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** A deadline that does not keep the process alive once the test is done. */
 const deadline = (ms: number) => new Promise((r) => setTimeout(r, ms).unref());
+
+/**
+ * The service with the runtime command and provider endpoint `env` names, quick runner
+ * heartbeats, and streams that stay open through a slow runtime start.
+ */
+export function serviceForRuntime(t: Test, env: Record<string, string>) {
+  return startTestService(t, {
+    env: { RUNNER_HEARTBEAT_MS: '500', RUNNER_GRACE_MS: '5000', SSE_IDLE_CLOSE_MS: '30000', ...env },
+  });
+}
 
 /** An event of a conversation's stream, as the tests read it. */
 export interface WireEvent {
@@ -90,7 +100,7 @@ export async function launchAndWatch(svc: TestService, token: string, agentId: s
 }
 
 /** The text of the blocks of `kind` in `events`, joined (a reply rebuilt from its chunks). */
-export const blockText = (events: WireEvent[], kind: string) =>
+const blockText = (events: WireEvent[], kind: string) =>
   events
     .flatMap((e) => e.blocks ?? [])
     .filter((b) => b.kind === kind)
@@ -98,7 +108,7 @@ export const blockText = (events: WireEvent[], kind: string) =>
     .join('');
 
 /** The turn's record once it has left `running` (the log may end a moment before it). */
-export async function settledTurn(svc: Pick<TestService, 'http'>, token: string, conversationId: string) {
+async function settledTurn(svc: Pick<TestService, 'http'>, token: string, conversationId: string) {
   let turns: { state: string; usage: { input: number; output: number } | null }[] = [];
   for (let i = 0; i < 100; i++) {
     turns = (await svc.http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data;
@@ -106,4 +116,43 @@ export async function settledTurn(svc: Pick<TestService, 'http'>, token: string,
     await sleep(50);
   }
   return turns[0];
+}
+
+/**
+ * Checks what a user watching a first turn that answers without tools sees: the stream ends
+ * by itself, every stage comes in order (the sandbox built with nothing to clone or install,
+ * the runtime's session opened, the turn done with `end_turn`), the reply and the thinking are
+ * rebuilt from their chunks, and the turn's record is done.
+ */
+export async function checkPlainTurn(
+  t: Test,
+  svc: Pick<TestService, 'http'>,
+  token: string,
+  run: Awaited<ReturnType<typeof launchAndWatch>>,
+  expected: { reply: string; thinking: string; log: () => string },
+) {
+  const { events } = run;
+  const log = () => `${expected.log()}\nlast events: ${JSON.stringify(events.slice(-4))}`;
+  t.ok(run.ended, 'the stream ended by itself at the end of the turn');
+  t.same(
+    events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
+    [
+      'sandbox started',
+      'provision started',
+      'provision done',
+      'sandbox done',
+      'turn started',
+      'session started',
+      'session done',
+      'turn done',
+    ],
+    'every stage, in order',
+  );
+  const turnEnd = events.find((e) => e.stage === 'turn' && e.state === 'done');
+  t.match(JSON.parse(turnEnd?.data ?? '{}'), { stop_reason: 'end_turn' }, log());
+  t.equal(blockText(events, 'text'), expected.reply, 'the reply, rebuilt from its streamed chunks');
+  t.match(blockText(events, 'thinking'), expected.thinking, 'the thinking');
+  const turn = await settledTurn(svc, token, run.id);
+  t.equal(turn?.state, 'done', log());
+  return turn;
 }
