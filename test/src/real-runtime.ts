@@ -100,7 +100,7 @@ export async function launchAndWatch(svc: TestService, token: string, agentId: s
 }
 
 /** The text of the blocks of `kind` in `events`, joined (a reply rebuilt from its chunks). */
-const blockText = (events: WireEvent[], kind: string) =>
+export const blockText = (events: WireEvent[], kind: string) =>
   events
     .flatMap((e) => e.blocks ?? [])
     .filter((b) => b.kind === kind)
@@ -108,7 +108,7 @@ const blockText = (events: WireEvent[], kind: string) =>
     .join('');
 
 /** The turn's record once it has left `running` (the log may end a moment before it). */
-async function settledTurn(svc: Pick<TestService, 'http'>, token: string, conversationId: string) {
+export async function settledTurn(svc: Pick<TestService, 'http'>, token: string, conversationId: string) {
   let turns: { state: string; usage: { input: number; output: number } | null }[] = [];
   for (let i = 0; i < 100; i++) {
     turns = (await svc.http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data;

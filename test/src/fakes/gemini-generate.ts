@@ -12,8 +12,8 @@
  * can check what the agent sent (the model in the path, the system instruction, the headers).
  */
 import { randomBytes } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
+import { type ApiRequest, pieces, startModelApi } from './model-api.ts';
 
 export interface Reply {
   parts: ({ text: string } | { thought: string })[];
@@ -26,14 +26,10 @@ export interface GenerateBody {
   tools?: unknown[];
 }
 
-/** One request the fake received. `model` and `method` come from the path. */
-export interface SeenRequest {
-  method: string;
-  path: string;
+/** One request the fake received. `model` and `call` (the method) come from its path. */
+export interface SeenRequest extends ApiRequest<GenerateBody> {
   model: string | null;
   call: string | null;
-  headers: IncomingMessage['headers'];
-  body: GenerateBody | null;
 }
 
 export interface FakeGemini {
@@ -69,12 +65,6 @@ function send(res: ServerResponse, status: number, body: unknown) {
 
 const error = (code: number, status: string, message: string) => ({ error: { code, message, status } });
 
-function pieces(text: string, size: number): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
-  return out.length ? out : [''];
-}
-
 export async function startFakeGemini(options: {
   /** The one `x-goog-api-key` accepted. */
   apiKey: string;
@@ -83,82 +73,67 @@ export async function startFakeGemini(options: {
   reply(request: GenerateBody, model: string): Reply;
 }): Promise<FakeGemini> {
   const seen: SeenRequest[] = [];
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const path = (req.url ?? '/').split('?')[0] as string;
-      let body: GenerateBody | null = null;
-      try {
-        body = chunks.length ? (JSON.parse(Buffer.concat(chunks).toString('utf8')) as GenerateBody) : null;
-      } catch {}
-      const m = /^\/v1beta\/models\/([^/:]+):(\w+)$/.exec(path);
-      const model = m?.[1] ?? null;
-      const call = m?.[2] ?? null;
-      seen.push({ method: req.method ?? '', path, model, call, headers: req.headers, body });
-      const known =
-        (req.method === 'GET' && path === '/v1beta/models') ||
-        (req.method === 'POST' && ['streamGenerateContent', 'generateContent', 'countTokens'].includes(call ?? ''));
-      if (!known) return send(res, 404, error(404, 'NOT_FOUND', `${req.method} ${path} not found`));
-      if (req.headers['x-goog-api-key'] !== options.apiKey) {
-        return send(res, 401, error(401, 'UNAUTHENTICATED', 'API key not valid. Please pass a valid API key.'));
-      }
-      if (path === '/v1beta/models') {
-        return send(res, 200, {
-          models: (options.models ?? []).map((id) => ({
-            name: `models/${id}`,
-            displayName: id,
-            supportedGenerationMethods: ['generateContent', 'countTokens'],
-          })),
-        });
-      }
-      if (call === 'countTokens') {
-        return send(res, 200, { totalTokens: tokensOf(JSON.stringify(body ?? {})) });
-      }
-      const reply = options.reply(body ?? {}, model ?? '');
-      const parts = reply.parts.map((p) => ('thought' in p ? { text: p.thought, thought: true } : { text: p.text }));
-      const usageMetadata = {
-        promptTokenCount: tokensOf(JSON.stringify(body?.contents ?? []) + systemText(body)),
-        candidatesTokenCount: tokensOf(JSON.stringify(parts)),
-        totalTokenCount: 0,
-      };
-      usageMetadata.totalTokenCount = usageMetadata.promptTokenCount + usageMetadata.candidatesTokenCount;
-      const responseId = randomBytes(9).toString('base64url');
-      if (call === 'generateContent') {
-        return send(res, 200, {
-          candidates: [{ content: { parts, role: 'model' }, finishReason: 'STOP', index: 0 }],
-          usageMetadata,
-          modelVersion: model,
-          responseId,
-        });
-      }
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const chunk = (data: object) =>
-        res.write(`data: ${JSON.stringify({ ...data, modelVersion: model, responseId })}\r\n\r\n`);
-      // Text comes in pieces; a thought comes whole, as the API sends a thought summary.
-      const streamed = parts.flatMap((p) => ('thought' in p ? [p] : pieces(p.text, 8).map((text) => ({ text }))));
-      streamed.forEach((part, i) => {
-        const last = i === streamed.length - 1;
-        chunk({
-          candidates: [
-            { content: { parts: [part], role: 'model' }, index: 0, ...(last ? { finishReason: 'STOP' } : {}) },
-          ],
-          ...(last ? { usageMetadata } : {}),
-        });
+  const server = await startModelApi<GenerateBody>((req, res) => {
+    const { path, body } = req;
+    const m = /^\/v1beta\/models\/([^/:]+):(\w+)$/.exec(path);
+    const model = m?.[1] ?? null;
+    const call = m?.[2] ?? null;
+    seen.push({ ...req, model, call });
+    const known =
+      (req.method === 'GET' && path === '/v1beta/models') ||
+      (req.method === 'POST' && ['streamGenerateContent', 'generateContent', 'countTokens'].includes(call ?? ''));
+    if (!known) return send(res, 404, error(404, 'NOT_FOUND', `${req.method} ${path} not found`));
+    if (req.headers['x-goog-api-key'] !== options.apiKey) {
+      return send(res, 401, error(401, 'UNAUTHENTICATED', 'API key not valid. Please pass a valid API key.'));
+    }
+    if (path === '/v1beta/models') {
+      return send(res, 200, {
+        models: (options.models ?? []).map((id) => ({
+          name: `models/${id}`,
+          displayName: id,
+          supportedGenerationMethods: ['generateContent', 'countTokens'],
+        })),
       });
-      res.end();
+    }
+    if (call === 'countTokens') {
+      return send(res, 200, { totalTokens: tokensOf(JSON.stringify(body ?? {})) });
+    }
+    const reply = options.reply(body ?? {}, model ?? '');
+    const parts = reply.parts.map((p) => ('thought' in p ? { text: p.thought, thought: true } : { text: p.text }));
+    const usageMetadata = {
+      promptTokenCount: tokensOf(JSON.stringify(body?.contents ?? []) + systemText(body)),
+      candidatesTokenCount: tokensOf(JSON.stringify(parts)),
+      totalTokenCount: 0,
+    };
+    usageMetadata.totalTokenCount = usageMetadata.promptTokenCount + usageMetadata.candidatesTokenCount;
+    const responseId = randomBytes(9).toString('base64url');
+    if (call === 'generateContent') {
+      return send(res, 200, {
+        candidates: [{ content: { parts, role: 'model' }, finishReason: 'STOP', index: 0 }],
+        usageMetadata,
+        modelVersion: model,
+        responseId,
+      });
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const chunk = (data: object) =>
+      res.write(`data: ${JSON.stringify({ ...data, modelVersion: model, responseId })}\r\n\r\n`);
+    // Text comes in pieces; a thought comes whole, as the API sends a thought summary.
+    const streamed = parts.flatMap((p) => ('thought' in p ? [p] : pieces(p.text, 8).map((text) => ({ text }))));
+    streamed.forEach((part, i) => {
+      const last = i === streamed.length - 1;
+      chunk({
+        candidates: [
+          { content: { parts: [part], role: 'model' }, index: 0, ...(last ? { finishReason: 'STOP' } : {}) },
+        ],
+        ...(last ? { usageMetadata } : {}),
+      });
     });
+    res.end();
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
   return {
-    url: `http://127.0.0.1:${port}`,
+    ...server,
     seen,
     streams: () => seen.filter((r) => r.call === 'streamGenerateContent'),
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
   };
 }

@@ -14,8 +14,8 @@
  * can check what the agent sent (the model, the instructions, the input, the headers).
  */
 import { randomBytes } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
+import { type ApiRequest, pieces, startModelApi } from './model-api.ts';
 
 /** An output item of a reply, before it is cut into stream events. */
 export type ReplyItem =
@@ -28,12 +28,7 @@ export interface Reply {
 }
 
 /** One request the fake received. `body` is the parsed JSON body (null for none or bad JSON). */
-export interface SeenRequest {
-  method: string;
-  path: string;
-  headers: IncomingMessage['headers'];
-  body: ResponsesBody | null;
-}
+export type SeenRequest = ApiRequest<ResponsesBody>;
 
 /** The parts of a Responses API request body the tests look at. */
 export interface ResponsesBody {
@@ -118,13 +113,6 @@ function outputOf(reply: Reply): OutputItem[] {
   });
 }
 
-/** Cuts a string into pieces of at most `size` characters (the API streams text in pieces). */
-function pieces(text: string, size: number): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
-  return out.length ? out : [''];
-}
-
 export async function startFakeOpenAI(options: {
   /** The one bearer token accepted. */
   apiKey: string;
@@ -134,136 +122,121 @@ export async function startFakeOpenAI(options: {
 }): Promise<FakeOpenAI> {
   const seen: SeenRequest[] = [];
   const usageSent = { input: 0, output: 0 };
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const path = (req.url ?? '/').split('?')[0] as string;
-      let body: ResponsesBody | null = null;
-      try {
-        body = chunks.length ? (JSON.parse(Buffer.concat(chunks).toString('utf8')) as ResponsesBody) : null;
-      } catch {}
-      seen.push({ method: req.method ?? '', path, headers: req.headers, body });
-      const requestId = id('req');
-      const route = `${req.method} ${path}`;
-      if (!['POST /v1/responses', 'GET /v1/models'].includes(route)) {
-        return send(res, 404, error('invalid_request_error', 'unknown_url', `Invalid URL (${route})`), requestId);
-      }
-      if (req.headers.authorization !== `Bearer ${options.apiKey}`) {
-        return send(
-          res,
-          401,
-          error('invalid_request_error', 'invalid_api_key', 'Incorrect API key provided.'),
-          requestId,
-        );
-      }
-      if (route === 'GET /v1/models') {
-        const data = (options.models ?? []).map((m) => ({
-          id: m,
-          object: 'model',
-          created: 1_700_000_000,
-          owned_by: 'openai',
-        }));
-        return send(res, 200, { object: 'list', data }, requestId);
-      }
-      if (!body || typeof body.model !== 'string' || body.input === undefined) {
-        return send(
-          res,
-          400,
-          error('invalid_request_error', 'missing_required_parameter', "Missing required parameter: 'model'."),
-          requestId,
-        );
-      }
-      const output = outputOf(options.reply(body));
-      const inputTokens = tokensOf(JSON.stringify(body.input) + (body.instructions ?? ''));
-      const outputTokens = tokensOf(JSON.stringify(output));
-      usageSent.input += inputTokens;
-      usageSent.output += outputTokens;
-      const response = {
-        id: id('resp'),
-        object: 'response',
-        created_at: Math.floor(Date.now() / 1000),
-        model: body.model,
-        status: 'in_progress',
-        error: null,
-        incomplete_details: null,
-        instructions: body.instructions ?? null,
-        output: [] as OutputItem[],
-        parallel_tool_calls: true,
-        tool_choice: 'auto',
-        tools: body.tools ?? [],
-        usage: null as unknown,
-      };
-      const done = {
-        ...response,
-        status: 'completed',
-        output,
-        usage: {
-          input_tokens: inputTokens,
-          input_tokens_details: { cached_tokens: 0 },
-          output_tokens: outputTokens,
-          output_tokens_details: { reasoning_tokens: 0 },
-          total_tokens: inputTokens + outputTokens,
-        },
-      };
-      if (!body.stream) return send(res, 200, done, requestId);
-      res.writeHead(200, {
-        'content-type': 'text/event-stream',
-        'cache-control': 'no-cache',
-        'x-request-id': requestId,
-      });
-      let sequence = 0;
-      const event = (type: string, data: object) =>
-        res.write(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: sequence++, ...data })}\n\n`);
-      event('response.created', { response });
-      event('response.in_progress', { response });
-      output.forEach((item, output_index) => {
-        if (item.type === 'message') {
-          const text = item.content[0]?.text ?? '';
-          event('response.output_item.added', { output_index, item: { ...item, status: 'in_progress', content: [] } });
-          const at = { item_id: item.id, output_index, content_index: 0 };
-          event('response.content_part.added', { ...at, part: { type: 'output_text', text: '', annotations: [] } });
-          for (const delta of pieces(text, 8)) event('response.output_text.delta', { ...at, delta });
-          event('response.output_text.done', { ...at, text });
-          event('response.content_part.done', { ...at, part: { type: 'output_text', text, annotations: [] } });
-        } else if (item.type === 'reasoning') {
-          const text = item.summary[0]?.text ?? '';
-          event('response.output_item.added', { output_index, item: { ...item, summary: [] } });
-          const at = { item_id: item.id, output_index, summary_index: 0 };
-          event('response.reasoning_summary_part.added', { ...at, part: { type: 'summary_text', text: '' } });
-          for (const delta of pieces(text, 8)) event('response.reasoning_summary_text.delta', { ...at, delta });
-          event('response.reasoning_summary_text.done', { ...at, text });
-          event('response.reasoning_summary_part.done', { ...at, part: { type: 'summary_text', text } });
-        } else {
-          event('response.output_item.added', {
-            output_index,
-            item: { ...item, arguments: '', status: 'in_progress' },
-          });
-          for (const delta of pieces(item.arguments, 8))
-            event('response.function_call_arguments.delta', { item_id: item.id, output_index, delta });
-          event('response.function_call_arguments.done', {
-            item_id: item.id,
-            output_index,
-            arguments: item.arguments,
-          });
-        }
-        event('response.output_item.done', { output_index, item });
-      });
-      event('response.completed', { response: done });
-      res.end();
+  const server = await startModelApi<ResponsesBody>((req, res) => {
+    const { path, body } = req;
+    seen.push(req);
+    const requestId = id('req');
+    const route = `${req.method} ${path}`;
+    if (!['POST /v1/responses', 'GET /v1/models'].includes(route)) {
+      return send(res, 404, error('invalid_request_error', 'unknown_url', `Invalid URL (${route})`), requestId);
+    }
+    if (req.headers.authorization !== `Bearer ${options.apiKey}`) {
+      return send(
+        res,
+        401,
+        error('invalid_request_error', 'invalid_api_key', 'Incorrect API key provided.'),
+        requestId,
+      );
+    }
+    if (route === 'GET /v1/models') {
+      const data = (options.models ?? []).map((m) => ({
+        id: m,
+        object: 'model',
+        created: 1_700_000_000,
+        owned_by: 'openai',
+      }));
+      return send(res, 200, { object: 'list', data }, requestId);
+    }
+    if (!body || typeof body.model !== 'string' || body.input === undefined) {
+      return send(
+        res,
+        400,
+        error('invalid_request_error', 'missing_required_parameter', "Missing required parameter: 'model'."),
+        requestId,
+      );
+    }
+    const output = outputOf(options.reply(body));
+    const inputTokens = tokensOf(JSON.stringify(body.input) + (body.instructions ?? ''));
+    const outputTokens = tokensOf(JSON.stringify(output));
+    usageSent.input += inputTokens;
+    usageSent.output += outputTokens;
+    const response = {
+      id: id('resp'),
+      object: 'response',
+      created_at: Math.floor(Date.now() / 1000),
+      model: body.model,
+      status: 'in_progress',
+      error: null,
+      incomplete_details: null,
+      instructions: body.instructions ?? null,
+      output: [] as OutputItem[],
+      parallel_tool_calls: true,
+      tool_choice: 'auto',
+      tools: body.tools ?? [],
+      usage: null as unknown,
+    };
+    const done = {
+      ...response,
+      status: 'completed',
+      output,
+      usage: {
+        input_tokens: inputTokens,
+        input_tokens_details: { cached_tokens: 0 },
+        output_tokens: outputTokens,
+        output_tokens_details: { reasoning_tokens: 0 },
+        total_tokens: inputTokens + outputTokens,
+      },
+    };
+    if (!body.stream) return send(res, 200, done, requestId);
+    res.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      'x-request-id': requestId,
     });
+    let sequence = 0;
+    const event = (type: string, data: object) =>
+      res.write(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: sequence++, ...data })}\n\n`);
+    event('response.created', { response });
+    event('response.in_progress', { response });
+    output.forEach((item, output_index) => {
+      if (item.type === 'message') {
+        const text = item.content[0]?.text ?? '';
+        event('response.output_item.added', { output_index, item: { ...item, status: 'in_progress', content: [] } });
+        const at = { item_id: item.id, output_index, content_index: 0 };
+        event('response.content_part.added', { ...at, part: { type: 'output_text', text: '', annotations: [] } });
+        for (const delta of pieces(text, 8)) event('response.output_text.delta', { ...at, delta });
+        event('response.output_text.done', { ...at, text });
+        event('response.content_part.done', { ...at, part: { type: 'output_text', text, annotations: [] } });
+      } else if (item.type === 'reasoning') {
+        const text = item.summary[0]?.text ?? '';
+        event('response.output_item.added', { output_index, item: { ...item, summary: [] } });
+        const at = { item_id: item.id, output_index, summary_index: 0 };
+        event('response.reasoning_summary_part.added', { ...at, part: { type: 'summary_text', text: '' } });
+        for (const delta of pieces(text, 8)) event('response.reasoning_summary_text.delta', { ...at, delta });
+        event('response.reasoning_summary_text.done', { ...at, text });
+        event('response.reasoning_summary_part.done', { ...at, part: { type: 'summary_text', text } });
+      } else {
+        event('response.output_item.added', {
+          output_index,
+          item: { ...item, arguments: '', status: 'in_progress' },
+        });
+        for (const delta of pieces(item.arguments, 8))
+          event('response.function_call_arguments.delta', { item_id: item.id, output_index, delta });
+        event('response.function_call_arguments.done', {
+          item_id: item.id,
+          output_index,
+          arguments: item.arguments,
+        });
+      }
+      event('response.output_item.done', { output_index, item });
+    });
+    event('response.completed', { response: done });
+    res.end();
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
   return {
-    url: `http://127.0.0.1:${port}`,
+    ...server,
     seen,
     responses: () => seen.filter((r) => r.method === 'POST' && r.path === '/v1/responses'),
     usageSent,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
   };
 }
