@@ -184,9 +184,10 @@ export const TurnStart = z.object({
     session_meta: z.record(z.string(), z.unknown()).optional(),
     /**
      * Files the runtime reads from its HOME (the sandbox directory), written before it starts,
-     * replacing what is there: the agent's system prompt for runtimes that take it from a file
-     * (opencode's `.config/opencode/AGENTS.md`, Gemini CLI's `.gemini/GEMINI.md`). A path is
-     * relative to HOME and stays inside it. Optional: an older runner ignores it.
+     * replacing what is there, by a process of the sandbox's user: the agent's system prompt
+     * for runtimes that take it from a file (opencode's `.svc/system-prompt.md`, named in its
+     * configuration; Gemini CLI's `.gemini/GEMINI.md`). A path is relative to HOME and stays
+     * inside it. Optional: an older runner ignores it (and its runtime gets no system prompt).
      */
     home_files: z
       .array(

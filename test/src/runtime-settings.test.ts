@@ -3,7 +3,7 @@
 // these are the cases those do not reach: a sandbox's own endpoint, its own opencode
 // configuration, an empty system prompt, and a system prompt TOML must escape.
 import t from 'tap';
-import { runtimeSettings } from '../../gateway/src/services/runtime-settings.ts';
+import { credentialsFor, runtimeSettings } from '../../gateway/src/services/runtime-settings.ts';
 
 const INSTANCE = {
   anthropic: 'https://api.anthropic.com',
@@ -112,4 +112,16 @@ t.test('gemini and claude take the system prompt their own ways', async (t) => {
     INSTANCE,
   );
   t.same([claude.sessionMeta, claude.sessionModel], [{ systemPrompt: { append: 'Be brief.' } }, 'claude-sonnet-4-5']);
+});
+
+t.test('opencode on an Anthropic model needs an API key: it reads no Claude Code OAuth token', async (t) => {
+  const names = (runtime: 'claude' | 'opencode', provider: string) =>
+    credentialsFor(runtime, provider)?.map((c) => `${c.provider} ${c.env}`);
+  t.same(names('claude', 'anthropic'), [
+    'anthropic_api_key ANTHROPIC_API_KEY',
+    'claude_code_oauth_token CLAUDE_CODE_OAUTH_TOKEN',
+  ]);
+  t.same(names('opencode', 'anthropic'), ['anthropic_api_key ANTHROPIC_API_KEY']);
+  t.same(names('opencode', 'openai'), ['openai_api_key OPENAI_API_KEY']);
+  t.equal(names('opencode', 'openrouter'), undefined, 'a provider whose key opencode finds in its own configuration');
 });

@@ -33,7 +33,7 @@ import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
-import { CREDENTIALS, runtimeSettings } from './runtime-settings.ts';
+import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
 import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { revealSecrets } from './secrets.ts';
 import { changed } from './tenant-events.ts';
@@ -154,11 +154,11 @@ function refusal(reason: conversations.TurnRefusal): ApiError {
 /**
  * The runtime's environment for a turn: the environment's variables and secrets, then the
  * vault's (vault wins), then the model, system prompt, provider endpoint and credential the
- * way the runtime takes them (runtime-settings.ts: variables, command-line arguments or ACP
- * session fields), and the service's address with a sandbox token of the conversation. Every value is registered
- * for redaction before anything can print it. A token is minted per turn because the runtime
- * that reads it may be a new one (after a rebuild or a crash); they all end with the
- * conversation.
+ * way the runtime takes them (runtime-settings.ts: variables, command-line arguments, ACP
+ * session fields or files in its HOME), and the service's address with a sandbox token of
+ * the conversation. Every value is registered for redaction before anything can print it. A
+ * token is minted per turn because the runtime that reads it may be a new one (after a
+ * rebuild or a crash); they all end with the conversation.
  */
 async function runtimeEnvironment(
   deps: LaunchDeps,
@@ -460,7 +460,7 @@ export async function startConversation(
     throw validationFailed({ images: ['come with a prompt'] });
   }
   const images = decodeImages(input.images);
-  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
+  const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
   const provider = agent.sandbox_provider ?? deps.defaultProvider;
   if (provider !== 'runner' && provider !== 'local') {
     throw validationFailed(
@@ -597,7 +597,7 @@ export async function sendPrompt(
   );
   if (!environment) throw new ApiError('not_found', 'The conversation’s environment was deleted.');
   const images = decodeImages(input.images);
-  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
+  const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
 
   let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
   if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
@@ -750,8 +750,8 @@ function turnEndEvent(conversationId: string, turnId: string, state: string, err
   };
 }
 
-async function findCredential(deps: LaunchDeps, accountId: string, modelProvider: string) {
-  const choices = CREDENTIALS[modelProvider];
+async function findCredential(deps: LaunchDeps, accountId: string, runtime: Runtime, model: string) {
+  const choices = credentialsFor(runtime, providerOf(model) ?? '');
   if (!choices) return undefined; // providers whose runtime reads its own configuration (opencode's others)
   for (const c of choices) {
     const value = await revealCredential(deps, accountId, c.provider);

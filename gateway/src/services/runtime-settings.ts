@@ -1,7 +1,7 @@
 import { providerOf, type Runtime, runtimeModel } from '@svc/core';
 
-/** The credential each model provider's runtime reads, in the order they are tried. */
-export const CREDENTIALS: Record<
+/** The credential each model provider's runtimes read, in the order they are tried. */
+const CREDENTIALS: Record<
   string,
   { provider: 'anthropic_api_key' | 'claude_code_oauth_token' | 'openai_api_key' | 'gemini_api_key'; env: string }[]
 > = {
@@ -12,6 +12,16 @@ export const CREDENTIALS: Record<
   openai: [{ provider: 'openai_api_key', env: 'OPENAI_API_KEY' }],
   google: [{ provider: 'gemini_api_key', env: 'GEMINI_API_KEY' }],
 };
+
+/**
+ * The credentials `runtime` can use for the models of `provider`, in the order they are tried;
+ * undefined for a provider whose runtime reads its own configuration (opencode's others).
+ * opencode reads no Claude Code OAuth token: it needs an Anthropic API key.
+ */
+export function credentialsFor(runtime: Runtime, provider: string) {
+  const choices = CREDENTIALS[provider];
+  return runtime === 'opencode' ? choices?.filter((c) => c.provider !== 'claude_code_oauth_token') : choices;
+}
 
 /**
  * Where each model provider's API is for the runtimes: the variable the runtimes' clients read
@@ -76,7 +86,7 @@ interface RuntimeInput {
 /** How one runtime takes the model, system prompt and endpoint (the base URL variable is added for all). */
 type RuntimeWay = (p: RuntimeInput) => Omit<RuntimeSettings, 'env'> & { env?: Record<string, string> };
 
-/** Each runtime's way. The credential goes in its variable of CREDENTIALS. */
+/** Each runtime's way. The credential goes in its variable of CREDENTIALS (credentialsFor). */
 const RUNTIMES: Record<Runtime, RuntimeWay> = {
   /**
    * Tested with the real claude-agent-acp (test/src/launch-claude.test.ts). Claude Code lists
