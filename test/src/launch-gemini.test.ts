@@ -1,7 +1,8 @@
 // A conversation on the `gemini` runtime end to end with the real agent: the server, a real
 // svc-runner process, `gemini --experimental-acp`, and a local fake of the Gemini API.
+import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { contentText, startFakeGemini, systemText } from './fakes/gemini-generate.ts';
 import { signUp } from './harness.ts';
 import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
@@ -12,7 +13,8 @@ const PROMPT = 'Who are you? Answer in one line.';
 const SYSTEM = 'You answer as the release captain of project Quokka.';
 const REPLY = 'I am the release captain of project Quokka.';
 
-t.test('a gemini conversation runs gemini --experimental-acp on a real svc-runner, watched over SSE', async (t) => {
+/** A gemini conversation on a runner started with `runnerArgs`, checked from launch to what the API received. */
+async function geminiConversation(t: Test, runnerArgs: string[]) {
   const fake = await startFakeGemini({
     apiKey: KEY,
     models: ['gemini-2.5-pro'],
@@ -51,7 +53,7 @@ t.test('a gemini conversation runs gemini --experimental-acp on a real svc-runne
     })
   ).body;
   t.ok(agent.id, JSON.stringify(agent));
-  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();
   const run = await launchAndWatch(svc, token, agent.id, PROMPT);
@@ -70,4 +72,17 @@ t.test('a gemini conversation runs gemini --experimental-acp on a real svc-runne
     'the account’s credential as x-goog-api-key',
   );
   t.comment(`launch to turn end took ${Date.now() - started} ms`);
-});
+}
+
+t.test('a gemini conversation runs gemini --experimental-acp on a real svc-runner, watched over SSE', (t) =>
+  geminiConversation(t, []),
+);
+
+t.test(
+  'with --run-as, Gemini CLI runs as that user and reads the system prompt the runner wrote for it',
+  { skip: process.getuid?.() === 0 ? false : 'needs root (processes as another user)' },
+  (t) => {
+    execFileSync('id', ['-u', 'nobody'], { stdio: 'ignore' });
+    return geminiConversation(t, ['--run-as', 'nobody']);
+  },
+);

@@ -1,8 +1,9 @@
 // A conversation on the `opencode` runtime end to end with the real agent: the server, a real
 // svc-runner process, `opencode acp`, and a local fake of the OpenAI Responses API.
+import { execFileSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { inputText, startFakeOpenAI } from './fakes/openai-responses.ts';
 import { signUp } from './harness.ts';
 import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
@@ -27,7 +28,8 @@ const OPENCODE_OFFLINE = {
   OPENCODE_DISABLE_LSP_DOWNLOAD: '1',
 };
 
-t.test('an opencode conversation runs opencode acp on a real svc-runner, watched over SSE', async (t) => {
+/** An opencode conversation on a runner started with `runnerArgs`, checked from launch to what the API received. */
+async function opencodeConversation(t: Test, runnerArgs: string[]) {
   const fake = await startFakeOpenAI({
     apiKey: KEY,
     models: ['gpt-5.4'],
@@ -66,7 +68,7 @@ t.test('an opencode conversation runs opencode acp on a real svc-runner, watched
     })
   ).body;
   t.ok(agent.id, JSON.stringify(agent));
-  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();
   const run = await launchAndWatch(svc, token, agent.id, PROMPT);
@@ -90,4 +92,17 @@ t.test('an opencode conversation runs opencode acp on a real svc-runner, watched
     'the account’s credential as the bearer token',
   );
   t.comment(`launch to turn end took ${Date.now() - started} ms`);
-});
+}
+
+t.test('an opencode conversation runs opencode acp on a real svc-runner, watched over SSE', (t) =>
+  opencodeConversation(t, []),
+);
+
+t.test(
+  'with --run-as, opencode runs as that user and reads the system prompt the runner wrote for it',
+  { skip: process.getuid?.() === 0 ? false : 'needs root (processes as another user)' },
+  (t) => {
+    execFileSync('id', ['-u', 'nobody'], { stdio: 'ignore' });
+    return opencodeConversation(t, ['--run-as', 'nobody']);
+  },
+);

@@ -38,7 +38,7 @@ export interface WireEvent {
 
 /**
  * A real `svc-runner` connected with a new runner token of the account, its sandboxes under a
- * fresh root. At teardown it gets SIGTERM, which ends its runtimes (process groups of their
+ * fresh root, with `args` added to its command line. At teardown it gets SIGTERM, which ends its runtimes (process groups of their
  * own that SIGKILL would leave behind) before it exits, then `closeAfter` runs and the root
  * is removed (or left, named in a comment, when a runtime still writes into it).
  */
@@ -47,10 +47,11 @@ export async function startRunnerAgent(
   svc: Pick<TestService, 'url' | 'http'>,
   token: string,
   closeAfter: () => Promise<void>,
+  args: string[] = [],
 ) {
   const runner = (await svc.http.post('/api/runners', { token, body: { name: 'box' } })).body;
   const root = mkdtempSync(join(tmpdir(), 'svc-runtime-root-'));
-  const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', runner.token, '--root', root], {
+  const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', runner.token, '--root', root, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
