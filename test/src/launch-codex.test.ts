@@ -1,7 +1,8 @@
 // A conversation on the `codex` runtime end to end with the real adapter: the server, a real
 // svc-runner process, codex-acp (Codex built in), and a local fake of the OpenAI Responses API.
+import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { inputText, startFakeOpenAI } from './fakes/openai-responses.ts';
 import { signUp } from './harness.ts';
 import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
@@ -15,7 +16,8 @@ const PROMPT = 'Who are you? Answer in one line.';
 const SYSTEM = 'You answer as the release captain of project "Quokka".\nSign off with \\o/.';
 const REPLY = 'I am the release captain of project Quokka. \\o/';
 
-t.test('a codex conversation runs codex-acp on a real svc-runner, watched over SSE', async (t) => {
+/** A codex conversation on a runner started with `runnerArgs`, checked from launch to what the API received. */
+async function codexConversation(t: Test, runnerArgs: string[]) {
   const fake = await startFakeOpenAI({
     apiKey: KEY,
     models: ['gpt-5.4'],
@@ -62,7 +64,7 @@ t.test('a codex conversation runs codex-acp on a real svc-runner, watched over S
     })
   ).body;
   t.ok(agent.id, JSON.stringify(agent));
-  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();
   const run = await launchAndWatch(svc, token, agent.id, PROMPT);
@@ -78,4 +80,15 @@ t.test('a codex conversation runs codex-acp on a real svc-runner, watched over S
   t.ok(inputText(call?.body, 'developer').includes(SYSTEM), "the agent's system prompt, as developer instructions");
   t.equal(call?.headers.authorization, `Bearer ${KEY}`, 'the account’s credential as the bearer token');
   t.comment(`launch to turn end took ${Date.now() - started} ms`);
-});
+}
+
+t.test('a codex conversation runs codex-acp on a real svc-runner, watched over SSE', (t) => codexConversation(t, []));
+
+t.test(
+  'with --run-as, codex-acp runs as that user, its Codex home in the sandbox',
+  { skip: process.getuid?.() === 0 ? false : 'needs root (processes as another user)' },
+  (t) => {
+    execFileSync('id', ['-u', 'nobody'], { stdio: 'ignore' });
+    return codexConversation(t, ['--run-as', 'nobody']);
+  },
+);
