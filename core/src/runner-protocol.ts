@@ -182,6 +182,25 @@ export const TurnStart = z.object({
      * puts the agent's system prompt there for `claude`). Optional: an older runner ignores it.
      */
     session_meta: z.record(z.string(), z.unknown()).optional(),
+    /**
+     * Files the runtime reads from its HOME (the sandbox directory), written before it starts,
+     * replacing what is there, by a process of the sandbox's user: the agent's system prompt
+     * for runtimes that take it from a file (opencode's `.svc/system-prompt.md`, named in its
+     * configuration; Gemini CLI's `.gemini/GEMINI.md`). A path is relative to HOME and stays
+     * inside it. Optional: an older runner ignores it (and its runtime gets no system prompt).
+     */
+    home_files: z
+      .array(
+        z.object({
+          path: z
+            .string()
+            .max(200)
+            .regex(/^(?!\/)(?!.*(?:^|\/)\.\.?(?:\/|$))[A-Za-z0-9._/-]+$/, 'a relative path inside HOME'),
+          content: z.string().max(1_000_000),
+        }),
+      )
+      .max(8)
+      .optional(),
   }),
   /** The turn is failed with `timeout` after this long. */
   time_limit_ms: z.number().int().min(1000),
@@ -280,11 +299,24 @@ export const ServiceDurable = z.object({
   seq: z.number().int().min(0),
 });
 
+/**
+ * The service will never take this sandbox incarnation's output (the sandbox is no longer on
+ * this runner: deleted with its account, say): the runner forgets what it keeps of it, on
+ * disk too, and stops its runtimes, instead of resending it at every start.
+ */
+export const ServiceDiscard = z.object({
+  t: z.literal('discard'),
+  sandbox: z.string(),
+  incarnation: z.number().int().min(0),
+  reason: z.string().max(500),
+});
+
 export const ServiceMessage = z.discriminatedUnion('t', [
   ServiceWelcome,
   ServiceCommand,
   ServiceAppended,
   ServiceDurable,
+  ServiceDiscard,
 ]);
 
 /**

@@ -53,6 +53,7 @@ export const ConfigSchema = z.object({
   RATE_LIMIT_EXEMPT: csv.default([]),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   EDGE: bool.default(true),
+  EDGE_PROCESSES: z.coerce.number().int().min(1).max(256).default(1),
   BODY_LIMIT_BYTES: z.coerce
     .number()
     .int()
@@ -122,6 +123,22 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     throw new ConfigError(
       'invalid configuration:\n  REDIS_KEY_PREFIX: must not contain { or } when REDIS_CLUSTER=true',
     );
+  }
+  // Several processes on one port are several nodes: they can share only what lives in servers.
+  if (config.EDGE_PROCESSES > 1) {
+    const why = (variable: string, reason: string) =>
+      new ConfigError(`invalid configuration:\n  ${variable}: ${reason} when EDGE_PROCESSES > 1`);
+    if (!config.REDIS_URL) {
+      throw why('REDIS_URL', 'required (the in-memory log, bus and rate limits cannot be shared between processes)');
+    }
+    if (!config.DATABASE_URL || config.DATABASE_URL === 'memory') {
+      throw why('DATABASE_URL', 'must name a Postgres server (embedded PGlite cannot be shared between processes)');
+    }
+    // uWebSockets.js listens with SO_REUSEPORT; Node's own listener gains `reusePort` only in
+    // Node 22.12, and this service runs on Node 20.
+    if (!config.EDGE) {
+      throw why('EDGE', 'must be true (only the uWebSockets.js edge can share its port between processes on Node 20)');
+    }
   }
   return config;
 }

@@ -18,6 +18,7 @@ import type { EventLog } from './log/log.ts';
 import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
+import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
@@ -95,6 +96,8 @@ export interface Service {
   fabric: RunnerFabric;
   /** The local sandbox provider's runner-agent children. */
   local: LocalSandboxes;
+  /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
+  edgeProcesses: EdgeProcesses | undefined;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -124,8 +127,12 @@ export async function startService(
     })();
     return closing;
   };
+  // Children stop alongside this process's own shutdown, and are waited for last.
+  let childrenStopped: Promise<void> | undefined;
+  cleanups.push(() => childrenStopped);
   try {
-    const keyring = new Keyring(await masterKey(config, log));
+    const key = await masterKey(config, log);
+    const keyring = new Keyring(key);
     const db = await openDatabase({
       url: config.DATABASE_URL,
       dataDir: config.DATA_DIR,
@@ -331,7 +338,7 @@ export async function startService(
       cleanups.push(() => forwarder.close());
       const edge = await startEdge({
         host: config.HOST,
-        port: config.PORT,
+        port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,
         limiter,
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
         forwarder,
@@ -352,6 +359,21 @@ export async function startService(
       boundPort = edge.port;
     }
 
+    // More processes on this port, started once this one is listening (and has migrated).
+    // Pushed last, so close() tells them to stop first, then drains this one meanwhile.
+    let edgeProcesses: EdgeProcesses | undefined;
+    if (config.EDGE_PROCESSES > 1) {
+      const processes = await startEdgeProcesses({
+        config: { ...config, PORT: boundPort, EDGE_PROCESSES: 1, MASTER_KEY: key.toString('hex') },
+        count: config.EDGE_PROCESSES - 1,
+        log: log.child({ role: 'edge-processes' }),
+      });
+      cleanups.push(() => {
+        childrenStopped = processes.stop(config.SHUTDOWN_GRACE_MS + 5000);
+      });
+      edgeProcesses = processes;
+    }
+
     return {
       url: base(),
       port: boundPort,
@@ -367,6 +389,7 @@ export async function startService(
       relay,
       fabric,
       local,
+      edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,
     };
@@ -406,6 +429,7 @@ export async function runFromEnv(): Promise<void> {
       '',
       `  svc is listening on ${service.url}`,
       `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? (config.REDIS_CLUSTER ? 'Redis Cluster' : 'Redis') : 'in memory'}`,
+      `  edge processes: ${config.EDGE_PROCESSES}${config.EDGE_PROCESSES > 1 ? ` on one port (SO_REUSEPORT), pids ${[process.pid, ...(service.edgeProcesses?.pids() ?? [])].join(', ')}` : ''}`,
       `  mail goes to: ${service.mailer.describe}`,
       `  API reference: ${service.url}/api/docs (OpenAPI at ${service.url}/api/openapi.json)`,
       '',

@@ -56,6 +56,7 @@ export type AgentEvent =
   | { type: 'recovered'; incarnations: number; events: number; cutBytes: number }
   /** An event could not be written to the spool (a full disk): it is lost, numbering goes on. */
   | { type: 'output_lost'; sandbox: string; message: string }
+  | { type: 'output_discarded'; sandbox: string; events: number; reason: string }
   | { type: 'stopped'; reason: AgentStop; message: string };
 
 /** Why the agent stopped for good (each is an exit code of the CLI). */
@@ -257,6 +258,18 @@ export class RunnerAgent {
         case 'durable':
           this.outputs.get(`${message.sandbox}:${message.incarnation}`)?.durable(message.seq);
           break;
+        case 'discard': {
+          const key = `${message.sandbox}:${message.incarnation}`;
+          const log = this.outputs.get(key);
+          this.outputs.delete(key);
+          const events = log?.discard() ?? 0;
+          this.report({ type: 'output_discarded', sandbox: message.sandbox, events, reason: message.reason });
+          // Whatever still runs there speaks for a sandbox the service no longer has.
+          if (this.sandboxes.get(message.sandbox)?.incarnation === message.incarnation) {
+            void this.destroy(message.sandbox);
+          }
+          break;
+        }
         case 'command':
           // A command for an older connection is not ours to act on.
           if (message.epoch !== this.epoch) break;

@@ -16,7 +16,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent, spoolDir } from './agent.ts';
+import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import type { RunAs } from './network.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
@@ -159,6 +159,9 @@ const agent = new RunnerAgent(options, (e) => {
     case 'output_lost':
       process.stderr.write(`svc-runner: warning: output of sandbox ${e.sandbox} could not be kept: ${e.message}\n`);
       break;
+    case 'output_discarded':
+      say(`${e.events} kept events of sandbox ${e.sandbox} discarded: ${e.reason}`);
+      break;
     case 'stopped':
       break;
   }
@@ -178,8 +181,4 @@ const advice: Partial<Record<AgentStop, string>> = {
   replaced: 'another svc-runner started with this token; one token serves one machine',
   unreachable: 'check --url and that the service is running',
 };
-if (reason === 'refused' && /is not on this runner/.test(message)) {
-  // Kept output of a sandbox the service has since moved or removed is refused at every start.
-  advice.refused = `output kept for it under ${spoolDir(rootDir, token)} cannot be delivered; remove its files there`;
-}
 fail(EXIT[reason], `${message}${advice[reason] ? ` (${advice[reason]})` : ''}`);

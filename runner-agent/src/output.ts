@@ -201,6 +201,26 @@ export class OutputLog {
     }
   }
 
+  /**
+   * The service will never take this output: forget all of it, in memory and on disk. The log
+   * is closed; nothing more may be pushed.
+   */
+  discard(): number {
+    const dropped = this.next - this.base;
+    this.closeCursor();
+    this.closeFile();
+    for (const segment of this.segments.splice(0)) this.forgetSegment(segment);
+    this.memEvents = [];
+    this.memSizes = [];
+    this.memHead = 0;
+    this.memBytes = 0;
+    this.inflight = [];
+    this.inflightBytes = 0;
+    this.base = this.next;
+    this.closed = true;
+    return dropped;
+  }
+
   /** After a reconnect everything still kept is sent again (the service drops what it has). */
   rewind(): void {
     this.sent = this.base - 1;

@@ -1,4 +1,5 @@
 import type { RunnerEvent, TurnStartCommand } from '@svc/core';
+import { writeHomeFiles } from './home-files.ts';
 import { ConversationPermissions } from './permissions.ts';
 import { AcpRuntime } from './runtime.ts';
 import { type Sandbox, sandboxEnv } from './sandbox.ts';
@@ -79,6 +80,7 @@ export class Turns {
         }),
       );
       try {
+        await writeHomeFiles(built.dir, command.runtime.home_files ?? [], built.user);
         const runtime = await AcpRuntime.start({
           command: command.runtime.command,
           args: command.runtime.args,

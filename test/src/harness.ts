@@ -30,7 +30,8 @@ export function primaryBackend(): Backend {
   return backends()[0] as Backend;
 }
 
-async function createDatabase(t: Test): Promise<string> {
+/** A fresh database on the run's Postgres, dropped when `t` ends; its URL. */
+export async function createDatabase(t: Test): Promise<string> {
   const admin = process.env.TEST_DATABASE_URL;
   if (!admin) throw new Error('TEST_DATABASE_URL is not set; run the suite through `npm test`');
   const name = `svc_test_${randomBytes(6).toString('hex')}`;

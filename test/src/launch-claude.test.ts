@@ -1,33 +1,16 @@
 // A conversation on the `claude` runtime end to end with the real adapter: the server, a real
 // svc-runner process, claude-agent-acp and Claude Code, and a local fake of the Anthropic API.
-import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { claudeCodeEnv, type MessagesBody, startFakeAnthropic, textOf } from './fakes/anthropic-messages.ts';
-import { signUp, startTestService } from './harness.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { signUp } from './harness.ts';
+import { blockText, launchAndWatch, serviceForRuntime, settledTurn, startRunnerAgent } from './real-runtime.ts';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-/** A deadline that does not keep the process alive once the test is done. */
-const deadline = (ms: number) => new Promise((r) => setTimeout(r, ms).unref());
-const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const CLAUDE_ACP = fileURLToPath(import.meta.resolve('@zed-industries/claude-agent-acp/dist/index.js'));
 const KEY = 'sk-ant-api03-end-to-end-fake-key';
 const PROMPT = 'Create the marker file, then tell me you did.';
-
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string; name?: string }[];
-}
 
 const toolResultsOf = (body: MessagesBody) => {
   const content = body.messages?.at(-1)?.content;
@@ -49,15 +32,10 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
           }
         : { content: [{ type: 'text', text: 'Done: the marker file exists now.' }] },
   });
-  const svc = await startTestService(t, {
-    env: {
-      RUNNER_HEARTBEAT_MS: '500',
-      RUNNER_GRACE_MS: '5000',
-      RUNTIME_CLAUDE_COMMAND: `${process.execPath} ${CLAUDE_ACP}`,
-      // The credential check on PUT pings the same fake.
-      ANTHROPIC_BASE_URL: fake.url,
-      SSE_IDLE_CLOSE_MS: '30000',
-    },
+  const svc = await serviceForRuntime(t, {
+    RUNTIME_CLAUDE_COMMAND: `${process.execPath} ${CLAUDE_ACP}`,
+    // The credential check on PUT pings the same fake.
+    ANTHROPIC_BASE_URL: fake.url,
   });
   const { http } = svc;
   const { key: token } = await signUp(svc);
@@ -91,43 +69,12 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
   ).body;
   t.ok(agent.id, JSON.stringify(agent));
 
-  const runner = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
-  const root = mkdtempSync(join(tmpdir(), 'svc-claude-root-'));
-  const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', runner.token, '--root', root], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  child.stdout.on('data', (d) => {
-    out += d;
-  });
-  child.stderr.on('data', (d) => {
-    out += d;
-  });
-  t.teardown(async () => {
-    // The runner ends its runtimes before it exits; only then is the sandbox quiet.
-    const exited = new Promise((resolve) => child.once('exit', resolve));
-    child.kill('SIGTERM');
-    await Promise.race([exited, deadline(5000)]);
-    rmSync(root, { recursive: true, force: true, maxRetries: 3 });
-    await fake.close();
-  });
-  for (let i = 0; i < 600 && !/connected as runner/.test(out); i++) await sleep(50);
-  t.match(out, /connected as runner/);
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
 
   const started = Date.now();
-  const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: PROMPT } });
-  t.equal(res.status, 201, JSON.stringify(res.body));
-  const id = res.body.id as string;
-  const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=0`, {
-    authorization: `Bearer ${token}`,
-  });
-  const ended = await Promise.race([watch.closed.then(() => true), deadline(60_000).then(() => false)]);
+  const { id, sandboxId, ended, events } = await launchAndWatch(svc, token, agent.id, PROMPT);
   t.ok(ended, 'the stream ended by itself at the end of the turn');
-  const events = frames(watch.text())
-    .map(parseFrame)
-    .filter((e) => e.data !== undefined)
-    .map((e) => JSON.parse(e.data as string) as WireEvent);
-  const log = () => `runner said: ${out}\nlast events: ${JSON.stringify(events.slice(-4))}`;
+  const log = () => `runner said: ${runner.output()}\nlast events: ${JSON.stringify(events.slice(-4))}`;
   t.same(
     events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
     [
@@ -149,21 +96,11 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
 
   const blocks = events.flatMap((e) => e.blocks ?? []);
   t.equal(
-    blocks
-      .filter((b) => b.kind === 'text')
-      .map((b) => b.body)
-      .join(''),
+    blockText(events, 'text'),
     'Done: the marker file exists now.',
     'the reply, rebuilt from its streamed chunks',
   );
-  t.equal(
-    blocks
-      .filter((b) => b.kind === 'thinking')
-      .map((b) => b.body)
-      .join(''),
-    'A file, then a reply.',
-    'the thinking',
-  );
+  t.equal(blockText(events, 'thinking'), 'A file, then a reply.', 'the thinking');
   t.ok(
     blocks.some((b) => b.kind === 'tool_use') && blocks.some((b) => b.kind === 'tool_result'),
     'the tool call and its result',
@@ -183,16 +120,11 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
     'the account’s credential as x-api-key',
   );
   t.match(toolResultsOf(calls[1]?.body ?? {}), [{ is_error: false }], 'the runner allowed the Bash call');
-  t.ok(existsSync(join(root, 'sandboxes', res.body.sandbox_id, 'marker.txt')), 'which ran in the sandbox');
+  t.ok(existsSync(join(runner.root, 'sandboxes', sandboxId, 'marker.txt')), 'which ran in the sandbox');
 
   // The record follows the log: done, with the usage Claude Code reported.
-  let turns: { state: string; usage: { input: number; output: number } | null }[] = [];
-  for (let i = 0; i < 100; i++) {
-    turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data;
-    if (turns[0]?.state !== 'running') break;
-    await sleep(50);
-  }
-  t.equal(turns[0]?.state, 'done', log());
-  t.match(turns[0]?.usage, { input: fake.usageSent.input, output: fake.usageSent.output }, 'usage as the API reported');
+  const turn = await settledTurn(svc, token, id);
+  t.equal(turn?.state, 'done', log());
+  t.match(turn?.usage, { input: fake.usageSent.input, output: fake.usageSent.output }, 'usage as the API reported');
   t.comment(`launch to turn end took ${Date.now() - started} ms`);
 });

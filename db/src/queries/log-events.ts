@@ -112,15 +112,19 @@ export async function readStored(
   accountId: string,
   o: { after: number; upTo: number; limit: number; conversationId?: string | undefined },
 ): Promise<LogEventRow[]> {
-  const rows = await sql<(EventColumns & { id: string; ts: Date; producer: string | null; seq: string | null })[]>`
-    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms, ts, producer, seq FROM log_events
+  // ts as ISO 8601 text made by Postgres (what Date#toISOString gives; ts is stored in whole
+  // milliseconds): a replay reads many thousands of rows, and parsing each into a Date only to
+  // print it again was a good share of its CPU.
+  const rows = await sql<(EventColumns & { id: string; ts: string; producer: string | null; seq: string | null })[]>`
+    SELECT id, conversation_id, turn_id, kind, stream, data, stage, state, duration_ms,
+      to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS ts, producer, seq FROM log_events
     WHERE account_id = ${accountId} AND id > ${o.after} AND id <= ${o.upTo}
       ${o.conversationId ? sql`AND conversation_id = ${o.conversationId}` : sql``}
     ORDER BY id LIMIT ${o.limit}`;
   return rows.map((r) => ({
     id: Number(r.id),
     ...eventFields(r),
-    ts: r.ts.toISOString(),
+    ts: r.ts,
     producer: r.producer ?? '',
     seq: r.seq === null ? 0 : Number(r.seq),
   }));

@@ -344,9 +344,16 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
             w.position = Math.max(w.position, e.id);
             if (e.conversationId !== conversationId) continue;
             if (!streams || streams.includes(e.stream)) {
-              const f = cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
-              frames += f.text;
-              alone = f.bytes;
+              // History read for this watcher is its own: caching its frames would only fill the
+              // cache (and the collector's work) with entries nobody else meets.
+              if (replaying) {
+                frames += frame(e.id, shapeEvent(e, withBlocks));
+                alone = undefined;
+              } else {
+                const f = cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
+                frames += f.text;
+                alone = f.bytes;
+              }
               count++;
               last = e.id;
             }
@@ -404,6 +411,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
           read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
         });
+        feed.replaying = false;
         w.stop = () => {
           stop();
           release();
@@ -422,6 +430,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     /** Events wait here, in order, while the conversation of the first is looked up. */
     private readonly queue: LogEvent[] = [];
     private pumping = false;
+    /** While history is read (follow() has not returned), events are this watcher's own. */
+    replaying = true;
     constructor(
       private readonly w: Watcher,
       private readonly route: MultiplexedRoute,
@@ -485,11 +495,17 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         if (streams && !streams.includes(e.stream)) continue;
         const extra = info ? route.select(e.conversationId, info) : undefined;
         if (!extra) continue;
-        const f = cachedFrame(`${route.path}:${withBlocks}`, e, () =>
-          frame(e.id, { ...shapeEvent(e, withBlocks), ...extra }),
-        );
-        frames += f.text;
-        alone = count === 0 ? f.bytes : undefined;
+        // History read for this watcher is its own: its frames are not cached (nobody else meets them).
+        if (this.replaying) {
+          frames += frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra));
+          alone = undefined;
+        } else {
+          const f = cachedFrame(`${route.path}:${withBlocks}`, e, () =>
+            frame(e.id, Object.assign(shapeEvent(e, withBlocks), extra)),
+          );
+          frames += f.text;
+          alone = count === 0 ? f.bytes : undefined;
+        }
         count++;
         last = e.id;
       }

@@ -282,10 +282,19 @@ export class RunnerFabric {
     // A newer incarnation than the one loaded: the machine was reset since; look again once.
     if (sbx && m.incarnation > sbx.incarnation) sbx = await this.sandboxFor(s, m.sandbox, true);
     if (!sbx || m.incarnation > sbx.incarnation) {
-      throw new ApiError(
-        'invalid_request',
-        `sandbox ${m.sandbox} (incarnation ${m.incarnation}) is not on this runner`,
+      // Not a runner misbehaving but one holding output of a sandbox that is gone (deleted
+      // with its account, say): it forgets it, rather than resending it at every start.
+      this.deps.logger.warn(
+        { runner: s.runnerId, sandbox: m.sandbox, incarnation: m.incarnation, events: m.events.length },
+        'output of a sandbox not on this runner: told to discard it',
       );
+      this.send(s, {
+        t: 'discard',
+        sandbox: m.sandbox,
+        incarnation: m.incarnation,
+        reason: `sandbox ${m.sandbox} (incarnation ${m.incarnation}) is not on this runner`,
+      });
+      return;
     }
     // Conversations deleted while their runtime still spoke: their events are not kept.
     let deleted: Set<string> | undefined;

@@ -24,11 +24,16 @@ export async function follow(
   const joined = new Joined(after, onEvents);
   const onBatch = (batch: LiveBatch) => joined.arrived(batch.events);
   const stop = await (options.subscribe ? options.subscribe(onBatch) : log.subscribe(tenant, onBatch));
+  // The next page is asked for before this one is delivered, so the store works on it while
+  // this process frames and writes the current one (the two are on different cores).
+  let next = read(joined.last, pageSize);
   for (;;) {
-    const page = await read(joined.last, pageSize);
+    const page = await next;
     if (page.length === 0) break;
+    const full = page.length >= pageSize;
+    if (full) next = read((page.at(-1) as LogEvent).id, pageSize);
     joined.emit(page);
-    if (page.length < pageSize) break;
+    if (!full) break;
   }
   joined.goLive();
   return stop;

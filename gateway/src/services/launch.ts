@@ -6,7 +6,6 @@ import {
   PROMPT_IMAGE_MAX_BYTES,
   providerOf,
   type Runtime,
-  runtimeModel,
   type SandboxCreateCommand,
   sniffImage,
   validationFailed,
@@ -34,6 +33,7 @@ import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
+import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
 import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { revealSecrets } from './secrets.ts';
 import { changed } from './tenant-events.ts';
@@ -64,42 +64,6 @@ export interface LaunchDeps {
    * an egress allowlist always lets the runtime reach its provider.
    */
   providerUrls: Record<string, string>;
-}
-
-/** The credential each model provider's runtime reads, in the order they are tried. */
-const CREDENTIALS: Record<
-  string,
-  { provider: 'anthropic_api_key' | 'claude_code_oauth_token' | 'openai_api_key' | 'gemini_api_key'; env: string }[]
-> = {
-  anthropic: [
-    { provider: 'anthropic_api_key', env: 'ANTHROPIC_API_KEY' },
-    { provider: 'claude_code_oauth_token', env: 'CLAUDE_CODE_OAUTH_TOKEN' },
-  ],
-  openai: [{ provider: 'openai_api_key', env: 'OPENAI_API_KEY' }],
-  google: [{ provider: 'gemini_api_key', env: 'GEMINI_API_KEY' }],
-};
-
-/**
- * How the agent's model reaches each runtime whose way is known (tested with the real agent):
- * the variable it reads, and the model selected in its ACP session by the runner. Claude Code
- * lists the model named by ANTHROPIC_MODEL among the session's model choices, and
- * claude-agent-acp opens every session on its first choice ("default") whatever the
- * environment says, so both are needed. Gemini CLI reads GEMINI_MODEL (its documented
- * variable; not tested with the real CLI here). codex and opencode get no model yet.
- */
-const MODEL_ENV: Partial<Record<Runtime, string>> = { claude: 'ANTHROPIC_MODEL', gemini: 'GEMINI_MODEL' };
-
-/** Runtimes whose ACP session the runner switches to the agent's model (tested with the real agent). */
-const SESSION_MODEL = new Set<Runtime>(['claude']);
-
-/**
- * How the agent's system prompt reaches each runtime whose way is known: claude-agent-acp
- * takes `_meta.systemPrompt` on `session/new`; `{append}` keeps Claude Code's own prompt, which
- * its tools rely on, and adds the agent's. Other runtimes get none yet.
- */
-function sessionMetaFor(agent: AgentRow): Record<string, unknown> | undefined {
-  if (agent.runtime === 'claude' && agent.system.trim()) return { systemPrompt: { append: agent.system } };
-  return undefined;
 }
 
 /**
@@ -189,11 +153,12 @@ function refusal(reason: conversations.TurnRefusal): ApiError {
 
 /**
  * The runtime's environment for a turn: the environment's variables and secrets, then the
- * vault's (vault wins), then the model and its credential the way the runtime reads them, and
- * the service's address with a sandbox token of the conversation. Every value is registered
- * for redaction before anything can print it. A token is minted per turn because the runtime
- * that reads it may be a new one (after a rebuild or a crash); they all end with the
- * conversation.
+ * vault's (vault wins), then the model, system prompt, provider endpoint and credential the
+ * way the runtime takes them (runtime-settings.ts: variables, command-line arguments, ACP
+ * session fields or files in its HOME), and the service's address with a sandbox token of
+ * the conversation. Every value is registered for redaction before anything can print it. A
+ * token is minted per turn because the runtime that reads it may be a new one (after a
+ * rebuild or a crash); they all end with the conversation.
  */
 async function runtimeEnvironment(
   deps: LaunchDeps,
@@ -212,25 +177,35 @@ async function runtimeEnvironment(
   // The conversation's own token (actor `sprite`): what the runtime uses to reach the API,
   // for example to start a sub-conversation. Revoked when the conversation ends.
   const token = await issueSandboxToken(deps.sql, accountId, conversationId);
-  const runtime = agent.runtime as Runtime;
-  const modelEnv = MODEL_ENV[runtime];
-  const model = modelEnv ? runtimeModel(runtime, agent.model) : undefined;
+  const settings = runtimeSettings(
+    { runtime: agent.runtime as Runtime, model: agent.model, system: agent.system },
+    env,
+    deps.providerUrls,
+  );
   const runtimeEnv: Record<string, string> = {
     ...env,
+    ...settings.env,
     SVC_API_URL: deps.apiUrl(),
     SVC_CONVERSATION_ID: conversationId,
     SVC_SANDBOX_TOKEN: token.key,
   };
-  if (modelEnv && model) runtimeEnv[modelEnv] = model;
   if (credential) runtimeEnv[credential.env] = credential.value;
   // What is secret or the tenant's own (DECISIONS: environment, vault, credential, token);
-  // the service's address, the conversation's id and the model name are not.
+  // the service's address, the conversation's id, the model name and the instance's provider
+  // endpoint are not.
   deps.redaction.register(accountId, conversationId, [
     ...Object.values(env),
     token.key,
     ...(credential ? [credential.value] : []),
   ]);
-  return { env, runtimeEnv, model: SESSION_MODEL.has(runtime) ? model : undefined };
+  return {
+    env,
+    runtimeEnv,
+    args: settings.args,
+    model: settings.sessionModel,
+    sessionMeta: settings.sessionMeta,
+    homeFiles: settings.homeFiles,
+  };
 }
 
 /** What runs a turn on a sandbox once the records are written (in the background). */
@@ -252,12 +227,16 @@ interface TurnPlan {
     images: { mediaType: string; data: Buffer }[];
     runtime: Runtime;
     env: Record<string, string>;
+    /** Arguments after the runtime's configured command line (how some runtimes take their model and prompt). */
+    args: string[];
     /** The model the runner selects in the runtime's ACP session, where the runtime needs that. */
     model: string | undefined;
     /** Which permission requests wait for an answer over the API (the agent's `permission_policy`). */
     permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
     /** `_meta` for the runtime's session/new (the system prompt, for runtimes that take it there). */
     sessionMeta: Record<string, unknown> | undefined;
+    /** Files for the runtime's HOME (the system prompt, for runtimes that read it from a file). */
+    homeFiles: { path: string; content: string }[];
     /** The agent's MCP servers, for the runtime's ACP session. */
     mcpServers: { name: string; command: string; args: string[] }[];
   } | null;
@@ -283,7 +262,7 @@ async function runOnSandbox(
   },
 ): Promise<void> {
   const { agent, environment } = p;
-  const { env, runtimeEnv, model } = await runtimeEnvironment(
+  const { env, runtimeEnv, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
     deps,
     p.accountId,
     p.conversationId,
@@ -309,9 +288,11 @@ async function runOnSandbox(
           ...p.turn,
           runtime: agent.runtime as Runtime,
           env: runtimeEnv,
+          args,
           model,
           permissionPolicy: policyOf(agent),
-          sessionMeta: sessionMetaFor(agent),
+          sessionMeta,
+          homeFiles,
           mcpServers: mcpServersOf(agent),
         }
       : null,
@@ -359,10 +340,11 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         prompt: plan.turn.prompt,
         runtime: {
           command,
-          args,
+          args: [...args, ...plan.turn.args],
           env: plan.turn.env,
           ...(plan.turn.model ? { model: plan.turn.model } : {}),
           ...(plan.turn.sessionMeta ? { session_meta: plan.turn.sessionMeta } : {}),
+          ...(plan.turn.homeFiles.length ? { home_files: plan.turn.homeFiles } : {}),
         },
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,
@@ -478,7 +460,7 @@ export async function startConversation(
     throw validationFailed({ images: ['come with a prompt'] });
   }
   const images = decodeImages(input.images);
-  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
+  const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
   const provider = agent.sandbox_provider ?? deps.defaultProvider;
   if (provider !== 'runner' && provider !== 'local') {
     throw validationFailed(
@@ -615,7 +597,7 @@ export async function sendPrompt(
   );
   if (!environment) throw new ApiError('not_found', 'The conversation’s environment was deleted.');
   const images = decodeImages(input.images);
-  const credential = await findCredential(deps, who.accountId, providerOf(agent.model) ?? '');
+  const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
 
   let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
   if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
@@ -768,8 +750,8 @@ function turnEndEvent(conversationId: string, turnId: string, state: string, err
   };
 }
 
-async function findCredential(deps: LaunchDeps, accountId: string, modelProvider: string) {
-  const choices = CREDENTIALS[modelProvider];
+async function findCredential(deps: LaunchDeps, accountId: string, runtime: Runtime, model: string) {
+  const choices = credentialsFor(runtime, providerOf(model) ?? '');
   if (!choices) return undefined; // providers whose runtime reads its own configuration (opencode's others)
   for (const c of choices) {
     const value = await revealCredential(deps, accountId, c.provider);

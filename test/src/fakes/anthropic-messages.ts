@@ -12,8 +12,8 @@
  * can check what the agent sent (the prompt, the model, the tool results, the headers).
  */
 import { randomBytes } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
+import { type ApiRequest, pieces, startModelApi } from './model-api.ts';
 
 /** A content block of a reply, before it is cut into stream events. */
 export type ReplyBlock =
@@ -28,12 +28,7 @@ export interface Reply {
 }
 
 /** One request the fake received. `body` is the parsed JSON body (null for none or bad JSON). */
-export interface SeenRequest {
-  method: string;
-  path: string;
-  headers: IncomingMessage['headers'];
-  body: MessagesBody | null;
-}
+export type SeenRequest = ApiRequest<MessagesBody>;
 
 /** The parts of a Messages API request body the tests look at. */
 export interface MessagesBody {
@@ -88,13 +83,6 @@ function contentOf(reply: Reply): ContentBlock[] {
   });
 }
 
-/** Cuts a string into pieces of at most `size` characters (the API streams text in pieces). */
-function pieces(text: string, size: number): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
-  return out.length ? out : [''];
-}
-
 export async function startFakeAnthropic(options: {
   /** The one `x-api-key` accepted. */
   apiKey: string;
@@ -104,122 +92,107 @@ export async function startFakeAnthropic(options: {
 }): Promise<FakeAnthropic> {
   const seen: SeenRequest[] = [];
   const usageSent = { input: 0, output: 0 };
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const path = (req.url ?? '/').split('?')[0] as string;
-      let body: MessagesBody | null = null;
-      try {
-        body = chunks.length ? (JSON.parse(Buffer.concat(chunks).toString('utf8')) as MessagesBody) : null;
-      } catch {}
-      seen.push({ method: req.method ?? '', path, headers: req.headers, body });
-      const requestId = `req_${randomBytes(12).toString('hex')}`;
-      const route = `${req.method} ${path}`;
-      if (!['POST /v1/messages', 'POST /v1/messages/count_tokens', 'GET /v1/models'].includes(route)) {
-        return send(res, 404, error('not_found_error', `${route} not found`), requestId);
-      }
-      if (req.headers['x-api-key'] !== options.apiKey) {
-        return send(res, 401, error('authentication_error', 'invalid x-api-key'), requestId);
-      }
-      if (route === 'GET /v1/models') {
-        const models = (options.models ?? []).map((id) => ({
-          type: 'model',
-          id,
-          display_name: id,
-          created_at: '2025-09-29T00:00:00Z',
-        }));
-        return send(
-          res,
-          200,
-          { data: models, has_more: false, first_id: models[0]?.id ?? null, last_id: models.at(-1)?.id ?? null },
-          requestId,
-        );
-      }
-      if (route === 'POST /v1/messages/count_tokens') {
-        const text = (body?.messages ?? []).map((m) => textOf(m.content)).join('');
-        return send(res, 200, { input_tokens: tokensOf(text) }, requestId);
-      }
-      if (!body || typeof body.model !== 'string' || !Array.isArray(body.messages)) {
-        return send(res, 400, error('invalid_request_error', 'model: Field required'), requestId);
-      }
-      const reply = options.reply(body);
-      const content = contentOf(reply);
-      const stopReason = reply.stop_reason ?? (content.some((b) => b.type === 'tool_use') ? 'tool_use' : 'end_turn');
-      const usage = {
-        input_tokens: tokensOf(JSON.stringify(body.messages) + JSON.stringify(body.system ?? '')),
-        output_tokens: tokensOf(JSON.stringify(content)),
-        cache_creation_input_tokens: 0,
-        cache_read_input_tokens: 0,
-      };
-      usageSent.input += usage.input_tokens;
-      usageSent.output += usage.output_tokens;
-      const message = {
-        id: `msg_${randomBytes(12).toString('hex')}`,
-        type: 'message',
-        role: 'assistant',
-        model: body.model,
-      };
-      if (!body.stream) {
-        return send(res, 200, { ...message, content, stop_reason: stopReason, stop_sequence: null, usage }, requestId);
-      }
-      res.writeHead(200, {
-        'content-type': 'text/event-stream',
-        'cache-control': 'no-cache',
-        'request-id': requestId,
-      });
-      const event = (type: string, data: object) =>
-        res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
-      event('message_start', {
-        message: {
-          ...message,
-          content: [],
-          stop_reason: null,
-          stop_sequence: null,
-          usage: { ...usage, output_tokens: 1 },
-        },
-      });
-      event('ping', {});
-      content.forEach((block, index) => {
-        if (block.type === 'text') {
-          event('content_block_start', { index, content_block: { type: 'text', text: '' } });
-          for (const text of pieces(block.text, 8))
-            event('content_block_delta', { index, delta: { type: 'text_delta', text } });
-        } else if (block.type === 'thinking') {
-          event('content_block_start', { index, content_block: { type: 'thinking', thinking: '', signature: '' } });
-          for (const thinking of pieces(block.thinking, 8))
-            event('content_block_delta', { index, delta: { type: 'thinking_delta', thinking } });
-          event('content_block_delta', { index, delta: { type: 'signature_delta', signature: block.signature } });
-        } else {
-          event('content_block_start', {
-            index,
-            content_block: { type: 'tool_use', id: block.id, name: block.name, input: {} },
-          });
-          for (const partial_json of pieces(JSON.stringify(block.input), 8))
-            event('content_block_delta', { index, delta: { type: 'input_json_delta', partial_json } });
-        }
-        event('content_block_stop', { index });
-      });
-      event('message_delta', {
-        delta: { stop_reason: stopReason, stop_sequence: null },
-        usage: { output_tokens: usage.output_tokens },
-      });
-      event('message_stop', {});
-      res.end();
+  const server = await startModelApi<MessagesBody>((req, res) => {
+    const { path, body } = req;
+    seen.push(req);
+    const requestId = `req_${randomBytes(12).toString('hex')}`;
+    const route = `${req.method} ${path}`;
+    if (!['POST /v1/messages', 'POST /v1/messages/count_tokens', 'GET /v1/models'].includes(route)) {
+      return send(res, 404, error('not_found_error', `${route} not found`), requestId);
+    }
+    if (req.headers['x-api-key'] !== options.apiKey) {
+      return send(res, 401, error('authentication_error', 'invalid x-api-key'), requestId);
+    }
+    if (route === 'GET /v1/models') {
+      const models = (options.models ?? []).map((id) => ({
+        type: 'model',
+        id,
+        display_name: id,
+        created_at: '2025-09-29T00:00:00Z',
+      }));
+      return send(
+        res,
+        200,
+        { data: models, has_more: false, first_id: models[0]?.id ?? null, last_id: models.at(-1)?.id ?? null },
+        requestId,
+      );
+    }
+    if (route === 'POST /v1/messages/count_tokens') {
+      const text = (body?.messages ?? []).map((m) => textOf(m.content)).join('');
+      return send(res, 200, { input_tokens: tokensOf(text) }, requestId);
+    }
+    if (!body || typeof body.model !== 'string' || !Array.isArray(body.messages)) {
+      return send(res, 400, error('invalid_request_error', 'model: Field required'), requestId);
+    }
+    const reply = options.reply(body);
+    const content = contentOf(reply);
+    const stopReason = reply.stop_reason ?? (content.some((b) => b.type === 'tool_use') ? 'tool_use' : 'end_turn');
+    const usage = {
+      input_tokens: tokensOf(JSON.stringify(body.messages) + JSON.stringify(body.system ?? '')),
+      output_tokens: tokensOf(JSON.stringify(content)),
+      cache_creation_input_tokens: 0,
+      cache_read_input_tokens: 0,
+    };
+    usageSent.input += usage.input_tokens;
+    usageSent.output += usage.output_tokens;
+    const message = {
+      id: `msg_${randomBytes(12).toString('hex')}`,
+      type: 'message',
+      role: 'assistant',
+      model: body.model,
+    };
+    if (!body.stream) {
+      return send(res, 200, { ...message, content, stop_reason: stopReason, stop_sequence: null, usage }, requestId);
+    }
+    res.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      'request-id': requestId,
     });
+    const event = (type: string, data: object) =>
+      res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+    event('message_start', {
+      message: {
+        ...message,
+        content: [],
+        stop_reason: null,
+        stop_sequence: null,
+        usage: { ...usage, output_tokens: 1 },
+      },
+    });
+    event('ping', {});
+    content.forEach((block, index) => {
+      if (block.type === 'text') {
+        event('content_block_start', { index, content_block: { type: 'text', text: '' } });
+        for (const text of pieces(block.text, 8))
+          event('content_block_delta', { index, delta: { type: 'text_delta', text } });
+      } else if (block.type === 'thinking') {
+        event('content_block_start', { index, content_block: { type: 'thinking', thinking: '', signature: '' } });
+        for (const thinking of pieces(block.thinking, 8))
+          event('content_block_delta', { index, delta: { type: 'thinking_delta', thinking } });
+        event('content_block_delta', { index, delta: { type: 'signature_delta', signature: block.signature } });
+      } else {
+        event('content_block_start', {
+          index,
+          content_block: { type: 'tool_use', id: block.id, name: block.name, input: {} },
+        });
+        for (const partial_json of pieces(JSON.stringify(block.input), 8))
+          event('content_block_delta', { index, delta: { type: 'input_json_delta', partial_json } });
+      }
+      event('content_block_stop', { index });
+    });
+    event('message_delta', {
+      delta: { stop_reason: stopReason, stop_sequence: null },
+      usage: { output_tokens: usage.output_tokens },
+    });
+    event('message_stop', {});
+    res.end();
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
   return {
-    url: `http://127.0.0.1:${port}`,
+    ...server,
     seen,
     messages: () => seen.filter((r) => r.method === 'POST' && r.path === '/v1/messages'),
     usageSent,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections();
-        server.close(() => r());
-      }),
   };
 }
 

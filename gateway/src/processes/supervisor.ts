@@ -1,0 +1,165 @@
+import { type ChildProcess, fork } from 'node:child_process';
+import { createServer } from 'node:net';
+import { fileURLToPath } from 'node:url';
+import type { Logger } from 'pino';
+import type { Config } from '../config.ts';
+
+/** What the primary says to a child, and what a child answers (over the fork's IPC channel). */
+export type ToChild = { type: 'start'; config: Config; index: number };
+export type FromChild = { type: 'ready'; port: number } | { type: 'failed'; message: string };
+
+export interface EdgeProcesses {
+  /** Process ids of the children listening now (not the primary); a slot restarting is absent. */
+  pids(): number[];
+  /** Stops every child: SIGTERM, then SIGKILL after `graceMs`. Resolves when all have exited. */
+  stop(graceMs: number): Promise<void>;
+}
+
+export interface EdgeProcessesOptions {
+  /** The configuration every child runs: the primary's, with its bound PORT and EDGE_PROCESSES=1. */
+  config: Config;
+  count: number;
+  log: Logger;
+  /** First restart delay; it doubles per consecutive crash up to `maxBackoffMs`. */
+  backoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+/**
+ * A free port on `host` for PORT=0 with several processes: uWebSockets.js sets SO_REUSEPORT
+ * only when given a port (a socket bound to port 0 cannot be joined; checked on Linux), so the
+ * primary binds a port it chose. Another program could take it before the edge listens; the
+ * start then fails naming the port.
+ */
+export function freePort(host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, host, () => {
+      const address = server.address();
+      server.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
+    });
+  });
+}
+
+const childEntry = fileURLToPath(new URL('./child.ts', import.meta.url));
+
+/**
+ * The node flags a child runs with: the parent's, minus loaders (a child registers tsx itself,
+ * once) and inspectors (a second debugger on the same port would fail), plus tsx.
+ */
+function childExecArgv(parent: readonly string[]): string[] {
+  const out = ['--import', import.meta.resolve('tsx')];
+  for (let i = 0; i < parent.length; i++) {
+    const arg = parent[i] as string;
+    if (/^(--import|--loader|--experimental-loader|--require|-r)$/.test(arg)) i++;
+    else if (/^--(import|loader|experimental-loader|require|inspect)/.test(arg)) continue;
+    else out.push(arg);
+  }
+  return out;
+}
+
+/**
+ * Runs `count` more copies of the service beside this one, each a full node (api role, edge,
+ * workers) listening on the same port: uWebSockets.js binds with SO_REUSEPORT, so the kernel
+ * spreads new connections over every process. They share state only through Postgres and
+ * Redis, as separate nodes do.
+ *
+ * Resolves when every child is listening; rejects (after stopping the others) when one fails
+ * its first start. Afterwards a child that exits is logged and started again, after a delay
+ * that doubles per consecutive crash (reset once a child has run for a minute). A child exits
+ * by itself when this process dies (its IPC channel closes).
+ */
+export async function startEdgeProcesses(options: EdgeProcessesOptions): Promise<EdgeProcesses> {
+  const { config, count, log } = options;
+  const backoffMs = options.backoffMs ?? 100;
+  const maxBackoffMs = options.maxBackoffMs ?? 10_000;
+  const slots: (ChildProcess | undefined)[] = Array.from({ length: count }, () => undefined);
+  const listening = new Set<ChildProcess>();
+  const timers = new Set<NodeJS.Timeout>();
+  let stopping = false;
+  // Until every child has started once, a child that dies fails the start instead.
+  let supervising = false;
+
+  /** Forks the child of one slot; resolves when it listens, rejects when it exits before. */
+  const launch = (index: number, attempt: number): Promise<void> => {
+    const child = fork(childEntry, [], {
+      execArgv: childExecArgv(process.execArgv),
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    slots[index] = child;
+    const startedAt = Date.now();
+    const ready = new Promise<void>((resolve, reject) => {
+      let failure = 'exited before it was listening';
+      let ended = false;
+      const end = (code: number | null, signal: NodeJS.Signals | null) => {
+        if (ended) return;
+        ended = true;
+        reject(new Error(`edge process ${index + 1} (pid ${child.pid}): ${failure}`));
+        const wasListening = listening.delete(child);
+        if (slots[index] === child) slots[index] = undefined;
+        if (stopping || !(supervising || wasListening)) return;
+        const next = Date.now() - startedAt > 60_000 ? 0 : attempt + 1;
+        const delay = Math.min(maxBackoffMs, backoffMs * 2 ** Math.max(0, next - 1));
+        log.warn({ pid: child.pid, code, signal, restartInMs: delay }, 'edge process exited; restarting it');
+        const timer = setTimeout(() => {
+          timers.delete(timer);
+          if (stopping) return;
+          launch(index, next).then(
+            () => log.info({ pid: slots[index]?.pid }, 'edge process restarted'),
+            () => {}, // its end has scheduled the next attempt
+          );
+        }, delay);
+        timers.add(timer);
+      };
+      child.on('message', (m: FromChild) => {
+        if (m.type === 'ready') {
+          listening.add(child);
+          resolve();
+        } else if (m.type === 'failed') failure = m.message;
+      });
+      child.once('exit', end);
+      // A fork that could not spawn never exits; a message to a child that just died is lost
+      // (its exit is on the way). Neither may crash this process.
+      child.on('error', (err) => {
+        log.warn({ err: { message: err.message }, pid: child.pid }, 'edge process error');
+        if (child.pid === undefined) {
+          failure = err.message;
+          end(null, null);
+        }
+      });
+    });
+    child.send({ type: 'start', config, index: index + 1 } satisfies ToChild);
+    return ready;
+  };
+
+  const processes: EdgeProcesses = {
+    pids: () => slots.flatMap((c) => (c?.pid !== undefined && listening.has(c) ? [c.pid] : [])),
+    async stop(graceMs: number) {
+      stopping = true;
+      for (const timer of timers) clearTimeout(timer);
+      timers.clear();
+      await Promise.all(
+        slots.map(async (child) => {
+          if (!child || child.exitCode !== null || child.signalCode !== null) return;
+          const exited = new Promise((resolve) => child.once('exit', resolve));
+          child.kill('SIGTERM');
+          const kill = setTimeout(() => child.kill('SIGKILL'), graceMs);
+          await exited;
+          clearTimeout(kill);
+        }),
+      );
+    },
+  };
+
+  try {
+    // A first start that fails is a configuration or environment problem: no retry, report it.
+    await Promise.all(slots.map((_, index) => launch(index, 0)));
+  } catch (err) {
+    await processes.stop(1000);
+    throw err;
+  }
+  supervising = true;
+  log.info({ pids: processes.pids() }, `${count + 1} edge processes share port ${config.PORT}`);
+  return processes;
+}
