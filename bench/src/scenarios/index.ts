@@ -1,5 +1,6 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { runners } from './runners.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [crud];
+export const scenarios: Scenario[] = [crud, runners];
