@@ -1,6 +1,7 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { ingest } from './ingest.ts';
 import { runners } from './runners.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [crud, runners];
+export const scenarios: Scenario[] = [crud, ingest, runners];

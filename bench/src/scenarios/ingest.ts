@@ -1,0 +1,340 @@
+import { execFileSync, spawn } from 'node:child_process';
+import { sandboxProducer } from '@svc/core';
+import { APPEND, logKeys } from '../../../gateway/src/log/log.redis.ts';
+import { storedFields } from '../../../gateway/src/log/log.ts';
+import { startFleet } from '../clients/fleet.ts';
+import { ensurePackages } from '../lib/apt.ts';
+import { startOurs } from '../lib/ours.ts';
+import { cpuSecondsOf, rssOf, sleep } from '../lib/proc.ts';
+import { startRedis } from '../lib/redis.ts';
+import { type Outcome, ratioTarget, type Scenario } from '../lib/scenario.ts';
+import { round } from '../lib/stats.ts';
+
+/** Bytes of each stdout chunk a runner sends (a line of build output). */
+const PAYLOAD_BYTES = 200;
+/** Events per output frame. */
+const BATCH = 20;
+/** Frames a runner keeps unacknowledged. */
+const WINDOW = 4;
+
+const cpuOr = (pid: number | undefined) => {
+  if (pid === undefined) return Number.NaN;
+  try {
+    return cpuSecondsOf(pid);
+  } catch {
+    return Number.NaN;
+  }
+};
+
+interface BenchRun {
+  clients: number;
+  pipeline: number;
+  calls: number;
+  callsPerSecond: number;
+  eventsPerSecond: number;
+  p50Ms: number;
+  p99Ms: number;
+  clientCpuSeconds: number;
+  redisCpuSeconds: number;
+  seconds: number;
+}
+
+/**
+ * One redis-benchmark run of `EVALSHA <append script>` with a fresh producer per call (its
+ * mark key holds `__rand_int__`), so every call appends its whole batch as the service's
+ * first append for a producer does. Its CPU is sampled from /proc while it runs.
+ */
+async function redisBenchmark(
+  port: number,
+  redisPid: number | undefined,
+  command: string[],
+  o: { clients: number; pipeline: number; calls: number; batch: number },
+): Promise<BenchRun> {
+  const args = ['-h', '127.0.0.1', '-p', String(port), '-c', String(o.clients), '-P', String(o.pipeline)];
+  args.push('-n', String(o.calls), '-r', '2000000000', '--csv', ...command);
+  const redisCpu0 = cpuOr(redisPid);
+  const started = performance.now();
+  const child = spawn('redis-benchmark', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  child.stderr.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  let cpu = 0;
+  const poll = setInterval(() => {
+    const c = cpuOr(child.pid);
+    if (Number.isFinite(c)) cpu = c;
+  }, 100);
+  const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+  clearInterval(poll);
+  const seconds = (performance.now() - started) / 1000;
+  // The CSV row ends with rps, avg, min, p50, p95, p99, max (its first field, the command,
+  // holds the payload's newlines, so the row is read from its end).
+  const row = /"([\d.]+)","([\d.]+)","([\d.]+)","([\d.]+)","([\d.]+)","([\d.]+)","([\d.]+)"\s*$/.exec(out);
+  const fields = row ? row.slice(1).map(Number) : [];
+  const rps = Number(fields[0]);
+  if (code !== 0 || !Number.isFinite(rps)) throw new Error(`redis-benchmark failed (${code}): ${out.slice(-500)}`);
+  return {
+    clients: o.clients,
+    pipeline: o.pipeline,
+    calls: o.calls,
+    callsPerSecond: rps,
+    eventsPerSecond: rps * o.batch,
+    p50Ms: Number(fields[3]),
+    p99Ms: Number(fields[5]),
+    clientCpuSeconds: cpu,
+    redisCpuSeconds: cpuOr(redisPid) - redisCpu0,
+    seconds,
+  };
+}
+
+/**
+ * Runners streaming output into the service's single write path on the Redis adapter: each
+ * runner (real protocol from load-client processes: hello, numbered `output` frames of its
+ * sandbox, `appended` acknowledgements, which come after the append) keeps WINDOW frames of
+ * BATCH stdout chunks of PAYLOAD_BYTES unacknowledged. Measured: acknowledged events/s on
+ * one node. Ceiling in the same run, on the same Redis: redis-benchmark running the service's
+ * own append script (EVALSHA) with the same batch, payload and key layout.
+ */
+export const ingest: Scenario = {
+  name: 'ingest',
+  title: 'ingest: runner output appended to the Redis event log, acknowledged events/s',
+  defaults: { connections: 50, duration: 10, rate: 0 },
+  smoke: { connections: 50, duration: 2, rate: 0 },
+  async run({ opts, progress, defer }): Promise<Outcome> {
+    const n = opts.connections;
+    const warmup = opts.smoke ? 0.5 : 3;
+    const figures: Record<string, unknown> = {
+      runners: n,
+      seconds: opts.duration,
+      payloadBytes: PAYLOAD_BYTES,
+      eventsPerFrame: BATCH,
+      framesInFlightPerRunner: WINDOW,
+    };
+    ensurePackages(['redis-tools'], (s) => progress.say(s));
+    let redisUrl = opts.redis;
+    let redisPid: number | undefined;
+    if (!redisUrl) {
+      progress.update('starting Redis');
+      const redis = await startRedis();
+      defer(() => redis.stop());
+      redisUrl = redis.url;
+      redisPid = redis.pid;
+    }
+    const redisPort = Number(new URL(redisUrl).port || 6379);
+
+    // --- ours
+    const profDir = process.env.BENCH_CPU_PROF;
+    const ours = await startOurs({ REDIS_URL: redisUrl }, profDir ? ['--cpu-prof', '--cpu-prof-dir', profDir] : []);
+    defer(() => ours.stop());
+    progress.update(`making ${n} runners with a sandbox and a conversation each`);
+    const made = await ours.call<{
+      accountId: string;
+      runners: { id: string; token: string; sandbox: string; conversation: string }[];
+    }>('ops/runners#makeRunners', { count: n, sandboxes: true });
+    const fleet = await startFleet(
+      {
+        kind: 'runner',
+        url: ours.url,
+        runners: made.runners,
+        stream: { batch: BATCH, payloadBytes: PAYLOAD_BYTES, window: WINDOW },
+      },
+      { children: opts.smoke ? 1 : 2, onProgress: (open) => progress.update(`runners connected: ${open}/${n}`) },
+    );
+    defer(() => fleet.close());
+    const ticks: { at: number; acked: number; p50: number; p99: number; count: number }[] = [];
+    fleet.go(undefined, (t) =>
+      ticks.push({ at: performance.now(), acked: t.acked, p50: t.p50, p99: t.p99, count: t.count }),
+    );
+    await progress.countdown(warmup, () => `warm-up: ${ticks.at(-1)?.acked ?? 0} events acknowledged`);
+    const first = ticks.length;
+    const oursCpu0 = cpuOr(ours.pid);
+    const redisCpu0 = cpuOr(redisPid);
+    const clientCpu0 = fleet.cpuSeconds();
+    const lastRate = () => {
+      const [a, b] = ticks.slice(-2);
+      return a && b ? Math.round(((b.acked - a.acked) * 1000) / (b.at - a.at)) : 0;
+    };
+    await progress.countdown(opts.duration, () => `ours: ${lastRate()} events/s acknowledged`);
+    // A last tick so the window ends on a reported figure.
+    await sleep(1100);
+    const oursCpu = cpuOr(ours.pid) - oursCpu0;
+    const redisCpuOurs = cpuOr(redisPid) - redisCpu0;
+    const oursRss = rssOf(ours.pid);
+    const window = ticks.slice(Math.max(0, first - 1));
+    const from = window[0];
+    const to = window.at(-1);
+    const oursSeconds = from && to ? (to.at - from.at) / 1000 : Number.NaN;
+    const oursRate = from && to && to.at > from.at ? (to.acked - from.acked) / oursSeconds : Number.NaN;
+    const done = await fleet.stop();
+    const clientCpu = fleet.cpuSeconds();
+    await fleet.close();
+    await ours.stop();
+    figures.ours = {
+      eventsPerSecond: round(oursRate),
+      measuredSeconds: round(oursSeconds),
+      eventsAcknowledged: done.acked,
+      framesSent: done.frames,
+      frameToAckMs: done.histogram.summary(),
+      gatewayCpuSecondsPerSecond: round(oursCpu / oursSeconds, 3),
+      redisCpuSecondsPerSecond: round(redisCpuOurs / oursSeconds, 3),
+      clientCpuSecondsPerSecond: round((clientCpu - clientCpu0) / oursSeconds, 3),
+      gatewayRss: oursRss,
+      closes: done.closes,
+      clientErrors: done.errors,
+    };
+    progress.say(
+      `ours: ${round(oursRate)} events/s acknowledged (frame to ack p50 ${done.histogram.percentile(50).toFixed(2)} ms, p99 ${done.histogram.percentile(99).toFixed(2)} ms); gateway CPU ${round(oursCpu / oursSeconds, 2)} s/s, Redis ${round(redisCpuOurs / oursSeconds, 2)} s/s`,
+    );
+
+    // --- ceiling: redis-benchmark running the same script, same batch, payload and keys
+    const runs: BenchRun[] = [];
+    let benchCpu = 0;
+    try {
+      const sha = execFileSync('redis-cli', ['-h', '127.0.0.1', '-p', String(redisPort), 'SCRIPT', 'LOAD', APPEND])
+        .toString()
+        .trim();
+      const tenant = 'acc_benchceiling';
+      const keys = logKeys('', tenant);
+      const conversation = made.runners[0]?.conversation ?? 'cnv_bench';
+      const data = `${'x'.repeat(PAYLOAD_BYTES - 1)}\n`;
+      const ts = new Date().toISOString();
+      const producer = sandboxProducer('sbx___rand_int__', 0);
+      const pairs: string[] = [];
+      for (let i = 1; i <= BATCH; i++) {
+        const e = { conversationId: conversation, kind: 'output', stream: 'stdout', data };
+        pairs.push(String(i), JSON.stringify(storedFields(e, ts, producer, i)));
+      }
+      const command = [
+        'EVALSHA',
+        sha,
+        '6',
+        keys.seq,
+        keys.log,
+        keys.conversation(conversation),
+        keys.producer(producer),
+        keys.live,
+        keys.trim,
+        String(BATCH),
+        '0',
+        '-',
+        ...pairs,
+      ];
+      figures.ceilingCommandBytes = command.reduce((a, s) => a + Buffer.byteLength(s), 0);
+      // Ours has up to one append per runner in flight on one connection: the same depth as
+      // one connection pipelining N, or N connections one each. The better of the two is the ceiling.
+      const shapes = [
+        { clients: 1, pipeline: n },
+        { clients: n, pipeline: 1 },
+      ];
+      for (const shape of shapes) {
+        progress.update(`redis-benchmark -c ${shape.clients} -P ${shape.pipeline}: calibrating`);
+        const probe = await redisBenchmark(redisPort, redisPid, command, { ...shape, calls: 2000, batch: BATCH });
+        benchCpu += probe.clientCpuSeconds;
+        const calls = Math.max(2000, Math.round(probe.callsPerSecond * opts.duration));
+        const countdown = opts.smoke
+          ? Promise.resolve()
+          : progress.countdown(
+              calls / probe.callsPerSecond,
+              () => `redis-benchmark -c ${shape.clients} -P ${shape.pipeline}`,
+            );
+        const r = opts.smoke
+          ? probe
+          : await redisBenchmark(redisPort, redisPid, command, { ...shape, calls, batch: BATCH });
+        await countdown;
+        if (!opts.smoke) benchCpu += r.clientCpuSeconds;
+        runs.push(r);
+        progress.say(
+          `redis-benchmark -c ${shape.clients} -P ${shape.pipeline}: ${Math.round(r.callsPerSecond)} calls/s = ${Math.round(r.eventsPerSecond)} events/s (Redis CPU ${round(r.redisCpuSeconds / r.seconds, 2)} s/s)`,
+        );
+      }
+    } catch (err) {
+      figures.ceilingError = (err as Error).message;
+      progress.say(`the ceiling could not be measured: ${(err as Error).message}`);
+    }
+    figures.ceiling = runs.map((r) => ({
+      ...r,
+      callsPerSecond: round(r.callsPerSecond),
+      eventsPerSecond: round(r.eventsPerSecond),
+      redisCpuSecondsPerSecond: round(r.redisCpuSeconds / r.seconds, 3),
+    }));
+    const best = runs.reduce<BenchRun | undefined>(
+      (a, r) => (!a || r.eventsPerSecond > a.eventsPerSecond ? r : a),
+      undefined,
+    );
+    const target = ratioTarget(
+      'acknowledged events/s, one node',
+      'events/s',
+      oursRate,
+      best
+        ? {
+            name: `redis-benchmark EVALSHA append (-c ${best.clients} -P ${best.pipeline})`,
+            value: best.eventsPerSecond,
+          }
+        : undefined,
+      { atLeast: 0.5 },
+      !opts.smoke,
+    );
+    const series = window.slice(1).map((t, i) => ({
+      second: i + 1,
+      rate: ((t.acked - (window[i] as { acked: number }).acked) * 1000) / (t.at - (window[i] as { at: number }).at),
+      p50: t.p50,
+      p99: t.p99,
+      count: t.count,
+    }));
+    figures.perSecond = series.map((s) => ({ ...s, rate: round(s.rate), p50: round(s.p50, 3), p99: round(s.p99, 3) }));
+    return {
+      figures,
+      targets: [target],
+      charts: [
+        {
+          kind: 'bars',
+          file: 'throughput',
+          title: `Acknowledged events/s (${BATCH} events of ${PAYLOAD_BYTES} B per frame)`,
+          unit: 'events/s',
+          bars: [
+            { label: 'append', value: oursRate, who: `ours (${n} runners)` },
+            ...runs.map((r) => ({
+              label: 'append',
+              value: r.eventsPerSecond,
+              who: `redis-benchmark -c ${r.clients} -P ${r.pipeline}`,
+            })),
+          ],
+        },
+        {
+          kind: 'lines',
+          file: 'latency',
+          title: 'Frame sent to appended acknowledgement, each second',
+          unit: 'ms',
+          xLabel: 'second',
+          series: [
+            {
+              name: 'p50',
+              points: series.filter((s) => s.count).map((s) => [s.second, round(s.p50, 3)] as [number, number]),
+            },
+            {
+              name: 'p99',
+              points: series.filter((s) => s.count).map((s) => [s.second, round(s.p99, 3)] as [number, number]),
+            },
+          ],
+        },
+        {
+          kind: 'lines',
+          file: 'rate',
+          title: 'Acknowledged events/s, each second',
+          unit: 'events/s',
+          xLabel: 'second',
+          series: [{ name: 'ours', points: series.map((s) => [s.second, round(s.rate)] as [number, number]) }],
+        },
+      ],
+      notes: [
+        `${n} runners from ${opts.smoke ? 1 : 2} load-client process(es) speak the real runner protocol (ws, msgpack, core's schemas): hello, then numbered output frames of their own sandbox, each ${BATCH} stdout events of ${PAYLOAD_BYTES} B, at most ${WINDOW} frames unacknowledged; a frame counts when the service's \`appended\` (sent after the append) covers it. Measured over ${opts.duration} s after a ${warmup} s warm-up. The service runs on a throwaway Redis (Redis adapter) with embedded PGlite storage (its log copier runs too).`,
+        `Ceiling: redis-benchmark runs the service's own append Lua script (SCRIPT LOAD, then EVALSHA) on the same Redis with the same ${BATCH} events per call, the same stored JSON payload and key layout (tenant log, conversation stream, producer mark, live channel, trim point), a fresh producer per call (\`__rand_int__\` in its mark key, so every call appends), at two shapes with the depth ours has in flight (one append per runner): one connection pipelining ${n}, and ${n} connections. The better shape is the ceiling.`,
+        'CPU per second of wall time of the gateway, Redis and the load clients is in the JSON: on two cores, where it goes tells whether the gateway or Redis is the limit.',
+      ],
+      clientCpuSeconds: clientCpu + benchCpu,
+    };
+  },
+};
