@@ -1,11 +1,12 @@
-import { execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { sandboxProducer } from '@svc/core';
 import { APPEND, logKeys } from '../../../gateway/src/log/log.redis.ts';
 import { storedFields } from '../../../gateway/src/log/log.ts';
 import { startFleet } from '../clients/fleet.ts';
 import { ensurePackages } from '../lib/apt.ts';
 import { startOurs } from '../lib/ours.ts';
-import { cpuSecondsOf, rssOf, sleep } from '../lib/proc.ts';
+import { startPostgres } from '../lib/postgres.ts';
+import { cpuOfTree, cpuSecondsOf, rssOf, sleep, stopChild } from '../lib/proc.ts';
 import { startRedis } from '../lib/redis.ts';
 import { type Outcome, ratioTarget, type Scenario } from '../lib/scenario.ts';
 import { round } from '../lib/stats.ts';
@@ -25,6 +26,9 @@ const cpuOr = (pid: number | undefined) => {
     return Number.NaN;
   }
 };
+
+/** redis-benchmark processes running, stopped by the scenario's clean-up if it fails midway. */
+const benchmarks = new Set<ChildProcess>();
 
 interface BenchRun {
   clients: number;
@@ -55,6 +59,8 @@ async function redisBenchmark(
   const redisCpu0 = cpuOr(redisPid);
   const started = performance.now();
   const child = spawn('redis-benchmark', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  benchmarks.add(child);
+  child.once('exit', () => benchmarks.delete(child));
   let out = '';
   child.stdout.on('data', (d: Buffer) => {
     out += d.toString();
@@ -114,6 +120,7 @@ export const ingest: Scenario = {
       framesInFlightPerRunner: WINDOW,
     };
     ensurePackages(['redis-tools'], (s) => progress.say(s));
+    defer(() => Promise.all([...benchmarks].map((c) => stopChild(c))));
     let redisUrl = opts.redis;
     let redisPid: number | undefined;
     if (!redisUrl) {
@@ -126,8 +133,14 @@ export const ingest: Scenario = {
     const redisPort = Number(new URL(redisUrl).port || 6379);
 
     // --- ours
+    // BENCH_CPU_PROF=<dir>: a CPU profile of the gateway over the measured window.
     const profDir = process.env.BENCH_CPU_PROF;
-    const ours = await startOurs({ REDIS_URL: redisUrl }, profDir ? ['--cpu-prof', '--cpu-prof-dir', profDir] : []);
+    // Storage on a throwaway PostgreSQL, as a deployment on Redis has: the log copier's
+    // inserts then run in Postgres, not in the gateway's event loop (embedded PGlite would).
+    progress.update('starting PostgreSQL');
+    const pg = await startPostgres((s) => progress.say(s));
+    defer(() => pg.stop());
+    const ours = await startOurs({ REDIS_URL: redisUrl, DATABASE_URL: pg.url });
     defer(() => ours.stop());
     progress.update(`making ${n} runners with a sandbox and a conversation each`);
     const made = await ours.call<{
@@ -150,8 +163,10 @@ export const ingest: Scenario = {
     );
     await progress.countdown(warmup, () => `warm-up: ${ticks.at(-1)?.acked ?? 0} events acknowledged`);
     const first = ticks.length;
+    if (profDir) await ours.call('ops/profile#start');
     const oursCpu0 = cpuOr(ours.pid);
     const redisCpu0 = cpuOr(redisPid);
+    const pgCpu0 = cpuOfTree(pg.pid);
     const clientCpu0 = fleet.cpuSeconds();
     const lastRate = () => {
       const [a, b] = ticks.slice(-2);
@@ -162,7 +177,9 @@ export const ingest: Scenario = {
     await sleep(1100);
     const oursCpu = cpuOr(ours.pid) - oursCpu0;
     const redisCpuOurs = cpuOr(redisPid) - redisCpu0;
+    const pgCpu = cpuOfTree(pg.pid) - pgCpu0;
     const oursRss = rssOf(ours.pid);
+    if (profDir) figures.gatewayProfile = await ours.call<string>('ops/profile#stop', { dir: profDir, name: 'ingest' });
     const window = ticks.slice(Math.max(0, first - 1));
     const from = window[0];
     const to = window.at(-1);
@@ -171,7 +188,9 @@ export const ingest: Scenario = {
     const done = await fleet.stop();
     const clientCpu = fleet.cpuSeconds();
     await fleet.close();
+    const stopping = performance.now();
     await ours.stop();
+    figures.gatewayStopSeconds = round((performance.now() - stopping) / 1000);
     figures.ours = {
       eventsPerSecond: round(oursRate),
       measuredSeconds: round(oursSeconds),
@@ -180,13 +199,14 @@ export const ingest: Scenario = {
       frameToAckMs: done.histogram.summary(),
       gatewayCpuSecondsPerSecond: round(oursCpu / oursSeconds, 3),
       redisCpuSecondsPerSecond: round(redisCpuOurs / oursSeconds, 3),
+      postgresCpuSecondsPerSecond: round(pgCpu / oursSeconds, 3),
       clientCpuSecondsPerSecond: round((clientCpu - clientCpu0) / oursSeconds, 3),
       gatewayRss: oursRss,
       closes: done.closes,
       clientErrors: done.errors,
     };
     progress.say(
-      `ours: ${round(oursRate)} events/s acknowledged (frame to ack p50 ${done.histogram.percentile(50).toFixed(2)} ms, p99 ${done.histogram.percentile(99).toFixed(2)} ms); gateway CPU ${round(oursCpu / oursSeconds, 2)} s/s, Redis ${round(redisCpuOurs / oursSeconds, 2)} s/s`,
+      `ours: ${round(oursRate)} events/s acknowledged (frame to ack p50 ${done.histogram.percentile(50).toFixed(2)} ms, p99 ${done.histogram.percentile(99).toFixed(2)} ms); gateway CPU ${round(oursCpu / oursSeconds, 2)} s/s, Redis ${round(redisCpuOurs / oursSeconds, 2)} s/s, Postgres ${round(pgCpu / oursSeconds, 2)} s/s`,
     );
 
     // --- ceiling: redis-benchmark running the same script, same batch, payload and keys
@@ -234,16 +254,15 @@ export const ingest: Scenario = {
         const probe = await redisBenchmark(redisPort, redisPid, command, { ...shape, calls: 2000, batch: BATCH });
         benchCpu += probe.clientCpuSeconds;
         const calls = Math.max(2000, Math.round(probe.callsPerSecond * opts.duration));
-        const countdown = opts.smoke
-          ? Promise.resolve()
-          : progress.countdown(
-              calls / probe.callsPerSecond,
-              () => `redis-benchmark -c ${shape.clients} -P ${shape.pipeline}`,
-            );
-        const r = opts.smoke
-          ? probe
-          : await redisBenchmark(redisPort, redisPid, command, { ...shape, calls, batch: BATCH });
-        await countdown;
+        const [r] = opts.smoke
+          ? [probe]
+          : await Promise.all([
+              redisBenchmark(redisPort, redisPid, command, { ...shape, calls, batch: BATCH }),
+              progress.countdown(
+                Math.ceil(calls / probe.callsPerSecond),
+                () => `redis-benchmark -c ${shape.clients} -P ${shape.pipeline}`,
+              ),
+            ]);
         if (!opts.smoke) benchCpu += r.clientCpuSeconds;
         runs.push(r);
         progress.say(
@@ -330,9 +349,9 @@ export const ingest: Scenario = {
         },
       ],
       notes: [
-        `${n} runners from ${opts.smoke ? 1 : 2} load-client process(es) speak the real runner protocol (ws, msgpack, core's schemas): hello, then numbered output frames of their own sandbox, each ${BATCH} stdout events of ${PAYLOAD_BYTES} B, at most ${WINDOW} frames unacknowledged; a frame counts when the service's \`appended\` (sent after the append) covers it. Measured over ${opts.duration} s after a ${warmup} s warm-up. The service runs on a throwaway Redis (Redis adapter) with embedded PGlite storage (its log copier runs too).`,
+        `${n} runners from ${opts.smoke ? 1 : 2} load-client process(es) speak the real runner protocol (ws, msgpack, core's schemas): hello, then numbered output frames of their own sandbox, each ${BATCH} stdout events of ${PAYLOAD_BYTES} B, at most ${WINDOW} frames unacknowledged; a frame counts when the service's \`appended\` (sent after the append) covers it. Measured over ${opts.duration} s after a ${warmup} s warm-up. The service runs on a throwaway Redis (Redis adapter) and a throwaway PostgreSQL, as a deployment on Redis does; its log copier copies the events to Postgres meanwhile, as it always does. (On embedded PGlite the copier's inserts run in the gateway's own event loop: about a fifth of its CPU in a profile, and the ratio falls to about 0.35-0.45 on this machine.)`,
         `Ceiling: redis-benchmark runs the service's own append Lua script (SCRIPT LOAD, then EVALSHA) on the same Redis with the same ${BATCH} events per call, the same stored JSON payload and key layout (tenant log, conversation stream, producer mark, live channel, trim point), a fresh producer per call (\`__rand_int__\` in its mark key, so every call appends), at two shapes with the depth ours has in flight (one append per runner): one connection pipelining ${n}, and ${n} connections. The better shape is the ceiling.`,
-        'CPU per second of wall time of the gateway, Redis and the load clients is in the JSON: on two cores, where it goes tells whether the gateway or Redis is the limit.',
+        'CPU per second of wall time of the gateway, Redis, Postgres and the load clients is in the JSON (BENCH_CPU_PROF=<dir> writes a CPU profile of the gateway over the measured window): on two cores, where it goes tells whether the gateway or Redis is the limit.',
       ],
       clientCpuSeconds: clientCpu + benchCpu,
     };
