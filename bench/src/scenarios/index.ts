@@ -1,6 +1,8 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { ingest } from './ingest.ts';
 import { replay } from './replay.ts';
+import { runners } from './runners.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [crud, replay];
+export const scenarios: Scenario[] = [ingest, replay, crud, runners];
