@@ -13,6 +13,8 @@ import type { ResultFile } from '../../bench/src/lib/report.ts';
 import { scenarios } from '../../bench/src/scenarios/index.ts';
 
 const run = promisify(execFile);
+// Each scenario has its own timeout below; together they outlast the default file timeout.
+t.setTimeout(scenarios.length * 240_000);
 
 for (const scenario of scenarios) {
   t.test(`bench ${scenario.name} --smoke produces figures`, { timeout: 240_000 }, async (t) => {

@@ -58,7 +58,7 @@ export const sseIdle: Scenario = {
     ): Promise<Held> => {
       await sleep(opts.smoke ? 200 : 1000);
       await collect();
-      const rssBefore = await settledRss(rss);
+      const rssBefore = await settledRss(rss, opts.smoke ? 1 : 5);
       const started = Date.now();
       const fleet = startFleet({ port, ready, watchers });
       try {
@@ -68,7 +68,7 @@ export const sseIdle: Scenario = {
         const openSeconds = (Date.now() - started) / 1000;
         await progress.countdown(opts.duration, () => `${system}: holding ${fleet.status().held}`);
         await collect();
-        const rssAfter = await settledRss(rss);
+        const rssAfter = await settledRss(rss, opts.smoke ? 1 : 5);
         await whileHeld();
         const s = fleet.status();
         const report = await fleet.report();
@@ -269,10 +269,10 @@ export const sseIdle: Scenario = {
   },
 };
 
-/** The least of five readings over a second: RSS moves by megabytes as a collector returns pages. */
-async function settledRss(rss: () => number): Promise<number> {
+/** The least of `readings` a quarter second apart: RSS moves by megabytes as a collector returns pages. */
+async function settledRss(rss: () => number, readings: number): Promise<number> {
   let least = rss();
-  for (let i = 0; i < 4; i++) {
+  for (let i = 1; i < readings; i++) {
     await sleep(250);
     least = Math.min(least, rss());
   }

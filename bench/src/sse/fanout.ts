@@ -205,7 +205,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     );
     const opened = fleet.status();
     progress.say(`${system}: ${opened.held}/${specs.length} watchers held (${fleet.processes} client processes)`);
-    await sleep(1000);
+    // A moment for the openings' work to finish (a smoke run's few seconds have little to wait for).
+    await sleep(Math.min(1000, plan.seconds * 200));
     const rssBefore = rssOfTree(pid);
     let rssPeak = rssBefore;
     const memory = setInterval(() => {
