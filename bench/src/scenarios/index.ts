@@ -3,9 +3,10 @@ import { crud } from './crud.ts';
 import { ingest } from './ingest.ts';
 import { replay } from './replay.ts';
 import { runners } from './runners.ts';
+import { scaling } from './scaling.ts';
 import { slowWatcher } from './slow-watcher.ts';
 import { sseFanout } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [ingest, replay, crud, runners, sseIdle, sseFanout, slowWatcher];
+export const scenarios: Scenario[] = [sseIdle, sseFanout, ingest, replay, crud, runners, slowWatcher, scaling];

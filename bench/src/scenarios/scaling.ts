@@ -1,0 +1,201 @@
+import { clusterUnavailable, startRedisCluster } from '../../../test/src/redis-cluster.ts';
+import { type Ours, startOurs } from '../lib/ours.ts';
+import { startPostgres } from '../lib/postgres.ts';
+import { cpuOfTree, sleep, until } from '../lib/proc.ts';
+import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import { Histogram, round } from '../lib/stats.ts';
+import type { Bar, Series } from '../lib/svg.ts';
+import type { Layout } from '../ops/fanout.ts';
+import { type Fleet, startFleet, type WatcherSpec } from '../sse/fleet.ts';
+
+interface Phase {
+  nodes: number;
+  /** Deliveries a second, per node (each node's own watchers). */
+  deliveredPerNode: number[];
+  appendedPerNode: number[];
+  expectedPerNode: number[];
+  latency: Record<string, number>;
+  perSecond: { second: number; p99: number }[];
+  cpuPerNode: number[];
+  redisCpu: number;
+  clientCpu: number;
+}
+
+/**
+ * `sse-fanout` on one gateway node, then on two, on one Redis Cluster of three masters started
+ * here (and one Postgres): does throughput per node hold as nodes are added? Each node gets
+ * the same load: its own watchers (`--connections` per node, 10 per conversation) and its own
+ * appends (`--rate` events/s per node, inside that node). With two nodes every watcher follows
+ * conversations the *other* node appends to, so each delivery crosses the cluster's sharded
+ * pub/sub between nodes. The figure is deliveries per second per node, two nodes against one.
+ */
+export const scaling: Scenario = {
+  name: 'scaling',
+  title: 'scaling: sse-fanout on one gateway node, then two, on one local Redis Cluster',
+  defaults: { connections: 5000, duration: 10, rate: 500 },
+  smoke: { connections: 100, duration: 2, rate: 20 },
+  async run({ opts, progress, defer }): Promise<Outcome> {
+    const unavailable = clusterUnavailable();
+    if (unavailable) throw new Error(unavailable);
+    progress.update('starting a Redis Cluster of 3 masters and a Postgres');
+    const cluster = await startRedisCluster(3);
+    defer(() => cluster.stop());
+    const pg = await startPostgres((s) => progress.say(s));
+    defer(() => pg.stop());
+    const perConversation = 10;
+    const conversations = Math.max(1, Math.round(opts.connections / perConversation));
+    const tenants = Math.min(10, conversations);
+    const phases: Phase[] = [];
+    for (const nodes of [1, 2]) {
+      const stops: (() => Promise<unknown>)[] = [];
+      try {
+        const prefix = `bench${Date.now()}n${nodes}:`;
+        const started: Ours[] = [];
+        for (let n = 0; n < nodes; n++) {
+          progress.update(`${nodes} node(s): starting node ${n + 1}`);
+          const ours = await startOurs({
+            REDIS_URL: cluster.url,
+            REDIS_CLUSTER: 'true',
+            REDIS_KEY_PREFIX: prefix,
+            DATABASE_URL: pg.url,
+            SSE_HEARTBEAT_MS: '15000',
+            SSE_IDLE_CLOSE_MS: '0',
+          });
+          stops.push(() => ours.stop());
+          started.push(ours);
+        }
+        const layouts: Layout[] = [];
+        for (const ours of started) {
+          layouts.push(
+            await ours.call<Layout>('ops/fanout#setup', {
+              tenants,
+              perTenant: Math.ceil(conversations / tenants),
+            }),
+          );
+        }
+        // Node n's watchers follow what node (n + 1) % nodes appends: across nodes when two.
+        const fleets: Fleet[] = started.map((ours, n) => {
+          const source = layouts[(n + 1) % nodes] as Layout;
+          const convs = source.tenants.flatMap((t) => t.conversations.map((id) => ({ id, key: t.key })));
+          convs.length = conversations;
+          const watchers: WatcherSpec[] = Array.from({ length: conversations * perConversation }, (_, i) => {
+            const c = convs[i % conversations] as { id: string; key: string };
+            return { path: `/api/conversations/${c.id}/stream?wait=true`, authorization: `Bearer ${c.key}` };
+          });
+          return startFleet({ port: ours.port, ready: ': connected', watchers, inFlight: 32 });
+        });
+        for (const f of fleets) stops.push(() => f.close());
+        for (const [n, f] of fleets.entries()) {
+          await f.opened(240_000, (s) =>
+            progress.update(`${nodes} node(s): node ${n + 1} holds ${s.held} watchers, ${s.failed} failed`),
+          );
+        }
+        await sleep(1000);
+        const cpuBefore = started.map((o) => cpuOfTree(o.pid));
+        const redisBefore = cluster.nodes.reduce((a, x) => a + cpuOfTree(x.child.pid as number), 0);
+        const start = performance.timeOrigin + performance.now();
+        for (const f of fleets) f.measure(start);
+        const appending = Promise.all(
+          started.map((o) =>
+            o.call<{ appended: number; failed: number }>('ops/fanout#append', {
+              rate: opts.rate,
+              seconds: opts.duration,
+              padding: 0,
+              conversations,
+            }),
+          ),
+        );
+        await progress.countdown(
+          opts.duration,
+          () => `${nodes} node(s): ${fleets.reduce((a, f) => a + f.status().received, 0)} delivered`,
+        );
+        const appended = await appending;
+        // Node n's watchers receive what node (n + 1) % nodes appended, `perConversation` times.
+        const expected = started.map((_, n) => (appended[(n + 1) % nodes]?.appended ?? 0) * perConversation);
+        await until(() => fleets.every((f, n) => f.status().received >= (expected[n] as number)), 10_000, 100);
+        const cpuPerNode = started.map((o, n) => round((cpuOfTree(o.pid) - (cpuBefore[n] as number)) / opts.duration));
+        const redisCpu = round(
+          (cluster.nodes.reduce((a, x) => a + cpuOfTree(x.child.pid as number), 0) - redisBefore) / opts.duration,
+        );
+        const reports = await Promise.all(fleets.map((f) => f.report()));
+        const all = new Histogram();
+        for (const r of reports) all.merge(r.latency.counts);
+        const seconds = Math.max(...reports.map((r) => r.perSecond.length));
+        const perSecond = Array.from({ length: seconds }, (_, s) => {
+          const h = new Histogram();
+          for (const r of reports) if (r.perSecond[s]) h.merge((r.perSecond[s] as Histogram).counts);
+          return { second: s, p99: round(h.percentile(99), 3) };
+        });
+        const phase: Phase = {
+          nodes,
+          deliveredPerNode: reports.map((r) => round(r.received / opts.duration)),
+          appendedPerNode: appended.map((a) => a.appended),
+          expectedPerNode: expected,
+          latency: all.summary(),
+          perSecond,
+          cpuPerNode,
+          redisCpu,
+          clientCpu: round(fleets.reduce((a, f) => a + f.cpuSeconds(), 0)),
+        };
+        progress.say(
+          `${nodes} node(s): delivered/s per node ${phase.deliveredPerNode.join(', ')} (expected ${expected.map((e) => Math.round(e / opts.duration)).join(', ')}), p99 ${phase.latency.p99} ms, CPU per node ${cpuPerNode.join(', ')} cores, Redis Cluster ${redisCpu} cores`,
+        );
+        phases.push(phase);
+      } finally {
+        for (const stop of stops.reverse()) await stop().catch(() => {});
+      }
+    }
+    const [one, two] = phases as [Phase, Phase];
+    const onePerNode = one.deliveredPerNode[0] as number;
+    const twoPerNode = Math.min(...two.deliveredPerNode);
+    const targets: Target[] = [
+      ratioTarget(
+        'deliveries/s per node with 2 nodes (the lesser node) against 1 node',
+        'events/s',
+        twoPerNode,
+        { name: '1 node', value: onePerNode },
+        { atLeast: 0.9 },
+        !opts.smoke,
+      ),
+      ratioTarget(
+        'append-to-receipt p99 with 2 nodes against 1 node',
+        'ms',
+        two.latency.p99 as number,
+        { name: '1 node', value: one.latency.p99 as number },
+        { atMost: 2 },
+        !opts.smoke,
+      ),
+    ];
+    for (const [p, phase] of phases.entries()) {
+      const missing = phase.expectedPerNode.reduce(
+        (a, e, n) => a + e - (phase.deliveredPerNode[n] as number) * opts.duration,
+        0,
+      );
+      if (missing > 0 && targets[0]) {
+        targets[0].met = opts.smoke ? null : false;
+        targets[0].note = `${Math.round(missing)} deliveries missing in the ${p === 0 ? '1' : '2'}-node run`;
+      }
+    }
+    const bars: Bar[] = [
+      { label: '1 node: node 1', value: onePerNode, who: '1 node' },
+      ...two.deliveredPerNode.map((v, n) => ({ label: `2 nodes: node ${n + 1}`, value: v, who: '2 nodes' })),
+    ];
+    const series: Series[] = phases.map((phase) => ({
+      name: `${phase.nodes} node(s)`,
+      points: phase.perSecond.map((s) => [s.second, s.p99] as const),
+    }));
+    return {
+      figures: { conversations, perConversation, tenants, phases },
+      targets,
+      charts: [
+        { kind: 'bars', file: 'per-node', title: 'Deliveries per second per node', unit: 'events/s', bars },
+        { kind: 'lines', file: 'p99', title: 'Append-to-receipt p99 per second', unit: 'ms', xLabel: 'second', series },
+      ],
+      notes: [
+        `Each node: ${conversations * perConversation} watchers of /api/conversations/:id/stream (${perConversation} per conversation, ${conversations} conversations of ${tenants} accounts) and ${opts.rate} appends/s of its own, ${opts.duration} s. With two nodes each node's watchers follow the other node's conversations, so every delivery crosses the Redis Cluster (sharded pub/sub, keys by tenant hash tag).`,
+        'Everything shares this machine: the nodes, the three Redis masters, Postgres and the load clients. The CPU figures say how much of it each used; on a machine with few cores a second node competes with the first for the same cores, so a ratio below 1 here measures the machine as much as the design.',
+      ],
+      clientCpuSeconds: round(phases.reduce((a, p) => a + p.clientCpu, 0)),
+    };
+  },
+};
