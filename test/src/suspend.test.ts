@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
@@ -238,6 +238,32 @@ for (const backend of backends()) {
       t.notOk(stages.includes('reattach started'));
       t.equal((await settled(cid, 2)).state, 'done');
       t.ok(existsSync(join(dirOf(sbx.id), 'kept.txt')), 'a clean machine, set up again');
+
+      t.test('a wake that fails says why in stage reattach, and the turn fails visibly', async (t) => {
+        await statusBecomes(sbx.id, 'suspended');
+        rmSync(dirOf(sbx.id), { recursive: true, force: true });
+        const lastId = (await feed(cid)).at(-1)?.id ?? 0;
+        const res = await http.post(`/api/conversations/${cid}/prompts`, { token, body: { prompt: 'wake up' } });
+        t.equal(res.status, 201);
+        const events = await watchTurn(s.svc, token, cid, lastId);
+        // The suspension's own stage event may land after the status moved: left out here.
+        const stages = events
+          .filter((e) => e.kind === 'stage' && e.stage !== 'suspend')
+          .map((e) => `${e.stage} ${e.state}`);
+        t.same(stages.slice(0, 2), ['reattach started', 'reattach failed'], stages.join(', '));
+        t.match(
+          events.find((e) => e.stage === 'reattach' && e.state === 'failed')?.data,
+          /directory .* is gone/,
+          'it says why',
+        );
+        t.equal((await settled(cid, 3)).state, 'failed', 'the turn failed');
+        t.match(
+          (await http.get(`/api/conversations/${cid}`, { token })).body,
+          { status: 'idle' },
+          'nothing left running',
+        );
+        await statusBecomes(sbx.id, 'failed', 5000);
+      });
     });
   });
 }
