@@ -210,8 +210,35 @@ for (const backend of backends()) {
       t.ok(alive(pidOf(sandbox.id)), 'a runner-agent runs for it again');
     });
 
+    let attached = '';
+    t.test('a launch attaching to a suspended sandbox by sandbox_id wakes it too', async (t) => {
+      await statusBecomes(sandbox.id, 'suspended');
+      const res = await http.post('/api/conversations', {
+        token,
+        body: { agent_id: agent.id, sandbox_id: sandbox.id, prompt: 'joining' },
+      });
+      t.equal(res.status, 201, JSON.stringify(res.body));
+      attached = res.body.id as string;
+      const events = await watchTurn(s.svc, token, attached, 0);
+      const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
+      t.same(
+        stages,
+        ['reattach started', 'reattach done', 'turn started', 'session started', 'session done', 'turn done'],
+        'woken, not built',
+      );
+      t.equal((await settled(attached, 1)).state, 'done');
+      t.equal((await sandboxOf(id)).status, 'ready');
+      t.ok(existsSync(join(dir, 'kept.txt')), 'on the kept disk');
+    });
+
     t.test('terminating the last conversation of a suspended sandbox destroys it and its disk', async (t) => {
       await statusBecomes(sandbox.id, 'suspended');
+      if (attached) {
+        const first = await http.post(`/api/conversations/${attached}/terminate`, { token });
+        t.equal(first.status, 200);
+        t.equal((await sandboxOf(id)).status, 'suspended', 'another conversation still has it');
+        t.ok(existsSync(dir), 'and its disk');
+      }
       const res = await http.post(`/api/conversations/${id}/terminate`, { token });
       t.equal(res.status, 200, JSON.stringify(res.body));
       t.equal((await sandboxOf(id)).status, 'terminated');
