@@ -197,7 +197,8 @@ async function adoptSandbox(root: string, spec: SandboxSpec, emit: Emit, options
   const dir = sandboxDir(root, spec.id);
   try {
     const found = await stat(dir).catch(() => undefined);
-    if (!found?.isDirectory()) throw new Error(`the sandbox directory ${dir} is gone; it cannot be woken`);
+    if (!found?.isDirectory())
+      throw new Error(`the sandbox directory is gone (removed while it was suspended); it cannot be woken`);
     const user = options.egress?.runAs ?? undefined;
     const sandbox: Sandbox = {
       id: spec.id,
