@@ -145,6 +145,13 @@ export const SandboxCreate = z.object({
     )
     .max(50)
     .optional(),
+  /**
+   * Wake a sandbox that was suspended: its directory under the runner's root was kept, so it is
+   * adopted as it is (no `provision`, `clone`, `packages` or `setup`; the egress policy is
+   * applied again) and the runner closes stage `reattach` (done, or failed when the directory
+   * is gone) instead of `sandbox`. Optional: a runner one release older builds it again.
+   */
+  adopt: z.boolean().optional(),
 });
 export type SandboxCreateCommand = z.infer<typeof SandboxCreate>;
 

@@ -91,6 +91,16 @@ export const ConfigSchema = z.object({
     .min(1000)
     .default(30 * 60_000),
   RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
+  /**
+   * A `local` sandbox that is ready and saw no turn for this long is suspended: its
+   * runner-agent (and runtimes) stop, its directory is kept, and the next prompt wakes it.
+   * 0 never suspends.
+   */
+  SANDBOX_IDLE_SUSPEND_MS: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .default(15 * 60_000),
   PERMISSION_TIMEOUT_S: z.coerce.number().int().min(1).default(300),
 });
 

@@ -28,6 +28,7 @@ import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
 import { recordPermissionStage } from './services/permissions.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn, sandboxBuilt } from './services/sandboxes.ts';
+import { suspendIdleSandboxes } from './services/suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
 
@@ -254,6 +255,28 @@ export async function startService(
     const adriftTimer = setInterval(adrift, Math.max(250, Math.floor(config.RUNNER_GRACE_MS / 2)));
     adriftTimer.unref();
     cleanups.push(() => clearInterval(adriftTimer));
+    // Idle local sandboxes give back their runner-agent (their disk stays; a prompt wakes them).
+    if (config.SANDBOX_IDLE_SUSPEND_MS > 0) {
+      let suspending = false;
+      const suspendIdle = () => {
+        if (suspending) return;
+        suspending = true;
+        suspendIdleSandboxes(
+          { sql: db.sql, local, relay, logger: log.child({ role: 'suspend' }) },
+          config.SANDBOX_IDLE_SUSPEND_MS,
+        )
+          .catch((err: Error) => log.warn({ err: { message: err.message } }, 'suspending idle sandboxes'))
+          .finally(() => {
+            suspending = false;
+          });
+      };
+      const suspendTimer = setInterval(
+        suspendIdle,
+        Math.min(60_000, Math.max(250, config.SANDBOX_IDLE_SUSPEND_MS / 4)),
+      );
+      suspendTimer.unref();
+      cleanups.push(() => clearInterval(suspendTimer));
+    }
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
@@ -290,7 +313,7 @@ export async function startService(
       eventLog,
       retireSandboxes:
         overrides.retireSandboxes ??
-        retireSandboxesBuiltOn({ sql: db.sql, fabric, logger: log.child({ role: 'sandboxes' }) }),
+        retireSandboxesBuiltOn({ sql: db.sql, fabric, local, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
       launch: {
         sql: db.sql,

@@ -367,6 +367,7 @@ export class RunnerAgent {
               repositories: command.repositories,
               packages: command.packages,
               skills: command.skills,
+              adopt: command.adopt,
             },
             emit,
             { allowApt: this.options.allowApt ?? false, egress: this.egress },

@@ -1,4 +1,4 @@
-import { chmod, chown, lchown, mkdir, readdir } from 'node:fs/promises';
+import { chmod, chown, lchown, mkdir, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { RunnerEvent } from '@svc/core';
 import { gitClone, pathInside } from './clone.ts';
@@ -18,6 +18,8 @@ export interface SandboxSpec {
   repositories?: { url: string; mount_path: string }[] | undefined;
   packages?: { apt?: string[] | undefined; npm?: string[] | undefined } | undefined;
   skills?: SkillSpec[] | undefined;
+  /** Adopt the directory an earlier process of this runner left (a suspended sandbox woken): no build. */
+  adopt?: boolean | undefined;
 }
 
 /** What the runner's owner allows builds to do on this machine, and its egress. */
@@ -101,6 +103,7 @@ export async function buildSandbox(
   emit: Emit,
   options: BuildOptions = { allowApt: false },
 ): Promise<Sandbox> {
+  if (spec.adopt) return adoptSandbox(root, spec, emit, options);
   const started = Date.now();
   const closing = { conversation_id: spec.conversationId, kind: 'stage' as const, stream: 'stage' as const };
   try {
@@ -173,6 +176,49 @@ async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: 
     );
   }
   return sandbox;
+}
+
+/**
+ * Wakes a suspended sandbox: the directory an earlier runner-agent process built (and kept when
+ * it stopped) is taken as it is, with its repositories, packages and files; nothing is built
+ * again. The egress policy is applied again (stage `network`, when there is one), and the
+ * runtimes start afresh: the processes of the earlier runner-agent went with it. Ends with
+ * stage `reattach` done (the service then marks the sandbox ready) or failed, when the
+ * directory is gone, and rejects then.
+ */
+async function adoptSandbox(root: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
+  const started = Date.now();
+  const closing = {
+    conversation_id: spec.conversationId,
+    kind: 'stage' as const,
+    stream: 'stage' as const,
+    stage: 'reattach',
+  };
+  const dir = sandboxDir(root, spec.id);
+  try {
+    const found = await stat(dir).catch(() => undefined);
+    if (!found?.isDirectory())
+      throw new Error(`the sandbox directory is gone (removed while it was suspended); it cannot be woken`);
+    const user = options.egress?.runAs ?? undefined;
+    const sandbox: Sandbox = {
+      id: spec.id,
+      incarnation: spec.incarnation,
+      dir,
+      env: spec.env,
+      ...(user ? { user } : {}),
+    };
+    if (options.egress) sandbox.egress = await options.egress.apply(spec, emit);
+    emit({
+      ...closing,
+      state: 'done',
+      duration_ms: Date.now() - started,
+      data: JSON.stringify({ woken: true, disk: 'kept', runtime_session: 'fresh' }),
+    });
+    return sandbox;
+  } catch (err) {
+    emit({ ...closing, state: 'failed', duration_ms: Date.now() - started, data: (err as Error).message });
+    throw err;
+  }
 }
 
 /** Gives a directory tree to `user` (symbolic links themselves, never what they point to). */

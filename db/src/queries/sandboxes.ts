@@ -231,3 +231,50 @@ export async function persistentBuiltOn(
     ORDER BY created_at, id`;
   return rows.map((r) => r.id);
 }
+
+/**
+ * Suspends the sandbox when it is still idle: `ready` with its machine built, no conversation
+ * on it running a turn, and no turn on it started or ended after `idleSince`. The sandbox row
+ * and its conversations are locked (FOR UPDATE) as a reset does, so a turn starting at the
+ * same moment either committed first and is seen here, or finds the sandbox `suspended` after
+ * this commits. A suspended sandbox lives on no runner (its runner-agent is being stopped;
+ * a wake starts another), so `runner_id` is cleared with the move. Returns the row (as it was
+ * before, with its runner) and its live (not terminated) conversations, or undefined
+ * when it is not idle any more (or another node suspended it first).
+ */
+export async function suspendIfIdle(
+  sql: Sql,
+  id: string,
+  idleSince: Date,
+): Promise<{ row: SandboxRow; conversations: string[] } | undefined> {
+  return transaction(sql, async (tx) => {
+    const [row] = await tx<SandboxRow[]>`SELECT * FROM sandboxes WHERE id = ${id} FOR UPDATE`;
+    if (row?.status !== 'ready' || (row.built_incarnation ?? -1) < row.incarnation) return undefined;
+    const on = await tx<{ id: string; status: string }[]>`
+      SELECT id, status FROM conversations WHERE account_id = ${row.account_id} AND sandbox_id = ${id}
+      ORDER BY id FOR UPDATE`;
+    if (on.some((c) => c.status === 'running')) return undefined;
+    const [last] = await tx<{ at: Date | null }[]>`
+      SELECT max(greatest(t.created_at, coalesce(t.ended_at, now()))) AS at
+      FROM turns t JOIN conversations c ON c.id = t.conversation_id
+      WHERE c.account_id = ${row.account_id} AND c.sandbox_id = ${id}`;
+    const lastActive = last?.at && last.at > row.updated_at ? last.at : row.updated_at;
+    if (lastActive > idleSince) return undefined;
+    const [moved] = await tx<SandboxRow[]>`
+      UPDATE sandboxes SET status = 'suspended', runner_id = NULL, updated_at = now() WHERE id = ${id} RETURNING *`;
+    return {
+      row: { ...(moved as SandboxRow), runner_id: row.runner_id },
+      conversations: on.filter((c) => c.status !== 'terminated').map((c) => c.id),
+    };
+  });
+}
+
+/**
+ * The status of the sandbox, read under a share lock inside the caller's transaction: a
+ * suspension (which locks the row for update) either committed before it or waits for the
+ * caller's commit.
+ */
+export async function statusForShare(tx: Sql, id: string): Promise<SandboxStatus | undefined> {
+  const rows = await tx<{ status: SandboxStatus }[]>`SELECT status FROM sandboxes WHERE id = ${id} FOR SHARE`;
+  return rows[0]?.status;
+}

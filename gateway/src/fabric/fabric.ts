@@ -358,9 +358,12 @@ export class RunnerFabric {
     }
     if (whole) await appendUpTo(events.length);
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
-    // The end of a build (the runner closes stage `sandbox`) makes the sandbox ready or failed.
+    // The end of a build (the runner closes stage `sandbox`), or of a suspended sandbox's wake
+    // (stage `reattach`: only a runner adopting a kept directory sends it), makes the sandbox
+    // ready or failed.
     for (const e of events.slice(0, from)) {
-      if (e.kind === 'stage' && e.stage === 'sandbox' && (e.state === 'done' || e.state === 'failed')) {
+      const closes = e.stage === 'sandbox' || e.stage === 'reattach';
+      if (e.kind === 'stage' && closes && (e.state === 'done' || e.state === 'failed')) {
         await this.deps.onSandboxBuilt(m.sandbox, m.incarnation, e.state === 'done');
       }
     }

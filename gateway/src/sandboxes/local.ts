@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiError, newId } from '@svc/core';
@@ -12,6 +13,8 @@ import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
 const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 /** How long a started runner-agent has to connect back. */
 const CONNECT_TIMEOUT_MS = 30_000;
+/** How long a runner-agent told to stop has to stop its runtimes and exit before it is killed. */
+const STOP_TIMEOUT_MS = 10_000;
 
 /**
  * The `local` sandbox provider, the instance's default for development: each sandbox gets a
@@ -35,6 +38,8 @@ export class LocalSandboxes {
 
   /** Starts the sandbox's runner-agent and resolves with its runner id once it is connected. */
   async start(accountId: string, sandboxId: string): Promise<string> {
+    // One runner-agent per sandbox: one still running for it (stopping after a suspension) goes first.
+    await this.stop(sandboxId, { graceful: true });
     const token = newSecret(RUNNER_TOKEN_PREFIX);
     const runner = await runners.insertRunner(this.deps.sql, {
       id: newId('rnr'),
@@ -73,13 +78,43 @@ export class LocalSandboxes {
     return runner.id;
   }
 
-  /** Stops the sandbox's runner-agent and forgets its runner. */
-  async stop(sandboxId: string): Promise<void> {
+  /**
+   * Stops the sandbox's runner-agent and forgets its runner. With `runnerId`, only that
+   * runner-agent (a newer one started for the sandbox meanwhile is left alone). With
+   * `graceful`, waits until it has stopped its runtimes and exited (killed after
+   * STOP_TIMEOUT_MS). The sandbox's directory stays either way (see removeDisk).
+   */
+  async stop(sandboxId: string, opts: { runnerId?: string | null; graceful?: boolean } = {}): Promise<void> {
     const held = this.children.get(sandboxId);
-    if (!held) return;
+    if (!held || (opts.runnerId !== undefined && opts.runnerId !== held.runnerId)) return;
     this.children.delete(sandboxId);
-    held.child.kill('SIGTERM');
+    const { child } = held;
+    const exited =
+      child.exitCode !== null || child.signalCode !== null
+        ? Promise.resolve()
+        : new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill('SIGTERM');
+    if (opts.graceful) {
+      const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
+      await exited;
+      clearTimeout(timer);
+    }
     await runners.deleteLocalRunner(this.deps.sql, held.runnerId).catch(() => {});
+  }
+
+  /** The sandboxes whose runner-agent runs on this node, with its runner. */
+  held(): { sandboxId: string; runnerId: string; pid: number | undefined }[] {
+    return [...this.children].map(([sandboxId, h]) => ({ sandboxId, runnerId: h.runnerId, pid: h.child.pid }));
+  }
+
+  /**
+   * Removes a sandbox's directory (its disk) when no runner-agent holds it: a suspended
+   * sandbox destroyed or reset has no runner to tell. Idempotent.
+   */
+  async removeDisk(accountId: string, sandboxId: string): Promise<void> {
+    if (this.children.has(sandboxId)) return;
+    // The runner-agent's layout under its --root (runner-agent/src/sandbox.ts, sandboxDir).
+    await rm(join(this.deps.root, accountId, 'sandboxes', sandboxId), { recursive: true, force: true });
   }
 
   async stopAll(): Promise<void> {

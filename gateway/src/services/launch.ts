@@ -213,8 +213,13 @@ interface TurnPlan {
   accountId: string;
   conversationId: string;
   sandbox: sandboxes.SandboxRow;
-  /** Build the machine first (a new sandbox, or a new incarnation of one that is gone). */
+  /**
+   * Build the machine first (a new sandbox, or a new incarnation of one that is gone), or, with
+   * `adopt`, wake a suspended local sandbox: its runner-agent starts again on the kept directory.
+   */
   build: {
+    /** Wake: the runner adopts the directory as it is (stage `reattach`), nothing is built again. */
+    adopt: boolean;
     env: Record<string, string>;
     setupScript: string | null;
     network: { allowed_hosts: string[] } | null;
@@ -258,6 +263,8 @@ async function runOnSandbox(
     vaultId: string | null;
     credential: { env: string; value: string } | undefined;
     build: boolean;
+    /** The sandbox is suspended: wake it (its machine is kept, not built again). */
+    wake: boolean;
     turn: { id: string; prompt: string; images: { mediaType: string; data: Buffer }[] } | null;
   },
 ): Promise<void> {
@@ -275,14 +282,16 @@ async function runOnSandbox(
     accountId: p.accountId,
     conversationId: p.conversationId,
     sandbox: p.sandbox,
-    build: p.build
-      ? {
-          env,
-          setupScript: environment.setup_script || null,
-          network: networkPolicy(deps, environment, agent),
-          stages: buildStages(agent, environment),
-        }
-      : null,
+    build:
+      p.build || p.wake
+        ? {
+            adopt: p.wake,
+            env,
+            setupScript: environment.setup_script || null,
+            network: networkPolicy(deps, environment, agent),
+            stages: buildStages(agent, environment),
+          }
+        : null,
     turn: p.turn
       ? {
           ...p.turn,
@@ -307,11 +316,29 @@ async function runOnSandbox(
 function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
   const { accountId, conversationId, sandbox } = plan;
   const turnId = plan.turn?.id ?? null;
+  const waking = plan.build?.adopt === true;
   void (async () => {
     // Stage `sandbox` opens here; the runner closes it when its build ends (done or failed).
-    if (plan.build) await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
+    // A wake opens stage `reattach` instead, which the runner closes once it holds the kept
+    // directory again (the sandbox is `ready` then).
+    if (waking) {
+      await emitStage(deps, accountId, {
+        conversationId,
+        turnId,
+        stage: 'reattach',
+        state: 'started',
+        data: JSON.stringify({
+          woken: true,
+          reason: 'the sandbox was suspended',
+          runtime_session: 'fresh: the runtime stopped with the suspended runner-agent',
+        }),
+      });
+    } else if (plan.build) {
+      await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
+    }
     let onRunner = sandbox.runner_id;
-    if (sandbox.provider === 'local' && (onRunner === null || !deps.fabric.isLive(onRunner))) {
+    // A wake always starts a runner-agent of its own (one still stopping after the suspension is replaced).
+    if (sandbox.provider === 'local' && (waking || onRunner === null || !deps.fabric.isLive(onRunner))) {
       // local: the sandbox's own runner-agent, started now and connected back.
       onRunner = await deps.local.start(accountId, sandbox.id);
       await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
@@ -327,6 +354,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         setup_script: plan.build.setupScript,
         network: plan.build.network,
         ...plan.build.stages,
+        ...(waking ? { adopt: true } : {}),
       });
     }
     if (plan.turn) {
@@ -357,9 +385,15 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
     }
   })().catch(async (err: Error) => {
     deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'turn could not start');
-    await failLaunch(deps.sql, accountId, conversationId, plan.build ? sandbox.id : null, turnId, err.message).catch(
-      () => {},
-    );
+    await failLaunch(
+      deps.sql,
+      accountId,
+      conversationId,
+      plan.build ? sandbox.id : null,
+      turnId,
+      waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
+      waking ? 'reattach' : undefined,
+    ).catch(() => {});
   });
 }
 
@@ -389,17 +423,33 @@ async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes
       : runner !== undefined && online(deps, runner);
   // Reset (or retired): ready, but its incarnation has no machine yet.
   const unbuilt = sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
+  // Suspended (local): its runner-agent was stopped, its directory kept; it is woken, not built.
+  const asleep = sandbox.provider === 'local' && sandbox.status === 'suspended';
   const gone =
     unbuilt ||
     sandbox.status === 'failed' ||
     sandbox.status === 'terminated' ||
-    (sandbox.provider === 'local' && !live);
+    (sandbox.provider === 'local' && !live && !asleep);
   let runnerId = sandbox.runner_id;
   if (sandbox.provider === 'runner' && !live) {
     if (!gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
     runnerId = await onlineRunner(deps, accountId);
   }
-  return { gone, unbuilt, runnerId };
+  return { gone, unbuilt, asleep, runnerId };
+}
+
+/**
+ * Inside the transaction that starts a turn on a sandbox whose machine runs: whether it was
+ * suspended since `machineOf` looked (the suspension locks the sandbox row; this waits for it
+ * or comes first), so the turn wakes it instead of going to a runner-agent that is stopping.
+ */
+async function suspendedMeanwhile(
+  tx: Sql,
+  sandbox: sandboxes.SandboxRow,
+  machine: { gone: boolean; asleep: boolean },
+): Promise<boolean> {
+  if (sandbox.provider !== 'local' || machine.gone || machine.asleep) return false;
+  return (await sandboxes.statusForShare(tx, sandbox.id)) === 'suspended';
 }
 
 /**
@@ -495,7 +545,12 @@ export async function startConversation(
   }
   const machine = existing
     ? await machineOf(deps, who.accountId, existing)
-    : { gone: true, unbuilt: false, runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null };
+    : {
+        gone: true,
+        unbuilt: false,
+        asleep: false,
+        runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null,
+      };
 
   const conversationId = newId('cnv');
   const turnId = input.prompt ? newId('trn') : null;
@@ -506,10 +561,22 @@ export async function startConversation(
       await checkCapacity(t, who.accountId, deps.limits);
     }
     let row: sandboxes.SandboxRow | undefined;
+    if (existing && (await suspendedMeanwhile(t, existing, machine))) {
+      machine.asleep = true;
+      existing = { ...existing, status: 'suspended' };
+    }
     if (existing) {
-      row = machine.gone
-        ? await sandboxes.rebuild(t, existing.id, machine.runnerId, existing.status, !machine.unbuilt)
-        : existing;
+      // A wake is the sandbox's next incarnation too (its runner-agent numbers output afresh).
+      row =
+        machine.gone || machine.asleep
+          ? await sandboxes.rebuild(
+              t,
+              existing.id,
+              machine.asleep ? null : machine.runnerId,
+              existing.status,
+              !machine.unbuilt,
+            )
+          : existing;
       if (!row) throw new ApiError('provisioning', 'The sandbox is being built again; try again shortly.');
     } else {
       row = await sandboxes.insertSandbox(t, {
@@ -563,6 +630,7 @@ export async function startConversation(
     vaultId,
     credential,
     build: machine.gone,
+    wake: machine.asleep,
     turn: turnId && input.prompt ? { id: turnId, prompt: input.prompt, images } : null,
   });
 
@@ -601,7 +669,8 @@ export async function sendPrompt(
 
   let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
   if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
-  const { gone, unbuilt, runnerId } = await machineOf(deps, who.accountId, sandbox);
+  const machine = await machineOf(deps, who.accountId, sandbox);
+  const { gone, unbuilt, runnerId } = machine;
 
   const turnId = newId('trn');
   const turn = await sql.begin(async (tx) => {
@@ -616,8 +685,19 @@ export async function sendPrompt(
       oneTurnPerSandbox: ONE_TURN_PER_SANDBOX.has(agent.runtime),
     });
     if (typeof opened === 'string') throw refusal(opened);
-    if (gone && sandbox) {
-      const rebuilt = await sandboxes.rebuild(t, sandbox.id, runnerId, sandbox.status, !unbuilt);
+    if (sandbox && (await suspendedMeanwhile(t, sandbox, machine))) {
+      machine.asleep = true;
+      sandbox = { ...sandbox, status: 'suspended' };
+    }
+    if ((gone || machine.asleep) && sandbox) {
+      // A wake is the sandbox's next incarnation too (its runner-agent numbers output afresh).
+      const rebuilt = await sandboxes.rebuild(
+        t,
+        sandbox.id,
+        machine.asleep ? null : runnerId,
+        sandbox.status,
+        !unbuilt,
+      );
       if (!rebuilt) throw new ApiError('conversation_busy', 'The sandbox is being rebuilt; try again.');
       sandbox = rebuilt;
     }
@@ -635,6 +715,7 @@ export async function sendPrompt(
     vaultId: conv.vault_id,
     credential,
     build: gone,
+    wake: machine.asleep,
     turn: { id: turnId, prompt: input.prompt, images },
   });
   return turn;
@@ -715,7 +796,15 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
           deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
         );
     }
-    if (destroy && sandbox.provider === 'local') await deps.local.stop(sandbox.id);
+    if (destroy && sandbox.provider === 'local') {
+      await deps.local.stop(sandbox.id);
+      // Its directory goes too, also when it was suspended (no runner-agent was there to tell).
+      await deps.local
+        .removeDisk(who.accountId, sandbox.id)
+        .catch((err: Error) =>
+          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: disk not removed'),
+        );
+    }
   }
   return (await conversations.getConversation(sql, who.accountId, conversationId)) as conversations.ConversationRow;
 }
@@ -773,7 +862,14 @@ async function findCredential(deps: LaunchDeps, accountId: string, runtime: Runt
 async function emitStage(
   deps: LaunchDeps,
   accountId: string,
-  e: { conversationId: string; turnId: string | null; stage: string; state: string; durationMs?: number },
+  e: {
+    conversationId: string;
+    turnId: string | null;
+    stage: string;
+    state: string;
+    durationMs?: number;
+    data?: string;
+  },
 ): Promise<void> {
   await deps.sql.begin((tx) =>
     outbox.enqueue(tx as unknown as Sql, accountId, [
@@ -785,6 +881,7 @@ async function emitStage(
         stage: e.stage,
         state: e.state,
         durationMs: e.durationMs ?? null,
+        ...(e.data !== undefined ? { data: e.data } : {}),
       },
     ]),
   );
@@ -802,6 +899,8 @@ async function failLaunch(
   sandboxId: string | null,
   turnId: string | null,
   message: string,
+  /** The stage that failed, when it is not the build's (`sandbox`) or the turn's: `reattach` for a wake. */
+  stage?: string,
 ) {
   if (sandboxId) await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
   await sql.begin(async (tx) => {
@@ -812,10 +911,12 @@ async function failLaunch(
         turnId,
         kind: 'stage',
         stream: 'stage',
-        stage: sandboxId ? 'sandbox' : 'turn',
+        stage: stage ?? (sandboxId ? 'sandbox' : 'turn'),
         state: 'failed',
         data: message,
       },
+      // A failed wake also says, in the turn's own terms, that the turn did not run.
+      ...(stage && turnId ? [turnEndEvent(conversationId, turnId, 'failed', message)] : []),
     ]);
   });
   if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {

@@ -2,6 +2,7 @@ import { ApiError, SANDBOX_STATUSES } from '@svc/core';
 import { type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { LocalSandboxes } from '../sandboxes/local.ts';
 import { recordAudit } from './audit.ts';
 import { csv } from './conversations.ts';
 import type { ActorRef } from './principal.ts';
@@ -29,6 +30,8 @@ export interface SandboxDeps {
   sql: Sql;
   fabric: Pick<RunnerFabric, 'command' | 'isLive'>;
   logger: Logger;
+  /** The `local` provider: a suspended local sandbox has no runner to tell, its disk is removed here. */
+  local?: Pick<LocalSandboxes, 'removeDisk'>;
 }
 
 /** The wire shape; `runner` on provider `runner` only, online by the rule of GET /api/runners. */
@@ -132,7 +135,17 @@ function midTurn(conversations?: string[]): ApiError {
  * which is logged (the database already says the machine is gone).
  */
 async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow): Promise<void> {
-  if (row.runner_id === null) return;
+  if (row.runner_id === null) {
+    // A suspended local sandbox: its runner-agent was stopped, its kept directory goes now.
+    if (row.provider === 'local') {
+      await deps.local
+        ?.removeDisk(row.account_id, row.id)
+        .catch((err: Error) =>
+          deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, 'sandbox reset: disk not removed'),
+        );
+    }
+    return;
+  }
   try {
     await deps.fabric.command(row.runner_id, {
       kind: 'sandbox.destroy',

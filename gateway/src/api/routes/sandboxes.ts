@@ -58,7 +58,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
     handler: async (req, reply) => {
       await sandboxes.resetSandbox(
-        { sql: deps.sql, fabric: deps.fabric, logger: deps.log },
+        { sql: deps.sql, fabric: deps.fabric, logger: deps.log, local: deps.launch.local },
         actorOf(requirePrincipal(req)),
         req.params.id,
       );

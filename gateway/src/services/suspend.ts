@@ -1,0 +1,68 @@
+import { outbox, type Sql, sandboxes } from '@svc/db';
+import type { Logger } from 'pino';
+import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { OutboxRelay } from '../workers/outbox-relay.ts';
+import { recordAudit } from './audit.ts';
+
+export interface SuspendDeps {
+  sql: Sql;
+  local: LocalSandboxes;
+  relay: OutboxRelay;
+  logger: Logger;
+}
+
+/**
+ * Suspends the idle `local` sandboxes whose runner-agent runs on this node (only this node can
+ * stop it): each one that is `ready`, has no conversation mid-turn and saw no turn for
+ * `idleMs` moves to `suspended` (compare-and-set under the same locks as a reset, so two nodes
+ * or a turn starting at that moment never race it), then its runner-agent is stopped
+ * gracefully (its runtimes stop with it) while its directory, the disk, is kept. Each live
+ * conversation on it gets stage `suspend` done, and an audit row says so. The next prompt, or
+ * a launch attaching to it, wakes it (launch.ts, stage `reattach`). Returns how many were
+ * suspended; 0 when `idleMs` is 0 (never suspend).
+ */
+export async function suspendIdleSandboxes(deps: SuspendDeps, idleMs: number): Promise<number> {
+  if (idleMs <= 0) return 0;
+  let suspended = 0;
+  for (const held of deps.local.held()) {
+    const idleSince = new Date(Date.now() - idleMs);
+    const done = await sandboxes.suspendIfIdle(deps.sql, held.sandboxId, idleSince);
+    if (!done) continue;
+    suspended++;
+    const { row, conversations } = done;
+    await deps.local.stop(row.id, { runnerId: held.runnerId, graceful: true });
+    const data = JSON.stringify({
+      idle_ms: idleMs,
+      runner_agent: 'stopped',
+      disk: 'kept',
+      wake: 'the next prompt wakes it (stage reattach); its runtime session starts afresh',
+    });
+    if (conversations.length) {
+      await deps.sql.begin((tx) =>
+        outbox.enqueue(
+          tx as unknown as Sql,
+          row.account_id,
+          conversations.map((conversationId) => ({
+            conversationId,
+            turnId: null,
+            kind: 'stage',
+            stream: 'stage',
+            stage: 'suspend',
+            state: 'done',
+            data,
+          })),
+        ),
+      );
+      await deps.relay.flush(row.account_id);
+    }
+    await recordAudit(
+      deps.sql,
+      { accountId: row.account_id, actor: 'system', ip: null },
+      'sandbox.suspended',
+      { type: 'sandbox', id: row.id },
+      { idle_ms: idleMs, conversations: conversations.length },
+    );
+    deps.logger.info({ sandbox: row.id }, 'idle local sandbox suspended');
+  }
+  return suspended;
+}
