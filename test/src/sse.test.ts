@@ -166,6 +166,43 @@ for (const backend of backends()) {
       t.same(seen, all, 'every event once, in order, across the reconnect');
     });
 
+    t.test('a long replay waits for a slow reader instead of cutting it off, page by page', async (t) => {
+      const history = await createConversationRecord(svc.db.sql, who, { agentId: 'agt_x', title: 'history' });
+      const from = await svc.eventLog.lastId(me.accountId);
+      const chunk = 'y'.repeat(64 * 1024);
+      // 12 MB of history (SSE_MAX_BUFFER_BYTES is 1 MiB; loopback buffers absorb a few MB),
+      // read in pages of 1000 events at most, the first page alone far beyond the limit.
+      const total = 190;
+      for (let i = 0; i < total; i++) {
+        await svc.appendEvents({
+          tenant: me.accountId,
+          producer: 'history',
+          seq: i + 1,
+          events: [{ conversationId: history.id, kind: 'output', stream: 'stdout', data: `${i}:${chunk}` }],
+        });
+      }
+      const slow = rawGet(svc, `/api/conversations/${history.id}/stream?last_event_id=${from}`, auth, {
+        paused: true,
+      });
+      await sleep(1500);
+      slow.sock.resume();
+      const count = () => (slow.text().match(/"data":"\d+:y/g) ?? []).length;
+      for (let i = 0; i < 200 && count() < total; i++) await sleep(50);
+      t.equal(count(), total, 'every event of the history arrives, in one connection');
+      const ids = frames(slow.text())
+        .map((f) => /"data":"(\d+):/.exec(f)?.[1])
+        .filter((x) => x !== undefined)
+        .map(Number);
+      t.same(
+        ids,
+        Array.from({ length: total }, (_, i) => i),
+        'in order, once each',
+      );
+      await Promise.race([slow.closed, sleep(5000)]);
+      t.ok(slow.text().endsWith('\r\n0\r\n\r\n'), 'the stream ended as it should, not cut short');
+      slow.sock.destroy();
+    });
+
     t.test('a watcher that reads nothing is cut off with bounded memory; others are not slowed', async (t) => {
       await conversations.startTurn(svc.db.sql, {
         id: 'trn_big',

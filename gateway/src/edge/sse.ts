@@ -55,6 +55,10 @@ interface Watcher {
   conversationsSentAt: number;
   conversationsPending: boolean;
   stop: (() => void) | undefined;
+  /** True while its history is sent: paced by the client (drained()), not cut off. */
+  replaying: boolean;
+  /** Called once the socket drained (a replay waiting for its next page). */
+  onDrained: (() => void) | undefined;
 }
 
 /** What a multiplexed route shares among its watchers. */
@@ -174,6 +178,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     if (w.closed) return;
     w.closed = true;
     w.stop?.();
+    wakeDrained(w);
     watchers.delete(w);
     if (how === 'end') w.res.cork(() => w.res.end());
     else w.res.close();
@@ -181,7 +186,12 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   const end = (w: Watcher) => finish(w, 'end');
   const cut = (w: Watcher) => finish(w, 'cut');
 
-  /** Writes a frame corked; a watcher that falls too far behind is cut off, never waited for. */
+  /**
+   * Writes a frame corked. Live, a watcher that falls too far behind is cut off, never waited
+   * for (it resumes with Last-Event-ID). History is paced instead: the next page waits until
+   * the socket drained (drained()), so a replaying watcher holds at most one page, and a page
+   * larger than the limit does not cut off a client that reads.
+   */
   function send(w: Watcher, frames: string | Buffer): void {
     if (w.closed) return;
     let ok = true;
@@ -190,16 +200,31 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     });
     if (!ok) {
       w.backlog += typeof frames === 'string' ? Buffer.byteLength(frames) : frames.length;
-      if (w.backlog > options.maxBufferedBytes) {
+      if (w.backlog > options.maxBufferedBytes && !w.replaying) {
         deps.logger.info('slow watcher cut off');
         cut(w);
         return;
       }
       w.res.onWritable(() => {
         w.backlog = 0;
+        wakeDrained(w);
         return true;
       });
     }
+  }
+
+  /** Resolves once the watcher's socket took what was written (undefined when it has). */
+  function drained(w: Watcher): Promise<void> | undefined {
+    if (w.closed || w.backlog === 0) return undefined;
+    return new Promise<void>((resolve) => {
+      w.onDrained = resolve;
+    });
+  }
+
+  function wakeDrained(w: Watcher): void {
+    const wake = w.onDrained;
+    w.onDrained = undefined;
+    wake?.();
   }
 
   /** Sends events (frames with ids) and records what the client now knows. */
@@ -271,6 +296,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
       conversationsSentAt: 0,
       conversationsPending: false,
       stop: undefined,
+      replaying: true,
+      onDrained: undefined,
     };
     whenAborted(res, w);
 
@@ -368,9 +395,12 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         w.stop = await follow(deps.log, tenant, after, onEvents, {
           read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
           subscribe: (onBatch) => conversationFeeds.subscribe(tenant, conversationId, onBatch),
+          paced: () => drained(w),
+          cancelled: () => w.closed,
         });
         if (w.closed) return w.stop();
         replaying = false;
+        w.replaying = false;
         // History is out. wait=false ends now unless a turn is running; a terminated
         // conversation has nothing more to say either way.
         const now = await conversations.getConversation(deps.sql, tenant, conversationId);
@@ -410,8 +440,11 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const feed = new MultiplexedFeed(w, route, tenant, streamsOf(query), query.get('blocks') === 'true');
         const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
           read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
+          paced: () => drained(w),
+          cancelled: () => w.closed,
         });
         feed.replaying = false;
+        w.replaying = false;
         w.stop = () => {
           stop();
           release();

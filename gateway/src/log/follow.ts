@@ -17,6 +17,13 @@ export async function follow(
     read?: (after: number, limit: number) => Promise<LogEvent[]>;
     /** Where live batches come from (default: the log's feed of the tenant), with its promise. */
     subscribe?: (onBatch: (batch: LiveBatch) => void) => Promise<() => void>;
+    /**
+     * Paces history by the reader: awaited before each page after the first (a watcher's
+     * socket draining), so a long replay holds at most a page in memory however slow the client.
+     */
+    paced?: () => Promise<void> | undefined;
+    /** True once nobody waits for the history any more (the watcher left): reading stops. */
+    cancelled?: () => boolean;
   } = {},
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
@@ -29,12 +36,21 @@ export async function follow(
   let next = read(joined.last, pageSize);
   for (;;) {
     const page = await next;
-    if (page.length === 0) break;
+    if (page.length === 0 || options.cancelled?.()) break;
     const full = page.length >= pageSize;
     if (full) next = read((page.at(-1) as LogEvent).id, pageSize);
     joined.emit(page);
     if (!full) break;
+    const paced = options.paced?.();
+    if (paced) await paced;
+    if (options.cancelled?.()) {
+      next.catch(() => {}); // the page read ahead is not wanted
+      break;
+    }
   }
+  // Live starts once the reader took its history: what it is sent live is then judged on its own.
+  const paced = options.cancelled?.() ? undefined : options.paced?.();
+  if (paced) await paced;
   joined.goLive();
   return stop;
 }
