@@ -34,6 +34,11 @@ export interface FanoutPlan {
   postgres?: string;
   /** Node flags for our service (`--cpu-prof`). */
   nodeArgs?: string[];
+  /**
+   * Seconds of the same publishing before the measurement, not counted, on every system alike:
+   * the steady state is measured, not a process's first seconds (JIT, first allocations).
+   */
+  warmupSeconds?: number;
 }
 
 export interface FanoutResult {
@@ -90,7 +95,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     let pid: number;
     let ready: string;
     let specs: WatcherSpec[];
-    let publish: () => Promise<{ sent: number; failed: number; cpu: number }>;
+    let publish: (seconds: number) => Promise<{ sent: number; failed: number; cpu: number }>;
     if (system === 'ours') {
       let redisUrl = plan.redis;
       if (!redisUrl) {
@@ -140,10 +145,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       }
       ({ port, pid } = ours);
       ready = ': connected';
-      publish = async () => {
+      publish = async (seconds) => {
         const r = await ours.call<{ appended: number; failed: number }>('ops/fanout#append', {
           rate: plan.rate,
-          seconds: plan.seconds,
+          seconds,
           padding: plan.padding,
           conversations: plan.conversations,
         });
@@ -161,7 +166,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       specs = Array.from({ length: plan.watchers }, (_, i) => ({ path: `/sub/${channels[conversationOf(plan, i)]}` }));
       for (let i = 0; i < plan.slow; i++)
         specs.push({ path: `/sub/${channels[slowConversationOf(plan, i)]}`, slow: true });
-      publish = async () => {
+      publish = async (seconds) => {
         const child = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
           execArgv: ['--import', 'tsx'],
           stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
@@ -183,7 +188,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
             port,
             channels,
             rate: plan.rate,
-            seconds: plan.seconds,
+            seconds,
             padding: plan.padding,
             connections: 16,
           } satisfies PublishJob);
@@ -207,6 +212,11 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     progress.say(`${system}: ${opened.held}/${specs.length} watchers held (${fleet.processes} client processes)`);
     // A moment for the openings' work to finish (a smoke run's few seconds have little to wait for).
     await sleep(Math.min(1000, plan.seconds * 200));
+    if (plan.warmupSeconds) {
+      progress.update(`${system}: warming up, ${plan.warmupSeconds} s of the same publishing, not counted`);
+      await publish(plan.warmupSeconds);
+      await sleep(1000);
+    }
     const rssBefore = rssOfTree(pid);
     let rssPeak = rssBefore;
     const memory = setInterval(() => {
@@ -215,7 +225,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const cpuBefore = cpuOfTree(pid);
     const start = now();
     fleet.measure(start);
-    const publishing = publish();
+    const publishing = publish(plan.seconds);
     await progress.countdown(plan.seconds, () => `${system}: ${fleet.status().received} delivered`);
     const published = await publishing;
     const expected = expectedDeliveries(plan, published.sent);
