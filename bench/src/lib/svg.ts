@@ -58,7 +58,7 @@ function bars(c: Extract<Chart, { kind: 'bars' }>): string {
       `<text x="${left + w + 6}" y="${y + 17}">${fmt(b.value)}</text>`,
     ].join('');
   });
-  return svg(width, height, [
+  return svg(width, height, c.title, [
     `<text x="10" y="22" font-weight="bold">${esc(c.title)} (${esc(c.unit)})</text>`,
     ...rows,
   ]);
@@ -96,12 +96,13 @@ function lines(c: Extract<Chart, { kind: 'lines' }>): string {
       `<text x="${pad.l + i * 150 + 16}" y="${height - 16}">${esc(s.name)}</text>`,
     );
   });
-  return svg(width, height, parts);
+  return svg(width, height, c.title, parts);
 }
 
-function svg(width: number, height: number, parts: string[]): string {
+function svg(width: number, height: number, title: string, parts: string[]): string {
   return [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
+    `<title>${esc(title)}</title>`,
     `<rect width="${width}" height="${height}" fill="#fff"/>`,
     ...parts,
     '</svg>',
