@@ -5,8 +5,14 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { claudeCodeEnv, type MessagesBody, startFakeAnthropic, textOf } from './fakes/anthropic-messages.ts';
-import { signUp } from './harness.ts';
-import { blockText, launchAndWatch, serviceForRuntime, settledTurn, startRunnerAgent } from './real-runtime.ts';
+import {
+  accountWithAgent,
+  blockText,
+  launchAndWatch,
+  serviceForRuntime,
+  settledTurn,
+  startRunnerAgent,
+} from './real-runtime.ts';
 
 const CLAUDE_ACP = fileURLToPath(import.meta.resolve('@zed-industries/claude-agent-acp/dist/index.js'));
 const KEY = 'sk-ant-api03-end-to-end-fake-key';
@@ -37,37 +43,19 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
     // The credential check on PUT pings the same fake.
     ANTHROPIC_BASE_URL: fake.url,
   });
-  const { http } = svc;
-  const { key: token } = await signUp(svc);
-
-  const put = await http.put('/api/account/inference-credentials/anthropic_api_key', {
-    token,
-    body: { value: KEY, validate: true },
+  const { token, agent } = await accountWithAgent(t, svc, {
+    credential: 'anthropic_api_key',
+    key: KEY,
+    validated: { seen: () => fake.seen.map((r) => `${r.method} ${r.path}`), expected: ['GET /v1/models'] },
+    // The runtime reaches the fake through the environment's variables.
+    environment: { name: 'claude', env_vars: claudeCodeEnv(fake.url) },
+    agent: {
+      name: 'claude coder',
+      runtime: 'claude',
+      model: 'anthropic/claude-sonnet-4-5',
+      system: 'You answer as the release captain of project Quokka.',
+    },
   });
-  t.equal(put.status, 200, JSON.stringify(put.body));
-  t.same(
-    fake.seen.map((r) => `${r.method} ${r.path}`),
-    ['GET /v1/models'],
-    'the credential was validated against the fake',
-  );
-  // The runtime reaches the fake through the environment's variables.
-  const env = (
-    await http.post('/api/environments', { token, body: { name: 'claude', env_vars: claudeCodeEnv(fake.url) } })
-  ).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'claude coder',
-        runtime: 'claude',
-        model: 'anthropic/claude-sonnet-4-5',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-        system: 'You answer as the release captain of project Quokka.',
-      },
-    })
-  ).body;
-  t.ok(agent.id, JSON.stringify(agent));
 
   const runner = await startRunnerAgent(t, svc, token, () => fake.close());
 

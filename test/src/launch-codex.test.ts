@@ -4,8 +4,13 @@ import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { inputText, startFakeOpenAI } from './fakes/openai-responses.ts';
-import { signUp } from './harness.ts';
-import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
+import {
+  accountWithAgent,
+  checkPlainTurn,
+  launchAndWatch,
+  serviceForRuntime,
+  startRunnerAgent,
+} from './real-runtime.ts';
 
 // The launcher runs the prebuilt binary of @zed-industries/codex-acp-linux-x64 (an optional
 // dependency; no install script is needed).
@@ -34,36 +39,20 @@ async function codexConversation(t: Test, runnerArgs: string[]) {
     // environment names no endpoint of its own.
     OPENAI_BASE_URL: fake.url,
   });
-  const { http } = svc;
-  const { key: token } = await signUp(svc);
-
-  const put = await http.put('/api/account/inference-credentials/openai_api_key', {
-    token,
-    body: { value: KEY, validate: true },
+  const { token, agent } = await accountWithAgent(t, svc, {
+    credential: 'openai_api_key',
+    key: KEY,
+    validated: { seen: () => fake.seen.map((r) => `${r.method} ${r.path}`), expected: ['GET /v1/models'] },
+    environment: { name: 'codex' },
+    agent: {
+      name: 'codex coder',
+      runtime: 'codex',
+      // A model Codex 0.128 knows: for others it writes a "model metadata not found" warning
+      // into the reply.
+      model: 'openai/gpt-5.4',
+      system: SYSTEM,
+    },
   });
-  t.equal(put.status, 200, JSON.stringify(put.body));
-  t.same(
-    fake.seen.map((r) => `${r.method} ${r.path}`),
-    ['GET /v1/models'],
-    'the credential was validated against the fake',
-  );
-  const env = (await http.post('/api/environments', { token, body: { name: 'codex' } })).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'codex coder',
-        runtime: 'codex',
-        // A model Codex 0.128 knows: for others it writes a "model metadata not found" warning
-        // into the reply.
-        model: 'openai/gpt-5.4',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-        system: SYSTEM,
-      },
-    })
-  ).body;
-  t.ok(agent.id, JSON.stringify(agent));
   const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();

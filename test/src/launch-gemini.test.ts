@@ -4,8 +4,13 @@ import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { contentText, startFakeGemini, systemText } from './fakes/gemini-generate.ts';
-import { signUp } from './harness.ts';
-import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
+import {
+  accountWithAgent,
+  checkPlainTurn,
+  launchAndWatch,
+  serviceForRuntime,
+  startRunnerAgent,
+} from './real-runtime.ts';
 
 const GEMINI = fileURLToPath(import.meta.resolve('@google/gemini-cli/bundle/gemini.js'));
 const KEY = 'AIza-end-to-end-fake-gemini-key';
@@ -25,34 +30,13 @@ async function geminiConversation(t: Test, runnerArgs: string[]) {
     // The credential check on PUT pings the same fake, and the runtime is sent to it.
     GEMINI_BASE_URL: fake.url,
   });
-  const { http } = svc;
-  const { key: token } = await signUp(svc);
-
-  const put = await http.put('/api/account/inference-credentials/gemini_api_key', {
-    token,
-    body: { value: KEY, validate: true },
+  const { token, agent } = await accountWithAgent(t, svc, {
+    credential: 'gemini_api_key',
+    key: KEY,
+    validated: { seen: () => fake.seen.map((r) => `${r.method} ${r.path}`), expected: ['GET /v1beta/models'] },
+    environment: { name: 'gem' },
+    agent: { name: 'gem coder', runtime: 'gemini', model: 'google/gemini-2.5-pro', system: SYSTEM },
   });
-  t.equal(put.status, 200, JSON.stringify(put.body));
-  t.same(
-    fake.seen.map((r) => `${r.method} ${r.path}`),
-    ['GET /v1beta/models'],
-    'the credential was validated against the fake',
-  );
-  const env = (await http.post('/api/environments', { token, body: { name: 'gem' } })).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'gem coder',
-        runtime: 'gemini',
-        model: 'google/gemini-2.5-pro',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-        system: SYSTEM,
-      },
-    })
-  ).body;
-  t.ok(agent.id, JSON.stringify(agent));
   const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();

@@ -5,8 +5,13 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { inputText, startFakeOpenAI } from './fakes/openai-responses.ts';
-import { signUp } from './harness.ts';
-import { checkPlainTurn, launchAndWatch, serviceForRuntime, startRunnerAgent } from './real-runtime.ts';
+import {
+  accountWithAgent,
+  checkPlainTurn,
+  launchAndWatch,
+  serviceForRuntime,
+  startRunnerAgent,
+} from './real-runtime.ts';
 
 // opencode-ai's own bin is a stub its postinstall script replaces; the binary itself comes in
 // the platform package it depends on (optionally), usable without any script.
@@ -45,29 +50,12 @@ async function opencodeConversation(t: Test, runnerArgs: string[]) {
     // The credential check on PUT pings the same fake, and the runtime is sent to it.
     OPENAI_BASE_URL: fake.url,
   });
-  const { http } = svc;
-  const { key: token } = await signUp(svc);
-
-  const put = await http.put('/api/account/inference-credentials/openai_api_key', {
-    token,
-    body: { value: KEY, validate: true },
+  const { token, agent } = await accountWithAgent(t, svc, {
+    credential: 'openai_api_key',
+    key: KEY,
+    environment: { name: 'oc', env_vars: OPENCODE_OFFLINE },
+    agent: { name: 'oc coder', runtime: 'opencode', model: 'openai/gpt-5.4', system: SYSTEM },
   });
-  t.equal(put.status, 200, JSON.stringify(put.body));
-  const env = (await http.post('/api/environments', { token, body: { name: 'oc', env_vars: OPENCODE_OFFLINE } })).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'oc coder',
-        runtime: 'opencode',
-        model: 'openai/gpt-5.4',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-        system: SYSTEM,
-      },
-    })
-  ).body;
-  t.ok(agent.id, JSON.stringify(agent));
   const runner = await startRunnerAgent(t, svc, token, () => fake.close(), runnerArgs);
 
   const started = Date.now();

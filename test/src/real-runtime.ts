@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
-import { startTestService, type TestService } from './harness.ts';
+import { signUp, startTestService, type TestService } from './harness.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
 
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
@@ -22,6 +22,41 @@ export function serviceForRuntime(t: Test, env: Record<string, string>) {
   return startTestService(t, {
     env: { RUNNER_HEARTBEAT_MS: '500', RUNNER_GRACE_MS: '5000', SSE_IDLE_CLOSE_MS: '30000', ...env },
   });
+}
+
+/**
+ * A new account with its inference credential stored (validated against the fake), an
+ * environment and an agent on provider `runner`: where every real-runtime test starts. With
+ * `validated`, the requests the fake saw during validation (`seen`) must be exactly those.
+ */
+export async function accountWithAgent(
+  t: Test,
+  svc: TestService,
+  o: {
+    credential: string;
+    key: string;
+    validated?: { seen: () => string[]; expected: string[] };
+    environment: Record<string, unknown>;
+    agent: Record<string, unknown>;
+  },
+): Promise<{ token: string; agent: { id: string } }> {
+  const { http } = svc;
+  const { key: token } = await signUp(svc);
+  const put = await http.put(`/api/account/inference-credentials/${o.credential}`, {
+    token,
+    body: { value: o.key, validate: true },
+  });
+  t.equal(put.status, 200, JSON.stringify(put.body));
+  if (o.validated) t.same(o.validated.seen(), o.validated.expected, 'the credential was validated against the fake');
+  const env = (await http.post('/api/environments', { token, body: o.environment })).body;
+  const agent = (
+    await http.post('/api/agents', {
+      token,
+      body: { ...o.agent, environment_id: env.id, sandbox_provider: 'runner' },
+    })
+  ).body;
+  t.ok(agent.id, JSON.stringify(agent));
+  return { token, agent };
 }
 
 /** An event of a conversation's stream, as the tests read it. */
