@@ -3,16 +3,9 @@ import t from 'tap';
 import { hashSecret, newSecret } from '../../gateway/src/secrets/tokens.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import type { WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-interface WireEvent {
-  kind: string;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 
 for (const backend of backends()) {
   t.test(`sandboxes shared: attach, persistent machines, sub-conversations (${backend})`, async (t) => {

@@ -9,20 +9,9 @@ import { pathInside } from '../../runner-agent/src/clone.ts';
 import { runStreamed } from '../../runner-agent/src/run-streamed.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import type { WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  duration_ms: number | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 
 const GIT_TOKEN = 'ghp_build-stages-token-0123456789';
 const SKILL = '---\nname: notes\ndescription: Keeps notes.\n---\nWrite notes to NOTES.md.\n';

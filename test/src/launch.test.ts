@@ -5,24 +5,13 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
 // The runtime starts in the sandbox's directory: tsx is named by its absolute location.
 const TSX = import.meta.resolve('tsx');
-
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string; name?: string }[];
-}
 
 for (const backend of backends()) {
   t.test(`a conversation launched over HTTP runs on a real svc-runner, watched over SSE (${backend})`, async (t) => {

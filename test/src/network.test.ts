@@ -15,6 +15,7 @@ import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import type { WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -266,16 +267,6 @@ t.test('the firewall rules accept loopback and reject the rest for the user, IPv
     ],
   );
 });
-
-interface WireEvent {
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 
 /** The real service and a real svc-runner (`runnerArgs` added) with the scripted agent, on an account with a credential. */
 async function startWorld(t: Test, runnerArgs: string[] = []) {

@@ -6,30 +6,12 @@ import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
 const TSX = import.meta.resolve('tsx');
-
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  duration_ms: number | null;
-  blocks?: {
-    kind: string;
-    body?: string;
-    request_id?: string;
-    summary?: string;
-    options?: { optionId: string; name: string; kind: string }[];
-  }[];
-}
 
 const OPTIONS = [
   { optionId: 'allow', name: 'Allow once', kind: 'allow_once' },

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
 import { signUp, startTestService, type TestService } from './harness.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -57,18 +57,6 @@ export async function accountWithAgent(
   ).body;
   t.ok(agent.id, JSON.stringify(agent));
   return { token, agent };
-}
-
-/** An event of a conversation's stream, as the tests read it. */
-export interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string; name?: string }[];
 }
 
 /**

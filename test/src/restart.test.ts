@@ -2,16 +2,9 @@ import { type AddressInfo, connect, createServer } from 'node:net';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import type { WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-interface WireEvent {
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  data: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 
 t.test(
   'after a restart of the service, turns on a runner that comes back go on; turns whose runner-agent went with it end interrupted',

@@ -63,3 +63,23 @@ export function parseFrame(frame: string): SseEvent {
   }
   return out;
 }
+
+/** An event of a conversation's stream as the API sends it (SPEC: the event object), as tests read it. */
+export interface WireEvent {
+  id: number;
+  kind: string;
+  stream: string;
+  data: string | null;
+  stage: string | null;
+  state: string | null;
+  duration_ms: number | null;
+  turn_id: string | null;
+  blocks?: {
+    kind: string;
+    body?: string;
+    name?: string;
+    request_id?: string;
+    summary?: string;
+    options?: { optionId: string; name: string; kind: string }[];
+  }[];
+}

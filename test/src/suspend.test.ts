@@ -3,20 +3,10 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 interface TurnWire {
   id: string;
   number: number;

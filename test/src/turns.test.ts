@@ -2,20 +2,11 @@ import { RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import type { WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const PNG = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==';
 
-interface WireEvent {
-  id: number;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  turn_id: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 interface TurnWire {
   id: string;
   number: number;
