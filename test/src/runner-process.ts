@@ -13,12 +13,18 @@ const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.m
 export const SCRIPTED_AGENT_COMMAND = `${process.execPath} --import ${import.meta.resolve('tsx')} ${AGENT}`;
 
 /**
- * A real `svc-runner` process connected to the service with `token`, its sandboxes under a
- * fresh root, with `args` added to its command line. Resolves once it says it is connected;
- * killed when the test ends.
+ * A real `svc-runner` process connected to the service with `token`, its sandboxes under
+ * `opts.root` (default a fresh directory), with `args` added to its command line. Resolves
+ * once it says it is connected; killed when the test ends.
  */
-export async function startRunnerProcess(t: Test, url: string, token: string, args: string[] = []) {
-  const root = mkdtempSync(join(tmpdir(), 'svc-runner-root-'));
+export async function startRunnerProcess(
+  t: Test,
+  url: string,
+  token: string,
+  args: string[] = [],
+  opts: { root?: string } = {},
+) {
+  const root = opts.root ?? mkdtempSync(join(tmpdir(), 'svc-runner-root-'));
   const child = spawn(process.execPath, [BIN, '--url', url, '--token', token, '--root', root, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -1,8 +1,6 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { newId, RUNNER_CLOSE, type RunnerEvent } from '@svc/core';
 import { conversations, sandboxes } from '@svc/db';
 import t from 'tap';
@@ -11,6 +9,7 @@ import { type AgentEvent, RunnerAgent, spoolDir } from '../../runner-agent/src/a
 import { OutputLog } from '../../runner-agent/src/output.ts';
 import { RECORD_HEADER_BYTES } from '../../runner-agent/src/spool.ts';
 import { backends, signUp, startTestService } from './harness.ts';
+import { startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<boolean> {
@@ -20,7 +19,6 @@ async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Prom
   }
   return check();
 }
-const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const MEMORY = { bytes: 4096, events: 1000 };
 const line = (tag: string, i: number): RunnerEvent => ({
   conversation_id: '',
@@ -279,23 +277,8 @@ for (const backend of backends()) {
         first.agent.emit(sandbox, 0, { ...line('held', i), conversation_id: conversation });
       await stopped(first.agent);
 
-      const child = spawn(
-        process.execPath,
-        [BIN, '--url', svc.url, '--token', token, '--root', root, '--output-memory-mb', '0.01'],
-        { stdio: ['ignore', 'pipe', 'pipe'] },
-      );
-      let out = '';
-      child.stdout.on('data', (d) => {
-        out += d;
-      });
-      child.stderr.on('data', (d) => {
-        out += d;
-      });
-      t.teardown(() => {
-        child.kill('SIGKILL');
-      });
-      t.ok(await until(() => /connected as runner/.test(out), 30_000), out);
-      t.match(out, /800 events of 1 sandbox incarnation\(s\) kept from before a restart/);
+      const runner = await startRunnerProcess(t, svc.url, token, ['--output-memory-mb', '0.01'], { root });
+      t.match(runner.output, /800 events of 1 sandbox incarnation\(s\) kept from before a restart/);
       t.ok(await until(async () => (await feed(conversation)).length >= 800));
       // A turn for the sandbox this process never built fails visibly: its events are numbered
       // after the recovered ones, or the log would drop them as already held.
@@ -320,8 +303,8 @@ for (const backend of backends()) {
       await sleep(300);
       t.same(await feed(conversation), lines('held', 1, 800), 'every spooled line once, in order');
       t.ok(await until(() => spoolFiles(root).every((f) => f.bytes === 0)), 'durable output is removed from disk');
-      child.kill('SIGTERM');
-      t.equal(await new Promise((r) => child.on('exit', r)), 0);
+      runner.child.kill('SIGTERM');
+      t.equal(await new Promise((r) => runner.child.on('exit', r)), 0);
     });
 
     t.test('kept output of a sandbox the service no longer has is discarded, once, and svc-runner stays', async (t) => {
@@ -335,28 +318,12 @@ for (const backend of backends()) {
         spoolFiles(root).some((f) => f.bytes > 0),
         'the spool holds it before the start',
       );
-      const start = () => {
-        const child = spawn(process.execPath, [BIN, '--url', svc.url, '--token', token, '--root', root], {
-          stdio: ['ignore', 'pipe', 'pipe'],
-        });
-        let out = '';
-        child.stdout.on('data', (d) => {
-          out += d;
-        });
-        child.stderr.on('data', (d) => {
-          out += d;
-        });
-        t.teardown(() => {
-          child.kill('SIGKILL');
-        });
-        return { child, out: () => out };
-      };
-      const first = start();
+      const first = await startRunnerProcess(t, svc.url, token, [], { root });
       t.ok(
-        await until(() => /2 kept events of sandbox sbx_gone_elsewhere discarded/.test(first.out()), 30_000),
-        `it says what it discarded and why (${first.out()})`,
+        await until(() => /2 kept events of sandbox sbx_gone_elsewhere discarded/.test(first.output), 30_000),
+        `it says what it discarded and why (${first.output})`,
       );
-      t.match(first.out(), /is not on this runner/);
+      t.match(first.output, /is not on this runner/);
       t.same(
         spoolFiles(root).filter((f) => f.name.includes('sbx_gone_elsewhere')),
         [],
@@ -365,10 +332,10 @@ for (const backend of backends()) {
       t.equal(first.child.exitCode, null, 'svc-runner keeps running');
       first.child.kill('SIGTERM');
       t.equal(await new Promise((r) => first.child.on('exit', r)), 0);
-      const second = start();
-      t.ok(await until(() => /connected/.test(second.out()), 30_000), 'a restart connects');
+      const second = await startRunnerProcess(t, svc.url, token, [], { root });
+      t.match(second.output, /connected as runner/, 'a restart connects');
       await sleep(500);
-      t.notMatch(second.out(), /discarded/, 'and has nothing left to discard');
+      t.notMatch(second.output, /discarded/, 'and has nothing left to discard');
       second.child.kill('SIGTERM');
       t.equal(await new Promise((r) => second.child.on('exit', r)), 0);
     });
