@@ -137,14 +137,7 @@ async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: 
       await chownTree(dir, user);
     }
   });
-  const sandbox: Sandbox = {
-    id: spec.id,
-    incarnation: spec.incarnation,
-    dir,
-    env: spec.env,
-    ...(user ? { user } : {}),
-  };
-  if (egress) sandbox.egress = await egress.apply(spec, emit);
+  const sandbox = await sandboxOn(dir, spec, emit, options);
   const env = sandboxEnv(sandbox, spec.conversationId);
   const output = (stream: 'stdout' | 'stderr', data: string) =>
     emit({ conversation_id: spec.conversationId, kind: 'output', stream, data });
@@ -199,15 +192,7 @@ async function adoptSandbox(root: string, spec: SandboxSpec, emit: Emit, options
     const found = await stat(dir).catch(() => undefined);
     if (!found?.isDirectory())
       throw new Error(`the sandbox directory is gone (removed while it was suspended); it cannot be woken`);
-    const user = options.egress?.runAs ?? undefined;
-    const sandbox: Sandbox = {
-      id: spec.id,
-      incarnation: spec.incarnation,
-      dir,
-      env: spec.env,
-      ...(user ? { user } : {}),
-    };
-    if (options.egress) sandbox.egress = await options.egress.apply(spec, emit);
+    const sandbox = await sandboxOn(dir, spec, emit, options);
     emit({
       ...closing,
       state: 'done',
@@ -219,6 +204,24 @@ async function adoptSandbox(root: string, spec: SandboxSpec, emit: Emit, options
     emit({ ...closing, state: 'failed', duration_ms: Date.now() - started, data: (err as Error).message });
     throw err;
   }
+}
+
+/**
+ * The sandbox as this runner holds it, in `dir`, run as the egress user when there is one,
+ * with its egress policy applied (stage `network`, when there is one): after a build, or when
+ * a kept directory is woken.
+ */
+async function sandboxOn(dir: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
+  const user = options.egress?.runAs ?? undefined;
+  const sandbox: Sandbox = {
+    id: spec.id,
+    incarnation: spec.incarnation,
+    dir,
+    env: spec.env,
+    ...(user ? { user } : {}),
+  };
+  if (options.egress) sandbox.egress = await options.egress.apply(spec, emit);
+  return sandbox;
 }
 
 /** Gives a directory tree to `user` (symbolic links themselves, never what they point to). */
