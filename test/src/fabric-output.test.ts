@@ -164,7 +164,12 @@ for (const backend of backends()) {
       const before = seen.filter((e) => e === 'connected').length;
       tracked.emit('sbx_not_mine', 0, { conversation_id: conv.id, kind: 'output', stream: 'stdout', data: 'x' });
       t.ok(await until(() => seen.includes('output_discarded'), 15_000), `told to discard it (${seen.join(', ')})`);
-      t.equal(tracked.keptEvents, 0, 'nothing of it is kept');
+      // Kept events are counted over every sandbox: the earlier tests' output leaves once the
+      // copy holds it, which a loaded machine may take a moment for.
+      t.ok(
+        await until(() => tracked.keptEvents === 0, 15_000),
+        `nothing of it is kept (${tracked.keptEvents} events kept)`,
+      );
       await svc.fabric.command(runnerId, { kind: 'sandbox.destroy', sandbox: sandboxId, incarnation: 0 });
       t.ok(svc.fabric.isLive(runnerId), 'the same connection still takes commands');
       t.equal(seen.filter((e) => e === 'connected').length, before, 'it did not have to reconnect');
