@@ -25,6 +25,7 @@ export interface Fleet {
   stop(): Promise<{
     acked: number;
     frames: number;
+    acks: number;
     histogram: Histogram;
     open: number;
     closes: Record<string, number>;
@@ -162,6 +163,7 @@ export async function startFleet(
       return {
         acked: dones.reduce((a, d) => a + d.acked, 0),
         frames: dones.reduce((a, d) => a + d.frames, 0),
+        acks: dones.reduce((a, d) => a + d.acks, 0),
         histogram,
         open: dones.reduce((a, d) => a + d.open, 0),
         closes,

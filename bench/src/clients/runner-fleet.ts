@@ -62,6 +62,8 @@ export interface FleetDone {
   type: 'done';
   acked: number;
   frames: number;
+  /** `appended` messages received (one may cover several frames). */
+  acks: number;
   histogram: number[];
   open: number;
   closes: Record<string, number>;
@@ -95,6 +97,7 @@ const closes: Record<string, number> = {};
 let going = false;
 let acked = 0;
 let frames = 0;
+let acks = 0;
 const whole = new Histogram();
 let second = new Histogram();
 let stream: { batch: number; payloadBytes: number; window: number } | undefined;
@@ -191,6 +194,7 @@ function connectRunner(url: string, runner: FleetRunner, localAddress: string): 
       } else if (m.t === 'command') {
         if (m.epoch === c.epoch) ws.send(encodeFrame({ t: 'ack', n: m.n }));
       } else if (m.t === 'appended') {
+        acks++;
         if (m.hwm > c.hwm) {
           acked += m.hwm - c.hwm;
           c.hwm = m.hwm;
@@ -320,6 +324,7 @@ process.on('message', (m: FleetStart | FleetGo | { type: 'stop' } | { type: 'exi
         type: 'done',
         acked,
         frames,
+        acks,
         histogram: whole.toJSON(),
         open,
         closes,

@@ -1,6 +1,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { ensurePackages } from './apt.ts';
 import { freePort, type Started, startProcess } from './proc.ts';
 
 export interface ThrowawayRedis {
@@ -11,7 +12,11 @@ export interface ThrowawayRedis {
 }
 
 /** A redis-server on a free loopback port, no persistence, gone when stopped. */
-export async function startRedis(extra: string[] = []): Promise<ThrowawayRedis> {
+export async function startRedis(
+  extra: string[] = [],
+  say: (s: string) => void = (s) => process.stderr.write(`${s}\n`),
+): Promise<ThrowawayRedis> {
+  ensurePackages(['redis-server'], say);
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'svc-bench-redis-'));
   const started: Started = await startProcess(

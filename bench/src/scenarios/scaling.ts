@@ -1,4 +1,5 @@
 import { clusterUnavailable, startRedisCluster } from '../../../test/src/redis-cluster.ts';
+import { ensurePackages } from '../lib/apt.ts';
 import { type Ours, startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree, sleep, until } from '../lib/proc.ts';
@@ -35,6 +36,7 @@ export const scaling: Scenario = {
   defaults: { connections: 5000, duration: 10, rate: 500 },
   smoke: { connections: 100, duration: 2, rate: 20 },
   async run({ opts, progress, defer }): Promise<Outcome> {
+    ensurePackages(['redis-server', 'redis-tools'], (s) => progress.say(s));
     const unavailable = clusterUnavailable();
     if (unavailable) throw new Error(unavailable);
     progress.update('starting a Redis Cluster of 3 masters and a Postgres');

@@ -96,6 +96,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     let ready: string;
     let specs: WatcherSpec[];
     let publish: (seconds: number) => Promise<{ sent: number; failed: number; cpu: number }>;
+    // BENCH_CPU_PROF=<dir>: a CPU profile of our service over the measured window.
+    let profile: { start(): Promise<unknown>; stop(): Promise<string> } | undefined;
     if (system === 'ours') {
       let redisUrl = plan.redis;
       if (!redisUrl) {
@@ -123,6 +125,13 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         plan.nodeArgs,
       );
       stops.push(() => ours.stop());
+      const dir = process.env.BENCH_CPU_PROF;
+      if (dir) {
+        profile = {
+          start: () => ours.call('ops/profile#start'),
+          stop: () => ours.call<string>('ops/profile#stop', { dir, name: `fanout-${plan.slow ? 'slow' : 'ours'}` }),
+        };
+      }
       progress.update(`ours: ${plan.tenants} accounts, ${plan.conversations} conversations`);
       const layout = await ours.call<Layout>('ops/fanout#setup', {
         tenants: plan.tenants,
@@ -222,6 +231,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const memory = setInterval(() => {
       rssPeak = Math.max(rssPeak, rssOfTree(pid));
     }, 250);
+    await profile?.start();
     const cpuBefore = cpuOfTree(pid);
     const start = now();
     fleet.measure(start);
@@ -242,6 +252,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const rssAfter = rssOfTree(pid);
     rssPeak = Math.max(rssPeak, rssAfter);
     const serverCpuSeconds = cpuOfTree(pid) - cpuBefore;
+    if (profile) progress.say(`ours: CPU profile ${await profile.stop()}`);
     const report: FleetReport = await fleet.report();
     const result: FanoutResult = {
       system,
