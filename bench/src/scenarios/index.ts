@@ -5,8 +5,18 @@ import { replay } from './replay.ts';
 import { runners } from './runners.ts';
 import { scaling } from './scaling.ts';
 import { slowWatcher } from './slow-watcher.ts';
-import { sseFanout } from './sse-fanout.ts';
+import { sseFanout, sseTenant } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
-export const scenarios: Scenario[] = [sseIdle, sseFanout, ingest, replay, crud, runners, slowWatcher, scaling];
+export const scenarios: Scenario[] = [
+  sseIdle,
+  sseFanout,
+  sseTenant,
+  ingest,
+  replay,
+  crud,
+  runners,
+  slowWatcher,
+  scaling,
+];

@@ -1,3 +1,4 @@
+import type { Progress } from '../lib/progress.ts';
 import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
 import type { Bar, Chart } from '../lib/svg.ts';
 import { type FanoutPlan, type FanoutResult, P99_WINDOWS, runFanout, type System } from '../sse/fanout.ts';
@@ -57,6 +58,129 @@ export function latencyCharts(runs: { name: string; who: string; r: FanoutResult
 }
 
 /**
+ * Runs a fan-out plan on ours, Nchan and the bare uWebSockets.js floor, one after the other,
+ * and compares: delivered events/s at least Nchan's, p99 at most twice Nchan's.
+ */
+async function compareFanout(
+  plan: FanoutPlan,
+  opts: { smoke?: boolean },
+  progress: Progress,
+  layoutNotes: string[],
+): Promise<Outcome> {
+  const results: Partial<Record<System, FanoutResult>> = {};
+  const errors: Partial<Record<System, string>> = {};
+  for (const system of ['ours', 'Nchan', 'floor'] as const) {
+    try {
+      results[system] = await runFanout(system, plan, progress);
+    } catch (err) {
+      if (system === 'ours') throw err;
+      errors[system] = (err as Error).message;
+      progress.say(`${system} not measured: ${errors[system]}`);
+    }
+  }
+  const ours = results.ours as FanoutResult;
+  const base = (s: System, f: (r: FanoutResult) => number) => {
+    const r = results[s];
+    return r ? { name: label(s), value: f(r) } : undefined;
+  };
+  const decide = !opts.smoke;
+  const lost = (r: FanoutResult) => r.expected - r.delivered;
+  const targets: Target[] = [
+    ratioTarget(
+      'delivered events/s',
+      'events/s',
+      ours.deliveredPerSecond,
+      base('Nchan', (r) => r.deliveredPerSecond),
+      { atLeast: 1 },
+      decide,
+    ),
+    ratioTarget(
+      `append-to-receipt p99 (median of ${P99_WINDOWS} parts of the run)`,
+      'ms',
+      ours.p99Median,
+      base('Nchan', (r) => r.p99Median),
+      { atMost: 2 },
+      decide,
+    ),
+    {
+      ...ratioTarget(
+        'append-to-receipt p99 over the whole run',
+        'ms',
+        ours.latency.p99 as number,
+        base('Nchan', (r) => r.latency.p99 as number),
+        { atMost: 2 },
+        false,
+      ),
+      goal: 'reported',
+    },
+    {
+      ...ratioTarget(
+        'delivered events/s against the floor',
+        'events/s',
+        ours.deliveredPerSecond,
+        base('floor', (r) => r.deliveredPerSecond),
+        { atLeast: 1 },
+        false,
+      ),
+      goal: 'reported (share of the floor)',
+    },
+    {
+      ...ratioTarget(
+        'append-to-receipt p99 against the floor',
+        'ms',
+        ours.p99Median,
+        base('floor', (r) => r.p99Median),
+        { atMost: 1 },
+        false,
+      ),
+      goal: 'reported (multiple of the floor)',
+    },
+  ];
+  if (errors.Nchan) for (const t of targets.slice(0, 3)) t.note = `Nchan not measured: ${errors.Nchan}`;
+  if (lost(ours) > 0 && targets[0]) {
+    targets[0].note = `${lost(ours)} of ${ours.expected} deliveries missing`;
+    if (decide) targets[0].met = false;
+  }
+  const runs = (Object.entries(results) as [System, FanoutResult][]).map(([s, r]) => ({
+    name: label(s),
+    who: who(s),
+    r,
+  }));
+  return {
+    figures: { plan, ...results, errors },
+    targets,
+    charts: [
+      {
+        kind: 'bars',
+        file: 'throughput',
+        title: 'Delivered events per second',
+        unit: 'events/s',
+        bars: runs.map(({ name, who, r }) => ({ label: name, value: r.deliveredPerSecond, who })),
+      },
+      ...latencyCharts(runs),
+      {
+        kind: 'bars',
+        file: 'memory',
+        title: 'Server memory per watcher while fanning out (RSS peak / watchers)',
+        unit: 'bytes',
+        bars: runs.map(({ name, who, r }) => ({ label: name, value: r.rssPeak / Math.max(1, r.held), who })),
+      },
+    ],
+    notes: [
+      ...layoutNotes,
+      `Each system first gets ${plan.warmupSeconds ?? 0} s of the same publishing, not counted: the steady state is measured.`,
+      `The p99 target takes each system's p99 in each of ${P99_WINDOWS} equal parts of its run and compares their medians, so that one moment of other work on this shared two-core machine (a pause of 20 ms in one second) moves one part and not the verdict; the p99 over the whole run is reported beside it. Per part: ${runs.map(({ name, r }) => `${name} ${r.p99Windows.join(' / ')} ms`).join('; ')}.`,
+      'Latency is from the scheduled send time in each event to its receipt, so a publisher that falls behind shows as latency. Delivered events/s counts deliveries to every watcher (until all arrived or 10 s past the end) over the publishing time.',
+      ...runs.map(
+        ({ name, r }) =>
+          `${name}: ${r.delivered}/${r.expected} delivered, server CPU ${r.serverCpuSeconds} s, clients ${r.clientCpuSeconds} s.`,
+      ),
+    ],
+    clientCpuSeconds: runs.reduce((a, { r }) => a + r.clientCpuSeconds, 0),
+  };
+}
+
+/**
  * Fan-out: 10,000 watchers over 1,000 conversations of 10 tenants (`GET
  * /api/conversations/:id/stream?wait=true`, each tenant's bearer key), events appended at a
  * fixed rate inside our service through its write path, each carrying its scheduled send
@@ -72,117 +196,40 @@ export const sseFanout: Scenario = {
   smoke: { connections: 300, duration: 2, rate: 100 },
   async run({ opts, progress }): Promise<Outcome> {
     const plan = fanoutPlan(opts);
-    const results: Partial<Record<System, FanoutResult>> = {};
-    const errors: Partial<Record<System, string>> = {};
-    for (const system of ['ours', 'Nchan', 'floor'] as const) {
-      try {
-        results[system] = await runFanout(system, plan, progress);
-      } catch (err) {
-        if (system === 'ours') throw err;
-        errors[system] = (err as Error).message;
-        progress.say(`${system} not measured: ${errors[system]}`);
-      }
-    }
-    const ours = results.ours as FanoutResult;
-    const base = (s: System, f: (r: FanoutResult) => number) => {
-      const r = results[s];
-      return r ? { name: label(s), value: f(r) } : undefined;
+    return compareFanout(plan, opts, progress, [
+      `${plan.watchers} watchers over ${plan.conversations} conversations of ${plan.tenants} tenants (${PER_CONVERSATION} per conversation), ${plan.rate} events/s in total for ${plan.seconds} s, round robin over the conversations; watchers in child processes on raw sockets.`,
+      'Ours: `GET /api/conversations/:id/stream?wait=true` with the tenant key; events appended inside the service process through appendEvents (one producer per conversation), on a throwaway Redis and Postgres. Nchan and the floor: `/sub/<channel>` subscribers (a channel per conversation), a publisher process POSTing `/pub/<channel>` over 16 keep-alive connections.',
+    ]);
+  },
+};
+
+/** Watchers per tenant stream and conversations per tenant of sse-tenant (1,000 / 10 tenants). */
+const PER_TENANT = 100;
+const CONVERSATIONS_PER_TENANT = 10;
+
+/**
+ * Team fan-out: 1,000 watchers of `GET /api/events/stream` (every conversation of the tenant),
+ * 100 per tenant over 10 tenants of 10 conversations each, events appended at a fixed rate
+ * round robin over the conversations: each event reaches every watcher of its tenant. The same
+ * layout on Nchan and the floor with a channel per tenant.
+ */
+export const sseTenant: Scenario = {
+  name: 'sse-tenant',
+  title:
+    'sse-tenant: live fan-out of every conversation of a tenant to 1,000 watchers of 10 tenants, ours against Nchan',
+  defaults: { connections: 1000, duration: 15, rate: 100 },
+  smoke: { connections: 200, duration: 2, rate: 20 },
+  async run({ opts, progress }): Promise<Outcome> {
+    const tenants = Math.max(1, Math.min(MAX_TENANTS, Math.round(opts.connections / PER_TENANT)));
+    const plan: FanoutPlan = {
+      ...fanoutPlan(opts),
+      stream: 'tenant',
+      tenants,
+      conversations: tenants * CONVERSATIONS_PER_TENANT,
     };
-    const decide = !opts.smoke;
-    const lost = (r: FanoutResult) => r.expected - r.delivered;
-    const targets: Target[] = [
-      ratioTarget(
-        'delivered events/s',
-        'events/s',
-        ours.deliveredPerSecond,
-        base('Nchan', (r) => r.deliveredPerSecond),
-        { atLeast: 1 },
-        decide,
-      ),
-      ratioTarget(
-        `append-to-receipt p99 (median of ${P99_WINDOWS} parts of the run)`,
-        'ms',
-        ours.p99Median,
-        base('Nchan', (r) => r.p99Median),
-        { atMost: 2 },
-        decide,
-      ),
-      {
-        ...ratioTarget(
-          'append-to-receipt p99 over the whole run',
-          'ms',
-          ours.latency.p99 as number,
-          base('Nchan', (r) => r.latency.p99 as number),
-          { atMost: 2 },
-          false,
-        ),
-        goal: 'reported',
-      },
-      {
-        ...ratioTarget(
-          'delivered events/s against the floor',
-          'events/s',
-          ours.deliveredPerSecond,
-          base('floor', (r) => r.deliveredPerSecond),
-          { atLeast: 1 },
-          false,
-        ),
-        goal: 'reported (share of the floor)',
-      },
-      {
-        ...ratioTarget(
-          'append-to-receipt p99 against the floor',
-          'ms',
-          ours.p99Median,
-          base('floor', (r) => r.p99Median),
-          { atMost: 1 },
-          false,
-        ),
-        goal: 'reported (multiple of the floor)',
-      },
-    ];
-    if (errors.Nchan) for (const t of targets.slice(0, 3)) t.note = `Nchan not measured: ${errors.Nchan}`;
-    if (lost(ours) > 0 && targets[0]) {
-      targets[0].note = `${lost(ours)} of ${ours.expected} deliveries missing`;
-      if (decide) targets[0].met = false;
-    }
-    const runs = (Object.entries(results) as [System, FanoutResult][]).map(([s, r]) => ({
-      name: label(s),
-      who: who(s),
-      r,
-    }));
-    return {
-      figures: { plan, ...results, errors },
-      targets,
-      charts: [
-        {
-          kind: 'bars',
-          file: 'throughput',
-          title: 'Delivered events per second',
-          unit: 'events/s',
-          bars: runs.map(({ name, who, r }) => ({ label: name, value: r.deliveredPerSecond, who })),
-        },
-        ...latencyCharts(runs),
-        {
-          kind: 'bars',
-          file: 'memory',
-          title: 'Server memory per watcher while fanning out (RSS peak / watchers)',
-          unit: 'bytes',
-          bars: runs.map(({ name, who, r }) => ({ label: name, value: r.rssPeak / Math.max(1, r.held), who })),
-        },
-      ],
-      notes: [
-        `${plan.watchers} watchers over ${plan.conversations} conversations of ${plan.tenants} tenants (${PER_CONVERSATION} per conversation), ${plan.rate} events/s in total for ${plan.seconds} s, round robin over the conversations; watchers in child processes on raw sockets.`,
-        'Ours: `GET /api/conversations/:id/stream?wait=true` with the tenant key; events appended inside the service process through appendEvents (one producer per conversation), on a throwaway Redis and Postgres. Nchan and the floor: `/sub/<channel>` subscribers, a publisher process POSTing `/pub/<channel>` over 16 keep-alive connections.',
-        `Each system first gets ${plan.warmupSeconds ?? 0} s of the same publishing, not counted: the steady state is measured.`,
-        `The p99 target takes each system's p99 in each of ${P99_WINDOWS} equal parts of its run and compares their medians, so that one moment of other work on this shared two-core machine (a pause of 20 ms in one second) moves one part and not the verdict; the p99 over the whole run is reported beside it. Per part: ${runs.map(({ name, r }) => `${name} ${r.p99Windows.join(' / ')} ms`).join('; ')}.`,
-        'Latency is from the scheduled send time in each event to its receipt, so a publisher that falls behind shows as latency. Delivered events/s counts deliveries to every watcher (until all arrived or 10 s past the end) over the publishing time.',
-        ...runs.map(
-          ({ name, r }) =>
-            `${name}: ${r.delivered}/${r.expected} delivered, server CPU ${r.serverCpuSeconds} s, clients ${r.clientCpuSeconds} s.`,
-        ),
-      ],
-      clientCpuSeconds: runs.reduce((a, { r }) => a + r.clientCpuSeconds, 0),
-    };
+    return compareFanout(plan, opts, progress, [
+      `${plan.watchers} watchers of their tenant's whole stream, ${Math.round(plan.watchers / tenants)} per tenant over ${tenants} tenants of ${CONVERSATIONS_PER_TENANT} conversations each; ${plan.rate} events/s in total for ${plan.seconds} s, round robin over the conversations, so each event reaches every watcher of its tenant (${Math.round((plan.rate * plan.watchers) / tenants)} deliveries/s); watchers in child processes on raw sockets.`,
+      'Ours: `GET /api/events/stream` with the tenant key (the cross-conversation stream a team dashboard follows); events appended inside the service process through appendEvents, on a throwaway Redis and Postgres. Nchan and the floor: `/sub/<channel>` subscribers with a channel per tenant, a publisher process POSTing `/pub/<channel>` over 16 keep-alive connections.',
+    ]);
   },
 };

@@ -15,7 +15,13 @@ import type { PublishJob } from './publisher.ts';
 export type System = 'ours' | 'Nchan' | 'floor';
 
 export interface FanoutPlan {
-  /** Healthy watchers, spread evenly over the conversations. */
+  /**
+   * What each watcher follows: one conversation (`/api/conversations/:id/stream`; a channel
+   * per conversation on the peers), or everything of its tenant (`/api/events/stream`; a
+   * channel per tenant on the peers). Default: conversation.
+   */
+  stream?: 'conversation' | 'tenant';
+  /** Healthy watchers, spread evenly over the conversations (or the tenants). */
   watchers: number;
   conversations: number;
   tenants: number;
@@ -85,19 +91,31 @@ export function windowP99s(perSecond: Histogram[], seconds: number, n: number): 
   return windows.map((h) => round(h.percentile(99), 3));
 }
 
-/** Watcher `i` follows conversation `i % conversations`, so every conversation gets the same share. */
-const conversationOf = (plan: FanoutPlan, i: number) => i % plan.conversations;
+const perTenant = (plan: FanoutPlan) => Math.ceil(plan.conversations / plan.tenants);
+/** The tenant of conversation `c` (conversations are laid out tenant by tenant). */
+const tenantOf = (plan: FanoutPlan, c: number) => Math.floor(c / perTenant(plan));
+/** How many of `total` go to part `k` of `parts` when dealt round robin. */
+const share = (total: number, parts: number, k: number) => Math.floor(total / parts) + (k < total % parts ? 1 : 0);
 
-/** Slow watcher `i` follows a conversation spread evenly over all of them. */
-const slowConversationOf = (plan: FanoutPlan, i: number) =>
-  Math.floor((i * plan.conversations) / Math.max(1, plan.slow)) % plan.conversations;
+/**
+ * What watcher `i` follows: conversation `i % conversations`, or tenant `i % tenants`, so each
+ * gets the same share. Slow watchers follow conversations spread evenly over all of them (or
+ * their tenants).
+ */
+function targetOf(plan: FanoutPlan, i: number, slow: boolean): number {
+  const c = slow ? Math.floor((i * plan.conversations) / Math.max(1, plan.slow)) % plan.conversations : i;
+  return plan.stream === 'tenant' ? (slow ? tenantOf(plan, c) : c % plan.tenants) : c % plan.conversations;
+}
 
-/** Healthy deliveries due: each event once per healthy watcher of its conversation. */
+/** Healthy deliveries due: each event once per healthy watcher of its conversation (or tenant). */
 function expectedDeliveries(plan: FanoutPlan, published: number): number {
   let sum = 0;
   for (let c = 0; c < plan.conversations; c++) {
-    const events = Math.floor(published / plan.conversations) + (c < published % plan.conversations ? 1 : 0);
-    const watchers = Math.floor(plan.watchers / plan.conversations) + (c < plan.watchers % plan.conversations ? 1 : 0);
+    const events = share(published, plan.conversations, c);
+    const watchers =
+      plan.stream === 'tenant'
+        ? share(plan.watchers, plan.tenants, tenantOf(plan, c))
+        : share(plan.watchers, plan.conversations, c);
     sum += events * watchers;
   }
   return sum;
@@ -152,25 +170,23 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         };
       }
       progress.update(`ours: ${plan.tenants} accounts, ${plan.conversations} conversations`);
-      const layout = await ours.call<Layout>('ops/fanout#setup', {
-        tenants: plan.tenants,
-        perTenant: Math.ceil(plan.conversations / plan.tenants),
-      });
+      const layout = await ours.call<Layout>('ops/fanout#setup', { tenants: plan.tenants, perTenant: perTenant(plan) });
       const conversations = layout.tenants.flatMap((t) => t.conversations.map((id) => ({ id, key: t.key })));
       conversations.length = plan.conversations;
-      specs = Array.from({ length: plan.watchers }, (_, i) => {
-        const c = conversations[conversationOf(plan, i)] as { id: string; key: string };
-        return { path: `/api/conversations/${c.id}/stream?wait=true`, authorization: `Bearer ${c.key}` };
-      });
+      const spec = (i: number, slow: boolean): WatcherSpec => {
+        const target = targetOf(plan, i, slow);
+        if (plan.stream === 'tenant') {
+          const key = (layout.tenants[target] as { key: string }).key;
+          return { path: '/api/events/stream', authorization: `Bearer ${key}`, slow };
+        }
+        const c = conversations[target] as { id: string; key: string };
+        return { path: `/api/conversations/${c.id}/stream?wait=true`, authorization: `Bearer ${c.key}`, slow };
+      };
       // Slow watchers are more watchers of the same conversations, spread over all of them.
-      for (let i = 0; i < plan.slow; i++) {
-        const c = conversations[slowConversationOf(plan, i)] as { id: string; key: string };
-        specs.push({
-          path: `/api/conversations/${c.id}/stream?wait=true`,
-          authorization: `Bearer ${c.key}`,
-          slow: true,
-        });
-      }
+      specs = [
+        ...Array.from({ length: plan.watchers }, (_, i) => spec(i, false)),
+        ...Array.from({ length: plan.slow }, (_, i) => spec(i, true)),
+      ];
       ({ port, pid } = ours);
       ready = ': connected';
       publish = async (seconds) => {
@@ -190,10 +206,19 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       stops.push(() => peer.stop());
       ({ port, pid } = peer);
       ready = system === 'Nchan' ? ': hi' : ': connected';
-      const channels = Array.from({ length: plan.conversations }, (_, c) => `c${c}`);
-      specs = Array.from({ length: plan.watchers }, (_, i) => ({ path: `/sub/${channels[conversationOf(plan, i)]}` }));
-      for (let i = 0; i < plan.slow; i++)
-        specs.push({ path: `/sub/${channels[slowConversationOf(plan, i)]}`, slow: true });
+      // A channel per conversation, or per tenant: published to round robin over the
+      // conversations, as ours appends.
+      const channel = (target: number) => (plan.stream === 'tenant' ? `t${target}` : `c${target}`);
+      const channels = Array.from({ length: plan.conversations }, (_, c) =>
+        channel(plan.stream === 'tenant' ? tenantOf(plan, c) : c),
+      );
+      specs = [
+        ...Array.from({ length: plan.watchers }, (_, i) => ({ path: `/sub/${channel(targetOf(plan, i, false))}` })),
+        ...Array.from({ length: plan.slow }, (_, i) => ({
+          path: `/sub/${channel(targetOf(plan, i, true))}`,
+          slow: true,
+        })),
+      ];
       publish = async (seconds) => {
         const child = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
           execArgv: ['--import', 'tsx'],
