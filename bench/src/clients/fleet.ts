@@ -1,12 +1,10 @@
 /**
- * The parent side of runner-fleet.ts: spreads sockets over child processes (open files are
- * capped per process) and over loopback source addresses (about 28,000 ports per address to
- * one server port), opens them, starts and stops the traffic, and sums what the children say.
+ * The parent side of runner-fleet.ts: spreads sockets over child processes and loopback source
+ * addresses (lib/children.ts), opens them, starts and stops the traffic, and sums what the
+ * children say.
  */
-import { type ChildProcess, fork } from 'node:child_process';
-import { join } from 'node:path';
-import { repoRoot } from '../lib/machine.ts';
-import { cpuSecondsOf, stopChild } from '../lib/proc.ts';
+import type { ChildProcess } from 'node:child_process';
+import { forkLoadClients } from '../lib/children.ts';
 import { Histogram } from '../lib/stats.ts';
 import type { FleetDone, FleetRunner, FleetStart, FleetTick } from './runner-fleet.ts';
 
@@ -52,26 +50,18 @@ export async function startFleet(
   opts: { children?: number; concurrency?: number; onProgress?: (open: number) => void } = {},
 ): Promise<Fleet> {
   const total = spec.kind === 'runner' ? spec.runners.length : spec.count;
-  const n = Math.max(opts.children ?? 1, Math.ceil(total / PER_CHILD));
-  const children: ChildProcess[] = [];
-  const opens: number[] = [];
+  const loadClients = forkLoadClients(new URL('./runner-fleet.ts', import.meta.url), total, {
+    perProcess: PER_CHILD,
+    perAddress: PER_ADDRESS,
+    processes: opts.children,
+  });
+  const children = loadClients.clients.map((c) => c.child);
+  const n = children.length;
+  const opens = children.map(() => 0);
   const ticks: (FleetTick | undefined)[] = [];
   const readies: Promise<void>[] = [];
   let tickHandler: ((t: FleetTick) => void) | undefined;
-  let offset = 0;
-  for (let i = 0; i < n; i++) {
-    const count = Math.floor(total / n) + (i < total % n ? 1 : 0);
-    const first = offset;
-    offset += count;
-    const child = fork(join(repoRoot, 'bench/src/clients/runner-fleet.ts'), [], {
-      cwd: repoRoot,
-      execArgv: ['--import', 'tsx'],
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-    });
-    children.push(child);
-    opens[i] = 0;
-    // A child's sockets come from one source address; children are spread over addresses.
-    const localAddress = total > 20_000 ? `127.0.0.${2 + Math.floor((first + count / 2) / PER_ADDRESS)}` : '127.0.0.1';
+  for (const [i, { child, first, count, localAddress }] of loadClients.clients.entries()) {
     readies.push(
       new Promise<void>((resolve, reject) => {
         child.on('message', (m: { type: string; open?: number }) => {
@@ -117,14 +107,7 @@ export async function startFleet(
         : { type: 'start', kind: 'echo', url: spec.url, count, localAddress, concurrency: opts.concurrency ?? 50 };
     child.send(start);
   }
-  const closeAll = async () => {
-    await Promise.all(
-      children.map((c) => {
-        if (c.connected) c.send({ type: 'exit' });
-        return stopChild(c, 5000);
-      }),
-    );
-  };
+  const closeAll = () => loadClients.close({ type: 'exit' });
   try {
     await Promise.all(readies);
   } catch (err) {
@@ -172,14 +155,7 @@ export async function startFleet(
         errorSamples: dones.flatMap((d) => d.errorSamples).slice(0, 5),
       };
     },
-    cpuSeconds: () =>
-      children.reduce((a, c) => {
-        try {
-          return a + cpuSecondsOf(c.pid as number);
-        } catch {
-          return a;
-        }
-      }, 0),
+    cpuSeconds: () => loadClients.cpuSeconds(),
     close: closeAll,
   };
 }

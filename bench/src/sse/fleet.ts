@@ -1,6 +1,5 @@
-import { type ChildProcess, fork } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
-import { cpuSecondsOf, stopChild, until } from '../lib/proc.ts';
+import { forkLoadClients } from '../lib/children.ts';
+import { until } from '../lib/proc.ts';
 import { Histogram } from '../lib/stats.ts';
 import type { ToWatcher, WatcherReport, WatcherSpec, WatcherStatus } from './watcher.ts';
 
@@ -34,24 +33,13 @@ export interface Fleet {
   close(): Promise<void>;
 }
 
-/**
- * Source addresses are never reused within one bench process: the sockets of a closed fleet
- * linger in TIME_WAIT on theirs, and binding next to thousands of those makes the kernel's
- * search for a free port slow.
- */
-let nextAddress = 0;
-function freshAddress(): string {
-  const a = nextAddress++;
-  return `127.0.${1 + Math.floor(a / 250)}.${2 + (a % 250)}`;
-}
-
 /** Sockets per client process: under the 20,000 open files a process may hold here. */
 const PER_PROCESS = 5000;
 
 /**
- * SSE watchers held by child processes (watcher.ts), `PER_PROCESS` at most each, each process
- * on its own loopback source address (127.0.1.2, 127.0.1.3, ...) so no address runs out of
- * ephemeral ports however many watchers there are.
+ * SSE watchers held by child processes (watcher.ts, forked by lib/children.ts), `PER_PROCESS`
+ * at most each, each process on its own fresh loopback source address so no address runs out
+ * of ephemeral ports however many watchers there are.
  */
 export function startFleet(opts: {
   port: number;
@@ -61,18 +49,15 @@ export function startFleet(opts: {
   inFlight?: number;
 }): Fleet {
   const per = Math.min(opts.perProcess ?? PER_PROCESS, 19_000);
-  const n = Math.max(1, Math.ceil(opts.watchers.length / per));
-  const children: ChildProcess[] = [];
+  const loadClients = forkLoadClients(new URL('./watcher.ts', import.meta.url), opts.watchers.length, {
+    perProcess: per,
+    perAddress: per,
+  });
+  const children = loadClients.clients.map((c) => c.child);
   const statuses: WatcherStatus[] = [];
-  const cpu: number[] = [];
   const reports: ((r: WatcherReport) => void)[] = [];
-  for (let i = 0; i < n; i++) {
-    const child = fork(fileURLToPath(new URL('./watcher.ts', import.meta.url)), [], {
-      execArgv: ['--import', 'tsx'],
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-    });
+  for (const [i, { child, first, count, localAddress }] of loadClients.clients.entries()) {
     statuses.push({ type: 'status', opened: 0, held: 0, failed: 0, closed: 0, received: 0 });
-    cpu.push(0);
     child.on('message', (m: WatcherStatus | WatcherReport) => {
       if (m.type === 'status') statuses[i] = m;
       else reports[i]?.(m);
@@ -80,24 +65,13 @@ export function startFleet(opts: {
     const job: ToWatcher = {
       type: 'open',
       port: opts.port,
-      localAddress: freshAddress(),
+      localAddress,
       ready: opts.ready,
-      watchers: opts.watchers.slice(i * per, (i + 1) * per),
+      watchers: opts.watchers.slice(first, first + count),
       inFlight: opts.inFlight ?? 64,
     };
     child.send(job);
-    children.push(child);
   }
-  const sampleCpu = () =>
-    children.forEach((c, i) => {
-      try {
-        cpu[i] = cpuSecondsOf(c.pid as number);
-      } catch {
-        // gone: keep its last reading
-      }
-    });
-  const sampler = setInterval(sampleCpu, 1000);
-  sampler.unref();
   const status = () => {
     const s = { opened: 0, held: 0, failed: 0, closed: 0, received: 0 };
     for (const x of statuses) {
@@ -110,7 +84,7 @@ export function startFleet(opts: {
     return s;
   };
   return {
-    processes: n,
+    processes: children.length,
     status,
     async opened(timeoutMs, onProgress) {
       return await until(
@@ -127,7 +101,6 @@ export function startFleet(opts: {
       for (const c of children) c.send({ type: 'measure', from } satisfies ToWatcher);
     },
     async report() {
-      sampleCpu();
       const got = await Promise.all(
         children.map(
           (c, i) =>
@@ -137,7 +110,6 @@ export function startFleet(opts: {
             }),
         ),
       );
-      sampleCpu();
       const perSecond: Histogram[] = [];
       const latency = new Histogram();
       const out: FleetReport = {
@@ -171,12 +143,7 @@ export function startFleet(opts: {
       out.failures = out.failures.slice(0, 10);
       return out;
     },
-    cpuSeconds: () => cpu.reduce((a, b) => a + b, 0),
-    async close() {
-      clearInterval(sampler);
-      sampleCpu();
-      for (const c of children) if (c.connected) c.send({ type: 'close' } satisfies ToWatcher);
-      await Promise.all(children.map((c) => stopChild(c, 3000)));
-    },
+    cpuSeconds: () => loadClients.cpuSeconds(),
+    close: () => loadClients.close({ type: 'close' } satisfies ToWatcher),
   };
 }
