@@ -235,6 +235,33 @@ for (const backend of backends()) {
         'appends continue above the trimmed tail',
       );
     });
+    t.test('the hot tail is cut back to its size only once it has grown a tenth past it', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      await haveConversations(sql, ten, 's');
+      let n = 0;
+      const appendUpTo = async (count: number) => {
+        while (n < count) await log.append({ tenant: ten, producer: 'p', seq: ++n, events: [out('s', `s${n}`)] });
+      };
+      const hot = async () => (await log.read(ten, { after: 0, limit: 1000 })).map((e) => e.data);
+      const newestId = async () => (await log.read(ten, { after: 0, limit: 1000 })).at(-1)?.id as number;
+      await appendUpTo(22);
+      await log.trim(ten, { upTo: await newestId(), keep: 20 });
+      t.equal((await hot()).length, 22, 'within the slack (20 + 2): nothing is trimmed');
+      t.equal(await log.floor(ten), 0, 'and the trim point did not move');
+      await appendUpTo(23);
+      const copied = await newestId();
+      await log.trim(ten, { upTo: copied, keep: 20 });
+      t.same(
+        await hot(),
+        Array.from({ length: 20 }, (_, i) => `s${i + 4}`),
+        'past it: the newest 20 stay, in order',
+      );
+      await appendUpTo(50);
+      await log.trim(ten, { upTo: copied, keep: 20 });
+      const capped = await hot();
+      t.equal(capped[0], 's24', 'never above the copy mark: what is above it stays, however much');
+      t.equal(capped.length, 27);
+    });
   });
 }
 

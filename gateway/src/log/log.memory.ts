@@ -9,6 +9,7 @@ import {
   seqsOf,
   sharedMarkLoads,
   storedFields,
+  TRIM_SLACK,
 } from './log.ts';
 
 /** Microseconds since the epoch: the floor under every new id. */
@@ -103,8 +104,10 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
 
     async trim(tenant: string, o: { upTo: number; keep: number }) {
       const t = tenants.get(tenant);
-      if (!t) return;
-      const boundary = t.events.length > o.keep ? (t.events[t.events.length - o.keep] as LogEvent).id : 0;
+      // As on Redis: nothing to do until the tail has grown a TRIM_SLACK-th past `keep`.
+      const excess = (t?.events.length ?? 0) - o.keep;
+      if (!t || excess <= 0 || excess <= Math.floor(o.keep / TRIM_SLACK)) return;
+      const boundary = (t.events[t.events.length - o.keep] as LogEvent).id;
       const cut = Math.min(boundary, o.upTo + 1);
       t.floor = Math.max(t.floor, cut);
       t.events = t.events.filter((e) => e.id >= cut);

@@ -13,6 +13,7 @@ import {
   seqsOf,
   sharedMarkLoads,
   storedFields,
+  TRIM_SLACK,
 } from './log.ts';
 
 /**
@@ -347,9 +348,15 @@ export function redisEventLog(
 
     async trim(tenant: string, o: { upTo: number; keep: number }) {
       const keys = logKeys(prefix, tenant);
-      const newest = (await redis.xrevrange(keys.log, '+', '-', 'COUNT', o.keep)) as [string, string[]][];
-      if (newest.length < o.keep) return;
-      const boundary = Number((newest.at(-1) as [string, string[]])[0].slice(0, -2));
+      // Once the tail has grown a tenth past `keep` it is cut back to `keep`: a pass costs one
+      // XLEN, and the boundary (the oldest entry kept) is read past only the entries that go.
+      // (Reading the newest `keep` entries instead moved the whole hot tail through this
+      // node's event loop at every copy pass, between the deliveries it makes.)
+      const excess = (await redis.xlen(keys.log)) - o.keep;
+      if (excess <= 0 || excess <= Math.floor(o.keep / TRIM_SLACK)) return;
+      const going = (await redis.xrange(keys.log, '-', '+', 'COUNT', excess + 1)) as [string, string[]][];
+      if (going.length <= excess) return;
+      const boundary = Number((going.at(-1) as [string, string[]])[0].slice(0, -2));
       const cut = Math.min(boundary, o.upTo + 1);
       // The trim point first: a reader that finds the events gone also finds the point moved.
       await redis.set(keys.trim, String(cut));

@@ -80,6 +80,9 @@ export interface ReadOptions {
  */
 export type LoadMark = (tenant: string, producer: string) => Promise<number | undefined>;
 
+/** The hot tail is trimmed back to `keep` once it has grown a TRIM_SLACK-th past it. */
+export const TRIM_SLACK = 10;
+
 /**
  * One load per producer at a time, shared by every append waiting for it. A producer keeps
  * several appends in flight; each may find the mark missing, and their retries must reach the
@@ -119,7 +122,9 @@ export interface EventLog {
   /**
    * Trims the hot tail: drops events with ids at or below `upTo` (the durable copy's mark),
    * except the newest `keep` of the tenant, which stay hot for fast replay. Never drops an
-   * event above `upTo`. Conversation streams follow at their next append.
+   * event above `upTo`. Conversation streams follow at their next append. Nothing is done
+   * until the tail holds more than `keep` plus a TRIM_SLACK-th of it, so most calls cost one
+   * length check.
    */
   trim(tenant: string, options: { upTo: number; keep: number }): Promise<void>;
   /**
