@@ -1,5 +1,6 @@
 import type { Service } from '../../../gateway/src/main.ts';
 import { createConversationRecord } from '../../../gateway/src/services/conversations.ts';
+import { Histogram } from '../lib/stats.ts';
 import { signUp } from '../tenant.ts';
 
 /** A conversation the appender writes to, as its own producer (so appends to different conversations never wait for each other). */
@@ -68,7 +69,15 @@ function appendOne(svc: Service, x: Target, data: string): Promise<unknown> {
 export async function append(
   svc: Service,
   args: { rate: number; seconds: number; padding: number; conversations: number },
-): Promise<{ appended: number; failed: number; seconds: number }> {
+): Promise<{
+  appended: number;
+  failed: number;
+  seconds: number;
+  issueLag: Record<string, number>;
+  appendMs: Record<string, number>;
+}> {
+  const lag = new Histogram();
+  const appendMs = new Histogram();
   const to = targets.slice(0, args.conversations);
   const pad = args.padding > 0 ? ` ${'x'.repeat(args.padding)}` : '';
   const total = Math.round(args.rate * args.seconds);
@@ -81,8 +90,12 @@ export async function append(
     for (; issued < due; issued++) {
       const x = to[issued % to.length] as Target;
       const sentAt = start + (issued * 1000) / args.rate;
+      lag.record(now() - sentAt);
       x.chain = x.chain
-        .then(() => appendOne(svc, x, `t:${sentAt.toFixed(3)}${pad}`))
+        .then(() => {
+          const t0 = now();
+          return appendOne(svc, x, `t:${sentAt.toFixed(3)}${pad}`).finally(() => appendMs.record(now() - t0));
+        })
         .then(
           (r) => ((r as { status: string }).status === 'appended' ? appended++ : failed++),
           () => failed++,
@@ -91,5 +104,11 @@ export async function append(
     await new Promise((r) => setTimeout(r, 1));
   }
   await Promise.all(to.map((x) => x.chain));
-  return { appended, failed, seconds: (now() - start) / 1000 };
+  return {
+    appended,
+    failed,
+    seconds: (now() - start) / 1000,
+    issueLag: lag.summary(),
+    appendMs: appendMs.summary(),
+  };
 }

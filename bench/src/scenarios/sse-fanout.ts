@@ -170,6 +170,11 @@ async function compareFanout(
       ...layoutNotes,
       `Each system first gets ${plan.warmupSeconds ?? 0} s of the same publishing, not counted: the steady state is measured.`,
       `The p99 target takes each system's p99 in each of ${P99_WINDOWS} equal parts of its run and compares their medians, so that one moment of other work on this shared two-core machine (a pause of 20 ms in one second) moves one part and not the verdict; the p99 over the whole run is reported beside it. Per part: ${runs.map(({ name, r }) => `${name} ${r.p99Windows.join(' / ')} ms`).join('; ')}.`,
+      ...(ours.gc && ours.appends
+        ? [
+            `Where ours' tail comes from (its event loop over the measured window): garbage collection paused it ${ours.gc.pauses} times for ${ours.gc.totalMs} ms in all (longest ${ours.gc.maxMs} ms); the appends, which run inside the service, were issued p50 ${ours.appends.issueLagMs.p50} / p99 ${ours.appends.issueLagMs.p99} ms after their scheduled time (the loop's lag) and took p50 ${ours.appends.appendMs.p50} / p99 ${ours.appends.appendMs.p99} ms to Redis and back.`,
+          ]
+        : []),
       'Latency is from the scheduled send time in each event to its receipt, so a publisher that falls behind shows as latency. Delivered events/s counts deliveries to every watcher (until all arrived or 10 s past the end) over the publishing time.',
       ...runs.map(
         ({ name, r }) =>

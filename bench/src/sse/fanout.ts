@@ -7,6 +7,7 @@ import type { Progress } from '../lib/progress.ts';
 import { startRedis } from '../lib/redis.ts';
 import { Histogram, median, round } from '../lib/stats.ts';
 import type { Layout } from '../ops/fanout.ts';
+import type { GcSummary } from '../ops/gc.ts';
 import { startNchan } from '../peers/nchan.ts';
 import { startUwsFloor } from '../peers/uws-sse.ts';
 import { type FleetReport, startFleet, type WatcherSpec } from './fleet.ts';
@@ -71,6 +72,14 @@ export interface FanoutResult {
   rssPeak: number;
   serverCpuSeconds: number;
   clientCpuSeconds: number;
+  /** Ours: the collector's pauses of the event loop over the measured window. */
+  gc?: GcSummary;
+  /**
+   * Ours, whose appends run inside the service: how late each was issued against its schedule
+   * (the event loop's lag, as a publisher process would see its socket read late) and how
+   * long the append took, percentiles in ms.
+   */
+  appends?: { issueLagMs: Record<string, number>; appendMs: Record<string, number> };
   slowHeld: number;
   slowClosed: number;
   failures: string[];
@@ -132,9 +141,12 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     let pid: number;
     let ready: string;
     let specs: WatcherSpec[];
-    let publish: (seconds: number) => Promise<{ sent: number; failed: number; cpu: number }>;
+    let publish: (
+      seconds: number,
+    ) => Promise<{ sent: number; failed: number; cpu: number; appends?: FanoutResult['appends'] }>;
     // BENCH_CPU_PROF=<dir>: a CPU profile of our service over the measured window.
     let profile: { start(): Promise<unknown>; stop(): Promise<string> } | undefined;
+    let gcPauses: { start(): Promise<unknown>; stop(): Promise<GcSummary> } | undefined;
     if (system === 'ours') {
       let redisUrl = plan.redis;
       if (!redisUrl) {
@@ -162,6 +174,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         plan.nodeArgs,
       );
       stops.push(() => ours.stop());
+      gcPauses = { start: () => ours.call('ops/gc#start'), stop: () => ours.call<GcSummary>('ops/gc#stop') };
       const dir = process.env.BENCH_CPU_PROF;
       if (dir) {
         profile = {
@@ -190,13 +203,23 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       ({ port, pid } = ours);
       ready = ': connected';
       publish = async (seconds) => {
-        const r = await ours.call<{ appended: number; failed: number }>('ops/fanout#append', {
+        const r = await ours.call<{
+          appended: number;
+          failed: number;
+          issueLag: Record<string, number>;
+          appendMs: Record<string, number>;
+        }>('ops/fanout#append', {
           rate: plan.rate,
           seconds,
           padding: plan.padding,
           conversations: plan.conversations,
         });
-        return { sent: r.appended, failed: r.failed, cpu: 0 };
+        return {
+          sent: r.appended,
+          failed: r.failed,
+          cpu: 0,
+          appends: { issueLagMs: r.issueLag, appendMs: r.appendMs },
+        };
       };
     } else {
       const peer =
@@ -276,6 +299,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       rssPeak = Math.max(rssPeak, rssOfTree(pid));
     }, 250);
     await profile?.start();
+    await gcPauses?.start();
     const cpuBefore = cpuOfTree(pid);
     const start = now();
     fleet.measure(start);
@@ -296,6 +320,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const rssAfter = rssOfTree(pid);
     rssPeak = Math.max(rssPeak, rssAfter);
     const serverCpuSeconds = cpuOfTree(pid) - cpuBefore;
+    const gc = await gcPauses?.stop();
     if (profile) progress.say(`ours: CPU profile ${await profile.stop()}`);
     const report: FleetReport = await fleet.report();
     const p99Windows = windowP99s(report.perSecond, plan.seconds, P99_WINDOWS);
@@ -322,12 +347,14 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       rssPeak,
       serverCpuSeconds: round(serverCpuSeconds),
       clientCpuSeconds: round(fleet.cpuSeconds() + published.cpu),
+      gc,
+      appends: published.appends,
       slowHeld: report.slowOpen + report.slowClosed,
       slowClosed: report.slowClosed,
       failures: report.failures,
     };
     progress.say(
-      `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms (per part ${result.p99Windows.join(', ')}), p99.9 ${result.latency['p99.9']} ms, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
+      `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms (per part ${result.p99Windows.join(', ')}), p99.9 ${result.latency['p99.9']} ms, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${gc ? `, GC ${gc.pauses} pauses, ${gc.totalMs} ms, longest ${gc.maxMs} ms` : ''}${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
     );
     return result;
   } finally {
