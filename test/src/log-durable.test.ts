@@ -188,6 +188,105 @@ for (const backend of backends()) {
       );
     });
 
+    t.test('a stored batch keeps every field; not a gone conversation or a tenant placeholder', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      await haveConversations(sql, ten, 'kept');
+      const base = { turnId: null, data: null, stage: null, state: null, durationMs: null, ts: '' };
+      const events = [
+        {
+          ...base,
+          id: 1_700_000_000_000_001,
+          conversationId: 'kept',
+          turnId: 'trn_1',
+          kind: 'output',
+          stream: 'stdout',
+          data: 'quotes " and \\ and ünïcödé ✓\nnew line',
+          ts: '2026-11-23T10:00:00.123Z',
+          producer: 'runner:a',
+          seq: 4,
+        },
+        {
+          ...base,
+          id: 1_700_000_000_000_002,
+          conversationId: 'kept',
+          kind: 'stage',
+          stream: 'stage',
+          stage: 'clone',
+          state: 'done',
+          durationMs: 1234,
+          ts: '2026-11-23T10:00:01.000Z',
+          producer: 'runner:a',
+          seq: 5,
+        },
+        {
+          ...base,
+          id: 1_700_000_000_000_003,
+          conversationId: 'gone',
+          kind: 'output',
+          stream: 'stdout',
+          data: 'x',
+          ts: '2026-11-23T10:00:02.000Z',
+          producer: 'runner:b',
+          seq: 9,
+        },
+        {
+          ...base,
+          id: 1_700_000_000_000_004,
+          conversationId: null,
+          kind: 'dropped',
+          stream: 'conversations',
+          ts: '2026-11-23T10:00:03.000Z',
+          producer: 'api',
+          seq: 2,
+        },
+        {
+          ...base,
+          id: 1_700_000_000_000_005,
+          conversationId: null,
+          kind: 'conversation.created',
+          stream: 'conversations',
+          data: '{"id":"kept"}',
+          ts: '2026-11-23T10:00:04.000Z',
+          producer: 'api',
+          seq: 3,
+        },
+      ];
+      const marks = await logEvents.storeBatch(sql, ten, events);
+      t.same(
+        [...marks],
+        [
+          ['runner:a', 5],
+          ['runner:b', 9],
+          ['api', 3],
+        ],
+        "every producer's highest number, stored or not",
+      );
+      const stored = await logEvents.readStored(sql, ten, { after: 0, upTo: Number.MAX_SAFE_INTEGER, limit: 10 });
+      t.same(
+        stored,
+        [events[0], events[1], events[4]],
+        'the live conversation and the tenant event, field for field; not the gone one or the placeholder',
+      );
+      const durable = await sql<{ producer: string; durable_seq: string }[]>`
+        SELECT producer, durable_seq FROM log_producer_marks WHERE account_id = ${ten} ORDER BY producer`;
+      t.same(
+        durable.map((r) => [r.producer, Number(r.durable_seq)]),
+        [
+          ['api', 3],
+          ['runner:a', 5],
+          ['runner:b', 9],
+        ],
+      );
+      t.equal(await logEvents.copiedUpTo(sql, ten), 1_700_000_000_000_005, 'the mark is the last id of the batch');
+      await logEvents.storeBatch(sql, ten, events.slice(0, 2));
+      t.equal(await logEvents.copiedUpTo(sql, ten), 1_700_000_000_000_005, 'a batch stored again moves no mark back');
+      t.equal(
+        (await logEvents.readStored(sql, ten, { after: 0, upTo: Number.MAX_SAFE_INTEGER, limit: 10 })).length,
+        3,
+        'and is stored once',
+      );
+    });
+
     t.test('a read racing a copy and a trim finds no hole', async (t) => {
       const { accountId: ten } = await signUp(svc);
       await haveConversations(sql, ten, 'r');
