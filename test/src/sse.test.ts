@@ -110,6 +110,29 @@ for (const backend of backends()) {
       t.equal(bad.status, 400);
     });
 
+    t.test('a heartbeat fills a silence: none while events come faster than it', async (t) => {
+      const c = rawGet(
+        svc,
+        `/api/conversations/${conv.id}/stream?wait=true&last_event_id=${await svc.eventLog.lastId(me.accountId)}`,
+        auth,
+      );
+      await sleep(350);
+      t.match(c.text(), /: heartbeat/, 'beats while nothing happens');
+      const before = c.text().length;
+      // An event every 20 ms for 600 ms: six heartbeat intervals, never 100 ms of silence.
+      for (let i = 0; i < 30; i++) {
+        await append([{ data: `busy-${i}` }]);
+        await sleep(20);
+      }
+      const during = c.text().slice(before);
+      t.match(during, /busy-29/, 'every event arrived');
+      // One beat at most: a stall of this shared machine may make one real silence.
+      t.ok((during.match(/: heartbeat/g) ?? []).length <= 1, 'no heartbeat while events keep the stream warm');
+      await sleep(350);
+      t.match(c.text().slice(before + during.length), /: heartbeat/, 'beats again once the events stop');
+      c.sock.destroy();
+    });
+
     t.test('a running turn streams live until it ends; heartbeats keep it warm', async (t) => {
       await conversations.startTurn(svc.db.sql, {
         id: 'trn_live',

@@ -42,7 +42,9 @@ const MAX_QUEUED_EVENTS = 10_000;
 /** One open stream. All watchers share one timer (no per-watcher timers). */
 interface Watcher {
   res: HttpResponse;
+  /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
+  /** When the last heartbeat was sent: one goes after heartbeatMs without either. */
   lastBeatAt: number;
   /** Bytes handed to uWS while it reported backpressure. */
   backlog: number;
@@ -162,7 +164,10 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
       }
       if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
         end(w);
-      } else if (now - w.lastBeatAt >= options.heartbeatMs) {
+      } else if (now - Math.max(w.lastBeatAt, w.lastEventAt) >= options.heartbeatMs) {
+        // A heartbeat fills a silence: a watcher sent an event in the last heartbeatMs has had
+        // its byte. (Beating every watcher on its own clock regardless wrote to all of them in
+        // a few ticks when they had opened together, a stall of every live delivery.)
         w.lastBeatAt = now;
         // A bare id line moves the client's last event id without firing an event.
         const id = w.position > w.told ? `id: ${w.position}\n` : '';
