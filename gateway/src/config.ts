@@ -91,6 +91,12 @@ export const ConfigSchema = z.object({
     .min(1000)
     .default(30 * 60_000),
   RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
+  /** Output one runner connection may have waiting to be appended before it is closed (it resends). */
+  RUNNER_MAX_QUEUED_BYTES: z.coerce
+    .number()
+    .int()
+    .min(16 * 1024)
+    .default(64 * 1024 * 1024),
   /**
    * A `local` sandbox that is ready and saw no turn for this long is suspended: its
    * runner-agent (and runtimes) stop, its directory is kept, and the next prompt wakes it.

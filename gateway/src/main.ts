@@ -214,7 +214,12 @@ export async function startService(
         onPermissionStage: (tenant, event) =>
           recordPermissionStage({ sql: db.sql, logger: log.child({ role: 'fabric' }) }, tenant, event),
       },
-      { heartbeatMs: config.RUNNER_HEARTBEAT_MS, silenceMs: config.RUNNER_GRACE_MS, commandTimeoutMs: 10_000 },
+      {
+        heartbeatMs: config.RUNNER_HEARTBEAT_MS,
+        silenceMs: config.RUNNER_GRACE_MS,
+        commandTimeoutMs: 10_000,
+        maxQueuedBytes: config.RUNNER_MAX_QUEUED_BYTES,
+      },
     );
     cleanups.push(() => fabric.shutdown());
     // Several nodes on one Redis: commands and durable marks reach the node holding the runner.

@@ -69,6 +69,13 @@ export interface FabricOptions {
   silenceMs: number;
   /** A command not acknowledged within this long answers `runner_offline`. */
   commandTimeoutMs: number;
+  /**
+   * Output a connection may have waiting to be appended, in bytes as received. A runner keeps
+   * what is not acknowledged (8 MiB per sandbox by default) and resends it after a reconnect,
+   * so past this bound the connection is closed with `going_away`: nothing is lost, and a
+   * runner that ignores acknowledgements cannot fill this node's memory.
+   */
+  maxQueuedBytes: number;
 }
 
 /** What a session knows of a sandbox it speaks for (loaded once, from its row). */
@@ -93,6 +100,9 @@ interface Live {
    * them in the order they arrived; consecutive frames of one sandbox are appended together.
    */
   outbox: RunnerOutput[];
+  /** The received size of each queued frame, and their sum (FabricOptions.maxQueuedBytes). */
+  outboxSizes: number[];
+  queuedBytes: number;
   draining: boolean;
   sandboxes: Map<string, SandboxSeen>;
   /** Commands sent and not yet acknowledged, by number. */
@@ -193,6 +203,8 @@ export class RunnerFabric {
       lastHeardAt: now,
       closed: false,
       outbox: [],
+      outboxSizes: [],
+      queuedBytes: 0,
       draining: false,
       sandboxes: new Map(),
       pending: new Map(),
@@ -217,7 +229,20 @@ export class RunnerFabric {
         }
         if (!helloSeen) return this.close(s, RUNNER_CLOSE.protocol_error, 'the first message must be a hello');
         if (message.t === 'output') {
+          s.queuedBytes += frame.byteLength;
+          if (s.queuedBytes > this.options.maxQueuedBytes) {
+            this.deps.logger.warn(
+              { runner: s.runnerId, queued: s.queuedBytes, frames: s.outbox.length },
+              'runner output arrives faster than it is appended; connection closed',
+            );
+            return this.close(
+              s,
+              RUNNER_CLOSE.going_away,
+              `more than ${this.options.maxQueuedBytes} bytes of output waiting to be appended; reconnect and resend what is not acknowledged`,
+            );
+          }
           s.outbox.push(message);
+          s.outboxSizes.push(frame.byteLength);
           if (!s.draining) void this.drain(s);
           return;
         }
@@ -304,8 +329,11 @@ export class RunnerFabric {
     s.draining = true;
     try {
       while (!s.closed && s.outbox.length > 0) {
+        const queued = s.outbox.length;
+        const m = takeMerged(s.outbox);
+        for (let taken = queued - s.outbox.length; taken > 0; taken--) s.queuedBytes -= s.outboxSizes.shift() ?? 0;
         try {
-          await this.output(s, takeMerged(s.outbox));
+          await this.output(s, m);
         } catch (err) {
           if (err instanceof ApiError) return this.close(s, RUNNER_CLOSE.protocol_error, err.message);
           // The log refused it for now (Redis away): the runner resends after reconnecting.
@@ -318,7 +346,11 @@ export class RunnerFabric {
       }
     } finally {
       s.draining = false;
-      if (s.closed) s.outbox.length = 0;
+      if (s.closed) {
+        s.outbox.length = 0;
+        s.outboxSizes.length = 0;
+        s.queuedBytes = 0;
+      }
     }
   }
 
