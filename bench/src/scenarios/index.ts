@@ -5,6 +5,7 @@ import { replay } from './replay.ts';
 import { runners } from './runners.ts';
 import { scaling } from './scaling.ts';
 import { slowWatcher } from './slow-watcher.ts';
+import { sseCeiling } from './sse-ceiling.ts';
 import { sseFanout, sseTenant } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
 
@@ -19,4 +20,5 @@ export const scenarios: Scenario[] = [
   runners,
   slowWatcher,
   scaling,
+  sseCeiling,
 ];
