@@ -261,3 +261,24 @@ for (const backend of backends()) {
     });
   });
 }
+
+t.test('watchers that open together do not all get their heartbeats in the same tick', async (t) => {
+  // 1 s heartbeats, checked every 250 ms: watchers beating on the clock of their opening would
+  // all beat within a tick or two; the first beat of each is due at a random moment instead.
+  const svc = await startTestService(t, { env: { SSE_HEARTBEAT_MS: '1000', SSE_IDLE_CLOSE_MS: '0' } });
+  const me = await signUp(svc);
+  const who = { accountId: me.accountId, actor: 'api' as const, ip: null };
+  const conv = await createConversationRecord(svc.db.sql, who, { agentId: 'agt_x', title: 'quiet' });
+  const watchers = Array.from({ length: 24 }, () => {
+    const w = rawGet(svc, `/api/conversations/${conv.id}/stream?wait=true`, { authorization: `Bearer ${me.key}` });
+    const beat = new Promise<number>((resolve) => {
+      const check = () => (w.text().includes(': heartbeat') ? resolve(Date.now()) : setTimeout(check, 5));
+      check();
+    });
+    return { w, beat };
+  });
+  const firstBeats = await Promise.all(watchers.map((x) => x.beat));
+  const spread = Math.max(...firstBeats) - Math.min(...firstBeats);
+  t.ok(spread >= 400, `the first heartbeats are spread over ${spread} ms of the 1000 ms interval`);
+  for (const { w } of watchers) w.sock.destroy();
+});

@@ -44,8 +44,13 @@ interface Watcher {
   res: HttpResponse;
   /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
-  /** When the last heartbeat was sent: one goes after heartbeatMs without either. */
-  lastBeatAt: number;
+  /**
+   * When a heartbeat is due: heartbeatMs after the last event or heartbeat. A heartbeat fills
+   * a silence; a watcher sent events more often than that never gets one. The first is due at
+   * a random moment within heartbeatMs of the opening, so that watchers that opened together
+   * (a reconnect storm after a deploy) do not all beat in the same tick, every time.
+   */
+  beatAt: number;
   /** Bytes handed to uWS while it reported backpressure. */
   backlog: number;
   closed: boolean;
@@ -164,11 +169,10 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
       }
       if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
         end(w);
-      } else if (now - Math.max(w.lastBeatAt, w.lastEventAt) >= options.heartbeatMs) {
-        // A heartbeat fills a silence: a watcher sent an event in the last heartbeatMs has had
-        // its byte. (Beating every watcher on its own clock regardless wrote to all of them in
-        // a few ticks when they had opened together, a stall of every live delivery.)
-        w.lastBeatAt = now;
+      } else if (now >= w.beatAt) {
+        // (Beating every watcher on its own clock regardless of its events wrote to all of
+        // them in a few ticks when they had opened together, a stall of every live delivery.)
+        w.beatAt = now + options.heartbeatMs;
         // A bare id line moves the client's last event id without firing an event.
         const id = w.position > w.told ? `id: ${w.position}\n` : '';
         w.told = Math.max(w.told, w.position);
@@ -235,6 +239,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
   /** Sends events (frames with ids) and records what the client now knows. */
   function sendEvents(w: Watcher, frames: string | Buffer, lastId: number): void {
     w.lastEventAt = Date.now();
+    w.beatAt = w.lastEventAt + options.heartbeatMs;
     w.told = Math.max(w.told, lastId);
     send(w, frames);
   }
@@ -293,7 +298,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     const w: Watcher = {
       res,
       lastEventAt: now,
-      lastBeatAt: now,
+      beatAt: now + Math.floor(Math.random() * options.heartbeatMs),
       backlog: 0,
       closed: false,
       position: 0,
