@@ -287,6 +287,28 @@ for (const backend of backends()) {
       );
     });
 
+    t.test('a NUL in an event is stored as U+FFFD, hot and durable alike, and the copy goes on', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      await haveConversations(sql, ten, 'n');
+      const [appended] = (
+        await log.append({
+          tenant: ten,
+          producer: 'p',
+          seq: 1,
+          events: [{ ...out('n', 'binary\u0000output'), turnId: 'trn\u0000x', stage: 'a\u0000', state: '\u0000' }],
+        })
+      ).events;
+      await log.append({ tenant: ten, producer: 'p', seq: 2, events: [out('n', 'after it')] });
+      const want = { data: 'binary\uFFFDoutput', turnId: 'trn\uFFFDx', stage: 'a\uFFFD', state: '\uFFFD' };
+      t.match(appended, want, 'the append answers what it stored');
+      t.match((await log.read(ten, { after: 0, limit: 10 }))[0], want, 'the hot log holds it so');
+      const copier = new LogCopier({ sql, log, logger }, { intervalMs: 1000, batch: 100, keepHot: 1000 });
+      t.equal(await copier.copyTenant(ten), 2, 'both events copied (Postgres text cannot hold a NUL)');
+      const stored = await logEvents.readStored(sql, ten, { after: 0, upTo: Number.MAX_SAFE_INTEGER, limit: 10 });
+      t.match(stored[0], want, 'the durable copy holds the same text');
+      t.equal(stored[1]?.data, 'after it');
+    });
+
     t.test('a read racing a copy and a trim finds no hole', async (t) => {
       const { accountId: ten } = await signUp(svc);
       await haveConversations(sql, ten, 'r');

@@ -15,18 +15,28 @@ import type { LogEvent, NewEvent } from '@svc/core';
 export type { LogEvent, NewEvent };
 
 /**
+ * A text field as stored: NUL, which Postgres text cannot hold, becomes U+FFFD (what a decoder
+ * gives for a byte it cannot map). A NUL in a runner's output would otherwise reach the hot log
+ * and then fail its durable copy at every try, stalling the copy of the tenant's whole log.
+ */
+function storable(s: string | null | undefined): string | null {
+  if (s === undefined || s === null) return null;
+  return s.includes('\0') ? s.replaceAll('\0', '\uFFFD') : s;
+}
+
+/**
  * The stored fields of an event the producer emitted, stamped `ts` and the producer's name and
- * number (the id comes from the log).
+ * number (the id comes from the log). Hot and durable copies hold the same text (storable()).
  */
 export function storedFields(e: NewEvent, ts: string, producer: string, seq: number): Omit<LogEvent, 'id'> {
   return {
     conversationId: e.conversationId,
-    turnId: e.turnId ?? null,
+    turnId: storable(e.turnId),
     kind: e.kind,
     stream: e.stream,
-    data: e.data ?? null,
-    stage: e.stage ?? null,
-    state: e.state ?? null,
+    data: storable(e.data),
+    stage: storable(e.stage),
+    state: storable(e.state),
     durationMs: e.durationMs ?? null,
     ts,
     producer,
