@@ -1,7 +1,5 @@
-import { startPostgres } from '../lib/postgres.ts';
-import { startRedis } from '../lib/redis.ts';
 import { absoluteTarget, type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
-import { type FanoutResult, mib, P99_WINDOWS, runFanout } from '../sse/fanout.ts';
+import { type FanoutResult, mib, P99_WINDOWS, runFanout, sharedStores } from '../sse/fanout.ts';
 import { fanoutPlan, latencyCharts } from './sse-fanout.ts';
 
 /** The share of watchers that stop reading. */
@@ -27,23 +25,17 @@ export const slowWatcher: Scenario = {
   title: 'slow-watcher: sse-fanout with 5% of watchers that stop reading, against the same run without them',
   defaults: { connections: 10_000, duration: 20, rate: 1000 },
   smoke: { connections: 300, duration: 1, rate: 100 },
-  async run({ opts, progress, defer }): Promise<Outcome> {
+  async run(ctx): Promise<Outcome> {
+    const { opts, progress } = ctx;
     const slow = Math.max(1, Math.round(opts.connections * SLOW_SHARE));
-    // One Redis and one Postgres for both runs (each run has its own accounts and key prefix).
-    const pg = await startPostgres((s) => progress.say(s));
-    defer(() => pg.stop());
-    let redis = opts.redis;
-    if (!redis) {
-      const r = await startRedis();
-      defer(() => r.stop());
-      redis = r.url;
-    }
+    // One Redis and one Postgres for both runs.
+    const { redis, postgres } = await sharedStores(ctx);
     // The sse-fanout layout of `connections` watchers, of which `slow` stop reading.
     const layout = fanoutPlan({ ...opts, redis });
     const plan = {
       ...layout,
       watchers: opts.connections - slow,
-      postgres: pg.url,
+      postgres,
       config: { SSE_MAX_BUFFER_BYTES: String(MAX_BUFFER) },
     };
     progress.say(`without slow watchers: ${plan.watchers} watchers`);

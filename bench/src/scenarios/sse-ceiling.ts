@@ -1,8 +1,6 @@
-import { startPostgres } from '../lib/postgres.ts';
-import { startRedis } from '../lib/redis.ts';
 import { type Outcome, ratioTarget, type Scenario } from '../lib/scenario.ts';
 import { round } from '../lib/stats.ts';
-import { type FanoutResult, runFanout } from '../sse/fanout.ts';
+import { type FanoutResult, runFanout, sharedStores } from '../sse/fanout.ts';
 import { fanoutPlan } from './sse-fanout.ts';
 
 /** The publishing rates tried, as multiples of `--rate`, until a system does not keep up. */
@@ -37,16 +35,9 @@ export const sseCeiling: Scenario = {
     'sse-ceiling: the sse-fanout layout at rising rates, the highest each system delivers live, ours against Nchan',
   defaults: { connections: 10_000, duration: 10, rate: 1000 },
   smoke: { connections: 200, duration: 1, rate: 50 },
-  async run({ opts, progress, defer }): Promise<Outcome> {
-    // One Redis and one Postgres for every run of ours (each run has its own accounts and key prefix).
-    const pg = await startPostgres((s) => progress.say(s));
-    defer(() => pg.stop());
-    let redis = opts.redis;
-    if (!redis) {
-      const r = await startRedis();
-      defer(() => r.stop());
-      redis = r.url;
-    }
+  async run(ctx): Promise<Outcome> {
+    const { opts, progress } = ctx;
+    const { redis, postgres } = await sharedStores(ctx);
     const steps = opts.smoke ? STEPS.slice(0, SMOKE_STEPS) : STEPS;
     // A smoke run's first seconds are a cold process's: only whether deliveries arrive counts.
     const liveP99 = opts.smoke ? Number.POSITIVE_INFINITY : LIVE_P99_MS;
@@ -55,7 +46,7 @@ export const sseCeiling: Scenario = {
     for (const system of ['ours', 'Nchan'] as const) {
       for (const k of steps) {
         // sse-fanout's plan, its warm-up included, at this rate.
-        const plan = { ...fanoutPlan({ ...opts, rate: opts.rate * k, redis }), postgres: pg.url };
+        const plan = { ...fanoutPlan({ ...opts, rate: opts.rate * k, redis }), postgres };
         const perConversation = plan.watchers / plan.conversations;
         progress.say(`${system}: ${plan.rate} events/s (${plan.rate * perConversation} deliveries/s)`);
         let result: FanoutResult;

@@ -5,6 +5,7 @@ import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree, cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
 import type { Progress } from '../lib/progress.ts';
 import { startRedis } from '../lib/redis.ts';
+import type { Context } from '../lib/scenario.ts';
 import { Histogram, median, round } from '../lib/stats.ts';
 import type { Layout } from '../ops/fanout.ts';
 import type { GcSummary } from '../ops/gc.ts';
@@ -363,3 +364,19 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
 }
 
 export const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+
+/**
+ * One Redis (`--redis`, or a throwaway one) and one throwaway Postgres for every run of ours
+ * in a scenario (each run has its own accounts and key prefix), stopped when it ends.
+ */
+export async function sharedStores({ opts, progress, defer }: Context): Promise<{ redis: string; postgres: string }> {
+  const pg = await startPostgres((s) => progress.say(s));
+  defer(() => pg.stop());
+  let redis = opts.redis;
+  if (!redis) {
+    const r = await startRedis();
+    defer(() => r.stop());
+    redis = r.url;
+  }
+  return { redis, postgres: pg.url };
+}
