@@ -25,6 +25,21 @@ export function backends(): Backend[] {
   return list;
 }
 
+/**
+ * One contract for both transports of the runner fabric: the edge's (uWebSockets.js) on every
+ * backend, and the api role's alone (EDGE=false, @fastify/websocket) on the embedded one.
+ */
+export function transportSetups(): { backend: Backend; edge: boolean }[] {
+  return backends().flatMap((backend): { backend: Backend; edge: boolean }[] =>
+    backend === 'embedded'
+      ? [
+          { backend, edge: true },
+          { backend, edge: false },
+        ]
+      : [{ backend, edge: true }],
+  );
+}
+
 /** The preferred backend for tests that need only one: the real servers when the run has them. */
 export function primaryBackend(): Backend {
   return backends()[0] as Backend;

@@ -13,7 +13,7 @@ import {
 } from '@svc/core';
 import t from 'tap';
 import WebSocket from 'ws';
-import { type Backend, backends, signUp, startTestService } from './harness.ts';
+import { signUp, startTestService, transportSetups } from './harness.ts';
 
 const LIMIT = 64 * 1024;
 /** Bytes of output text per frame. */
@@ -77,16 +77,7 @@ const output = (seq: number): RunnerMessage => ({
   events: [{ conversation_id: 'cnv_x', kind: 'output', stream: 'stdout', data: 'x'.repeat(CHUNK) }],
 });
 
-const setups = backends().flatMap((backend): { backend: Backend; edge: boolean }[] =>
-  backend === 'embedded'
-    ? [
-        { backend, edge: true },
-        { backend, edge: false },
-      ]
-    : [{ backend, edge: true }],
-);
-
-for (const { backend, edge } of setups) {
+for (const { backend, edge } of transportSetups()) {
   t.test(`queued runner output is bounded on ${backend}, ${edge ? 'edge' : 'api role alone'}`, async (t) => {
     const svc = await startTestService(t, {
       backend,

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { encodeFrame, RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import WebSocket from 'ws';
-import { type Backend, backends, signUp, startTestService } from './harness.ts';
+import { signUp, startTestService, transportSetups } from './harness.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
@@ -41,18 +41,7 @@ async function within<T>(p: Promise<T>, ms: number): Promise<T | 'timeout'> {
   return Promise.race([p, sleep(ms).then(() => 'timeout' as const)]);
 }
 
-// One contract for both transports of the fabric: the edge's (uWebSockets.js) on every
-// backend, and the api role's alone (EDGE=false, @fastify/websocket) on the embedded one.
-const setups = backends().flatMap((backend): { backend: Backend; edge: boolean }[] =>
-  backend === 'embedded'
-    ? [
-        { backend, edge: true },
-        { backend, edge: false },
-      ]
-    : [{ backend, edge: true }],
-);
-
-for (const { backend, edge } of setups) {
+for (const { backend, edge } of transportSetups()) {
   t.test(`runners on ${backend}, ${edge ? 'through the edge' : 'api role alone (EDGE=false)'}`, async (t) => {
     const svc = await startTestService(t, {
       backend,
