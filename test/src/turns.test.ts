@@ -20,7 +20,8 @@ for (const backend of backends()) {
     const t = top;
     const svc = await startTestService(t, {
       backend,
-      env: { RUNNER_HEARTBEAT_MS: '500', RUNNER_GRACE_MS: '1500', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+      // A grace that outlasts a reconnect attempt failing on a loaded machine, with its backoff.
+      env: { RUNNER_HEARTBEAT_MS: '500', RUNNER_GRACE_MS: '5000', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
     });
     const { http } = svc;
     const me = await signUp(svc);
@@ -157,7 +158,10 @@ for (const backend of backends()) {
       await underWay(id);
       for (const pause of [600, 900]) {
         await sleep(pause);
-        t.ok(svc.fabric.disconnect(runnerRow.id, RUNNER_CLOSE.going_away, 'test cut'), 'cut');
+        // The runner reconnects after a random backoff (and a hello that writes to the database):
+        // the second cut waits until it is back rather than guess how long that takes.
+        for (let i = 0; i < 200 && !svc.fabric.isLive(runnerRow.id); i++) await sleep(25);
+        t.ok(svc.fabric.disconnect(runnerRow.id, RUNNER_CLOSE.going_away, 'test cut'), `cut\n${runner.output}`);
       }
       const turn = await settled(id, res.body.number);
       t.equal(turn.state, 'done');
