@@ -204,6 +204,9 @@ export class RunnerAgent {
 
     // Set when the answer to the upgrade was already dealt with; the close that follows is not news.
     let handled = false;
+    // What went wrong with this connection, for the report of its close (1006 says only that
+    // it was not closed cleanly).
+    let failure = '';
     ws.on('unexpected-response', (_req, res) => {
       const status = res.statusCode ?? 0;
       handled = true;
@@ -217,7 +220,9 @@ export class RunnerAgent {
     ws.on('open', () => {
       // A connection the service never welcomes is given up and tried again.
       const welcomeTimer = setTimeout(() => {
-        if (!accepted && this.ws === ws) ws.terminate();
+        if (accepted || this.ws !== ws) return;
+        failure = `no welcome within ${WELCOME_TIMEOUT_MS / 1000} s`;
+        ws.terminate();
       }, WELCOME_TIMEOUT_MS);
       welcomeTimer.unref();
       ws.once('close', () => clearTimeout(welcomeTimer));
@@ -279,6 +284,7 @@ export class RunnerAgent {
       }
     });
     ws.on('error', (err: NodeJS.ErrnoException) => {
+      failure = err.code ? `${err.code}: ${err.message}` : err.message;
       if (this.stopping || accepted || this.everConnected) return;
       // The first connection failed outright: say why and stop rather than retry forever.
       const why =
@@ -289,7 +295,7 @@ export class RunnerAgent {
       clearInterval(this.heartbeat);
       if (this.ws === ws) this.epoch = 0;
       if (this.stopping || this.ws !== ws || handled) return;
-      const reason = reasonBuffer.toString();
+      const reason = reasonBuffer.toString() || failure || (code === 1006 ? 'closed without a close frame' : '');
       if (code === RUNNER_CLOSE.revoked) return this.end('revoked', reason || 'this runner was deleted');
       if (code === RUNNER_CLOSE.replaced) return this.end('replaced', reason || 'another connection took over');
       if (code === RUNNER_CLOSE.unsupported_protocol || code === RUNNER_CLOSE.protocol_error) {
