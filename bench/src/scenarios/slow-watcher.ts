@@ -47,12 +47,13 @@ function combine(runs: FanoutResult[]): Kind {
 
 /**
  * sse-fanout with 5% more watchers of the same conversations that stop reading (they pause
- * their sockets once held), against the same run without them, two runs of each. Healthy watchers' latency must
- * stay within 1.2x of the run without slow ones, none of their events may go missing, and the
- * gateway's memory must stay under what its buffer bound allows (SSE_MAX_BUFFER_BYTES per slow
- * watcher). A paused loopback socket absorbs about 4 MB in kernel buffers before the gateway
- * sees any backpressure, so at the issue's rates (a few hundred bytes a second per watcher)
- * the gateway's own buffer is not reached within the run; the report says how far it got.
+ * their sockets once held), against the same run without them, two runs of each. Healthy
+ * watchers' latency must stay within 1.2x of the runs without slow ones, none of their events
+ * may go missing, and the gateway's memory must stay under what its buffer bound allows
+ * (SSE_MAX_BUFFER_BYTES per slow watcher). A paused loopback socket absorbs about 4 MB in
+ * kernel buffers before the gateway sees any backpressure, so at the issue's rates (a few
+ * hundred bytes a second per watcher) the gateway's own buffer is not reached within the run;
+ * the report says how far it got.
  */
 export const slowWatcher: Scenario = {
   name: 'slow-watcher',
