@@ -19,8 +19,11 @@ export async function edgeProcesses(svc: Service): Promise<number | null> {
   return v === undefined ? null : Number(v);
 }
 
-/** The JS heap in use (bytes), after a collection when node runs with --expose-gc. */
-export async function heapUsed(svc: Service): Promise<number> {
-  await collect(svc);
-  return process.memoryUsage().heapUsed;
+/**
+ * The JS heap (bytes): what V8 has committed for it, and what of that live objects use (read
+ * after `collect`, so garbage is not counted).
+ */
+export async function heap(_svc: Service): Promise<{ total: number; used: number }> {
+  const { heapTotal, heapUsed } = process.memoryUsage();
+  return { total: heapTotal, used: heapUsed };
 }

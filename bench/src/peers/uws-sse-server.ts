@@ -1,7 +1,7 @@
 /**
  * The floor: a bare uWebSockets.js SSE server. `GET /sub/<channel>` is held open after
  * `: connected`; `POST /pub/<channel>` writes its body as one `data:` frame to every response
- * of the channel. No auth, no log, no backpressure handling: what holding and writing an SSE
+ * of the channel; `GET /memory` is the V8 heap, for the bench. No auth, no log, no backpressure handling: what holding and writing an SSE
  * response costs and nothing else. Run as its own process by peers/uws-sse.ts.
  */
 import uWS, { type HttpResponse } from 'uWebSockets.js';
@@ -27,6 +27,15 @@ uWS
       for (const s of subscribers ?? []) s.cork(() => s.write(frame));
       res.cork(() => res.end('ok'));
     });
+  })
+  // For the bench's memory reading: a full GC (when node runs with --expose-gc), then the V8
+  // heap, committed and used, as ops/memory#heap reports ours.
+  .get('/memory', (res) => {
+    (globalThis as { gc?: () => void }).gc?.();
+    const { heapTotal, heapUsed } = process.memoryUsage();
+    res.cork(() =>
+      res.writeHeader('content-type', 'application/json').end(JSON.stringify({ total: heapTotal, used: heapUsed })),
+    );
   })
   .listen('127.0.0.1', Number(process.argv[2] ?? 0), (socket) => {
     if (!socket) process.exit(1);
