@@ -1,8 +1,9 @@
 /**
  * The floor: a bare uWebSockets.js SSE server. `GET /sub/<channel>` is held open after
  * `: connected`; `POST /pub/<channel>` writes its body as one `data:` frame to every response
- * of the channel; `GET /memory` is the V8 heap, for the bench. No auth, no log, no backpressure handling: what holding and writing an SSE
- * response costs and nothing else. Run as its own process by peers/uws-sse.ts.
+ * of the channel; `GET /memory` is the V8 heap, for the bench. No auth, no log, no backpressure
+ * handling: what holding and writing an SSE response costs and nothing else. Run as its own
+ * process by peers/uws-sse.ts.
  */
 import uWS, { type HttpResponse } from 'uWebSockets.js';
 

@@ -29,14 +29,15 @@ interface Held {
   rssBytesPerWatcher: number;
   /**
    * What a watcher costs: the RSS delta, less the change in the V8 heap's committed but unused
-   * room (where the process has a V8 heap we can read: ours), over the number held.
+   * room where the heap can be read (ours and the floor), over the number held.
    */
   bytesPerWatcher: number;
-  /** Ours: the V8 heap before and after (committed, and used by live objects after a full GC). */
-  heap?: { before: { total: number; used: number }; after: { total: number; used: number } };
+  /** The V8 heap before and after, where it can be read. */
+  heap?: { before: HeapReading; after: HeapReading };
   failures: string[];
 }
 
+/** A V8 heap after a full GC: committed, and used by live objects. */
 type HeapReading = { total: number; used: number };
 /** The V8 heap's committed room that no live object uses (none known: 0). */
 const unused = (h?: HeapReading) => (h ? h.total - h.used : 0);
@@ -47,8 +48,9 @@ const unused = (h?: HeapReading) => (h ? h.total - h.used : 0);
  * subscriber) and on a bare uWebSockets.js server. Memory per watcher is the server's RSS
  * after all are held and settled minus its RSS before, over the number held; for the Node
  * servers (ours, the floor) read after a full GC and less the change in the V8 heap's committed
- * but unused room, which moves with the collector's sizing rather than with the watchers. A full run then holds 50,000 (or --connections, when above 18,000) across
- * EDGE_PROCESSES edge processes sharing the port (SO_REUSEPORT), on Redis and Postgres.
+ * but unused room, which moves with the collector's sizing rather than with the watchers. A
+ * full run then holds 50,000 (or --connections, when above 18,000) across EDGE_PROCESSES edge
+ * processes sharing the port (SO_REUSEPORT), on Redis and Postgres.
  */
 export const sseIdle: Scenario = {
   name: 'sse-idle',
