@@ -225,6 +225,8 @@ try {
   ensureDependencies();
   // The runner's build clones repositories with git (tests clone local bare repositories).
   if (!haveCommand('git')) aptInstall(['git']);
+  // Uploads are tested with curl itself (it sends Expect: 100-continue for large bodies).
+  if (!haveCommand('curl')) aptInstall(['curl']);
   const env = { ...process.env, NODE_ENV: 'test' };
   env.TEST_REDIS_URL = process.env.REDIS_URL || (await startRedis());
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());

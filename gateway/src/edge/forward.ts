@@ -7,8 +7,15 @@ import { type Dispatcher, Pool } from 'undici';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import { writeError } from './respond.ts';
 
-/** Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own trusted one. */
-const HOP_BY_HOP = new Set([
+/**
+ * Headers never forwarded: those that describe one hop (RFC 9110 7.6.1), our own trusted one,
+ * and `Expect`. The expectation is met at the edge: uWebSockets.js answers `100 Continue` to
+ * `Expect: 100-continue` itself as soon as it has parsed the head, and a request the edge
+ * refuses (a body announced over the limit, the rate limit) gets its final status at once,
+ * with `Connection: close`, so the client stops sending (RFC 9110 10.1.1). Passed on, the
+ * header would make undici refuse the whole request.
+ */
+const NOT_FORWARDED = new Set([
   'connection',
   'keep-alive',
   'proxy-connection',
@@ -18,6 +25,7 @@ const HOP_BY_HOP = new Set([
   'trailer',
   'transfer-encoding',
   'upgrade',
+  'expect',
   CLIENT_IP_HEADER,
 ]);
 
@@ -65,7 +73,7 @@ export function createForwarder(
     let hasBody = false;
     let announced = 0;
     req.forEach((name, value) => {
-      if (HOP_BY_HOP.has(name)) {
+      if (NOT_FORWARDED.has(name)) {
         if (name === 'transfer-encoding') hasBody = true;
         return;
       }
@@ -237,7 +245,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     const headers = this.headers;
     for (const name in headers) {
       const value = headers[name];
-      if (value === undefined || name === 'content-length' || name === 'date' || HOP_BY_HOP.has(name)) continue;
+      if (value === undefined || name === 'content-length' || name === 'date' || NOT_FORWARDED.has(name)) continue;
       if (typeof value === 'string') res.writeHeader(name, value);
       else for (const v of value) res.writeHeader(name, v);
     }
