@@ -24,3 +24,17 @@ export function listOf<T extends z.ZodType>(item: T) {
 export const IdParam = z.object({ id: z.string().min(1).max(100) });
 
 export const Ok = z.object({ ok: z.literal(true) });
+
+/**
+ * Text where the characters are content (a prompt, like a runtime's output in the log): a NUL
+ * (U+0000), which Postgres text cannot hold, is kept as U+FFFD, what a decoder gives for a
+ * byte it cannot map. Every other string refuses NUL at validation.
+ */
+export function nulAsReplacement(s: string): string {
+  return s.includes('\0') ? s.replaceAll('\0', '\uFFFD') : s;
+}
+
+/** A string field whose text is content: NUL is stored as U+FFFD instead of being refused. */
+export function contentText() {
+  return z.string().overwrite(nulAsReplacement);
+}

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { Timestamp } from './common.ts';
+import { contentText, Timestamp } from './common.ts';
 
 export const CONVERSATION_STATUSES = ['idle', 'running', 'terminated'] as const;
 export const LOG_STREAMS = ['stdout', 'stderr', 'stage', 'acp'] as const;
@@ -110,7 +110,7 @@ const PromptImages = z
 
 /** `POST /api/conversations/:id/prompts`: the next turn's words and images. */
 export const PromptCreate = z.object({
-  prompt: z.string().min(1).max(200_000),
+  prompt: contentText().min(1).max(200_000),
   images: PromptImages.optional(),
 });
 
@@ -123,7 +123,7 @@ export const TurnImageParams = z.object({
 /** `POST /api/conversations`: the agent, and optionally what to run it with and the first prompt. */
 export const ConversationCreate = z.object({
   agent_id: z.string().min(1).max(64),
-  prompt: z.string().min(1).max(200_000).optional(),
+  prompt: contentText().min(1).max(200_000).optional(),
   images: PromptImages.optional(),
   environment_id: z.string().min(1).max(64).optional(),
   vault_id: z.string().min(1).max(64).optional(),

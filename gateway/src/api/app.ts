@@ -4,12 +4,7 @@ import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
 import { ApiError, ErrorBody } from '@svc/core';
 import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController, type RouteOptions } from 'fastify';
-import {
-  jsonSchemaTransform,
-  jsonSchemaTransformObject,
-  serializerCompiler,
-  validatorCompiler,
-} from 'fastify-type-provider-zod';
+import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
@@ -31,6 +26,7 @@ import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { vaultRoutes } from './routes/vaults.ts';
+import { validatorCompiler } from './validation.ts';
 
 export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */

@@ -1,4 +1,4 @@
-import type { LogEvent, NewEvent } from '@svc/core';
+import { type LogEvent, type NewEvent, nulAsReplacement } from '@svc/core';
 
 /**
  * The event log port. One tenant's events share one id space: ids are integers, strictly
@@ -21,7 +21,7 @@ export type { LogEvent, NewEvent };
  */
 function storable(s: string | null | undefined): string | null {
   if (s === undefined || s === null) return null;
-  return s.includes('\0') ? s.replaceAll('\0', '\uFFFD') : s;
+  return nulAsReplacement(s);
 }
 
 /**
