@@ -6,7 +6,7 @@ import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { backends, PASSWORD, signUp, startTestService, type TestService } from './harness.ts';
 import { checkPaging } from './paging.ts';
-import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { alive, claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 
 t.test('inference credentials', async (t) => {
   const provider = await startFakeProvider();
@@ -235,17 +235,6 @@ t.test('audit paging by before returns every row once, newest first, across ids 
   const ids = rows.map((r) => Number(r.id));
   t.ok(Math.min(...ids) < 10 && Math.max(...ids) >= 10, `ids ${Math.min(...ids)} to ${Math.max(...ids)} cross 10`);
 });
-
-/** Whether a process with this pid is running. */
-function alive(pid: number | undefined): boolean {
-  if (pid === undefined) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Waits until `ok` holds, up to 20 s; says whether it did. */
 async function eventually(ok: () => boolean | Promise<boolean>): Promise<boolean> {
