@@ -210,31 +210,33 @@ t.test('audit trail', async (t) => {
   });
 });
 
-t.test('audit paging by before returns every row once, newest first, across ids 9 to 10', async (t) => {
-  // A service of its own, so this account's rows are the first ids of the table.
-  const svc = await startTestService(t);
-  const { http } = svc;
-  const { key } = await signUp(svc);
-  const made: string[] = [];
-  for (let i = 0; i < 25; i++) {
-    await http.post('/api/auth/api-keys', { token: key, body: { name: `k${i}` } });
-    made.push(`k${i}`);
-  }
-  const rows = await checkPaging(
-    t,
-    {
-      http,
-      token: key,
-      path: '/api/audit?action_prefix=api_key.created',
-      cursor: 'before',
-      limit: 4,
-      key: (r: { id: string; metadata: { name: string } }) => r.metadata.name,
-    },
-    [...made.toReversed(), 'password exchange'],
-  );
-  const ids = rows.map((r) => Number(r.id));
-  t.ok(Math.min(...ids) < 10 && Math.max(...ids) >= 10, `ids ${Math.min(...ids)} to ${Math.max(...ids)} cross 10`);
-});
+for (const backend of backends()) {
+  t.test(`audit paging by before returns every row once, newest first, across ids 9 to 10 (${backend})`, async (t) => {
+    // A service of its own, so this account's rows are the first ids of the table.
+    const svc = await startTestService(t, { backend });
+    const { http } = svc;
+    const { key } = await signUp(svc);
+    const made: string[] = [];
+    for (let i = 0; i < 25; i++) {
+      await http.post('/api/auth/api-keys', { token: key, body: { name: `k${i}` } });
+      made.push(`k${i}`);
+    }
+    const rows = await checkPaging(
+      t,
+      {
+        http,
+        token: key,
+        path: '/api/audit?action_prefix=api_key.created',
+        cursor: 'before',
+        limit: 4,
+        key: (r: { id: string; metadata: { name: string } }) => r.metadata.name,
+      },
+      [...made.toReversed(), 'password exchange'],
+    );
+    const ids = rows.map((r) => Number(r.id));
+    t.ok(Math.min(...ids) < 10 && Math.max(...ids) >= 10, `ids ${Math.min(...ids)} to ${Math.max(...ids)} cross 10`);
+  });
+}
 
 /** Waits until `ok` holds, up to 20 s; says whether it did. */
 async function eventually(ok: () => boolean | Promise<boolean>): Promise<boolean> {

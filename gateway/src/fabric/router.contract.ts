@@ -117,11 +117,12 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
   });
 
   t.test('a claim not renewed within holdMs lapses; renewing keeps it', async (t) => {
-    const [a, b] = (await nodes(t, 2, { holdMs: 400 })) as [TestNode, TestNode];
+    // Renewed every 300 ms for 1.5 s under a 1 s claim: only the claim left alone lapses.
+    const [a, b] = (await nodes(t, 2, { holdMs: 1000 })) as [TestNode, TestNode];
     a.router.hold('rnr_lapsing');
     a.router.hold('rnr_renewed');
-    for (let i = 0; i < 4; i++) {
-      await sleep(150);
+    for (let i = 0; i < 5; i++) {
+      await sleep(300);
       a.router.hold('rnr_renewed');
     }
     t.equal(code(await b.router.forward('rnr_lapsing', interrupt('sbx_1')).catch((e) => e)), 'runner_offline');
