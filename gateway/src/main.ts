@@ -11,7 +11,7 @@ import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
-import { redisRunnerRouter } from './fabric/router.ts';
+import { redisRunnerRouter } from './fabric/router.redis.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';

@@ -91,6 +91,8 @@ export function spoolDir(root: string, token: string): string {
 
 /** How long after connecting the service's welcome may take before the runner tries again. */
 const WELCOME_TIMEOUT_MS = 15_000;
+/** How long a stopping runner waits for the sandbox destroys under way to finish. */
+const DESTROY_WAIT_MS = 10_000;
 
 /**
  * The runner's connection to the service: connects out, says hello, keeps heartbeats, and
@@ -113,6 +115,8 @@ export class RunnerAgent {
   private readonly sandboxes = new Map<string, Sandbox>();
   /** Each sandbox's build, which its turns wait for. */
   private readonly building = new Map<string, Promise<Sandbox>>();
+  /** Destroys under way: a stop waits for them (up to DESTROY_WAIT_MS), so a told destroy is done. */
+  private readonly destroying = new Set<Promise<void>>();
   private readonly turns = new Turns((sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e));
   private readonly egress: RunnerEgress;
   /** Refusals already reported, per conversation, turn and host: one line each. */
@@ -184,7 +188,16 @@ export class RunnerAgent {
     });
     void this.egress.close();
     this.report({ type: 'stopped', reason, message });
-    this.finish({ reason, message });
+    // A destroy the service was told is done before the process ends (an account deletion
+    // sends its destroys, then closes the connection as revoked).
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, DESTROY_WAIT_MS);
+    });
+    void Promise.race([Promise.allSettled([...this.destroying]), bound]).then(() => {
+      clearTimeout(timer);
+      this.finish({ reason, message });
+    });
   }
 
   private send(message: RunnerMessage): void {
@@ -404,9 +417,11 @@ export class RunnerAgent {
         // A request resolved here meanwhile (timeout, turn end) keeps its resolution.
         this.turns.answer(command.conversation_id, command.request_id, command.option_id);
         break;
-      case 'sandbox.destroy':
-        void this.destroy(command.sandbox);
+      case 'sandbox.destroy': {
+        const destroying = this.destroy(command.sandbox).finally(() => this.destroying.delete(destroying));
+        this.destroying.add(destroying);
         break;
+      }
     }
   }
 

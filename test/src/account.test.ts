@@ -1,7 +1,12 @@
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { accounts } from '@svc/db';
+import { Redis } from 'ioredis';
 import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
-import { backends, PASSWORD, signUp, startTestService } from './harness.ts';
+import { backends, PASSWORD, signUp, startTestService, type TestService } from './harness.ts';
+import { checkPaging } from './paging.ts';
+import { alive, claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 
 t.test('inference credentials', async (t) => {
   const provider = await startFakeProvider();
@@ -206,8 +211,59 @@ t.test('audit trail', async (t) => {
 });
 
 for (const backend of backends()) {
-  t.test(`deleting an account on ${backend}`, async (t) => {
+  t.test(`audit paging by before returns every row once, newest first, across ids 9 to 10 (${backend})`, async (t) => {
+    // A service of its own, so this account's rows are the first ids of the table.
     const svc = await startTestService(t, { backend });
+    const { http } = svc;
+    const { key } = await signUp(svc);
+    const made: string[] = [];
+    for (let i = 0; i < 25; i++) {
+      await http.post('/api/auth/api-keys', { token: key, body: { name: `k${i}` } });
+      made.push(`k${i}`);
+    }
+    const rows = await checkPaging(
+      t,
+      {
+        http,
+        token: key,
+        path: '/api/audit?action_prefix=api_key.created',
+        cursor: 'before',
+        limit: 4,
+        key: (r: { id: string; metadata: { name: string } }) => r.metadata.name,
+      },
+      [...made.toReversed(), 'password exchange'],
+    );
+    const ids = rows.map((r) => Number(r.id));
+    t.ok(Math.min(...ids) < 10 && Math.max(...ids) >= 10, `ids ${Math.min(...ids)} to ${Math.max(...ids)} cross 10`);
+  });
+}
+
+/** Waits until `ok` holds, up to 20 s; says whether it did. */
+async function eventually(ok: () => boolean | Promise<boolean>): Promise<boolean> {
+  for (const end = Date.now() + 20_000; Date.now() < end; ) {
+    if (await ok()) return true;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return ok();
+}
+
+/** The Redis keys under the tenant's hash tag (the live log's), on the service's prefix. */
+async function tenantKeys(svc: TestService, accountId: string): Promise<string[]> {
+  const redis = new Redis(process.env.TEST_REDIS_URL as string);
+  try {
+    return await redis.keys(`${svc.config.REDIS_KEY_PREFIX}{t:${accountId}}*`);
+  } finally {
+    await redis.quit();
+  }
+}
+
+for (const backend of backends()) {
+  t.test(`deleting an account on ${backend}`, async (t) => {
+    const svc = await startTestService(t, {
+      backend,
+      // Heartbeats far apart: what a deletion stops must stop with it, not at the next refused one.
+      env: { RUNNER_HEARTBEAT_MS: '10000', RUNNER_GRACE_MS: '30000', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+    });
     const { http } = svc;
     const victim = await signUp(svc);
     const bystander = await signUp(svc);
@@ -220,6 +276,39 @@ for (const backend of backends()) {
     });
     await http.post('/api/auth/forgot', { body: { email: victim.email } });
 
+    // And state outside the database: a sandbox on a connected self-hosted runner, a local
+    // sandbox with its runner-agent running, both after a finished turn (so the live log has
+    // the tenant's events).
+    const token = victim.key;
+    const { env, agent: runnerAgent, runner, runnerRow } = await claudeOnRunner(t, svc, token);
+    const localAgent = (
+      await http.post('/api/agents', {
+        token,
+        body: { name: 'local', runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', environment_id: env.id },
+      })
+    ).body;
+    const sandboxAfterTurn = async (agentId: string) => {
+      const conv = await http.post('/api/conversations', { token, body: { agent_id: agentId, prompt: 'hello' } });
+      t.equal(conv.status, 201, JSON.stringify(conv.body));
+      const done = await eventually(async () => {
+        const turns = (await http.get(`/api/conversations/${conv.body.id}/turns`, { token })).body.data;
+        return turns[0]?.state === 'done';
+      });
+      t.ok(done, 'the turn finished');
+      return (await http.get(`/api/conversations/${conv.body.id}`, { token })).body.sandbox_id as string;
+    };
+    const onRunner = await sandboxAfterTurn(runnerAgent.id);
+    const local = await sandboxAfterTurn(localAgent.id);
+    const runnerDir = join(runner.root, 'sandboxes', onRunner);
+    const localRoot = join(svc.dataDir, 'local-sandboxes', victim.accountId);
+    const localPid = svc.local.held().find((h) => h.sandboxId === local)?.pid;
+    await svc.appendEvents({
+      tenant: bystander.accountId,
+      producer: 'test',
+      seq: 1,
+      events: [{ conversationId: null, kind: 'output', stream: 'stdout', data: 'kept' }],
+    });
+
     t.test('the confirmation must be the account email', async (t) => {
       const wrong = await http.delete('/api/account', { token: victim.key, body: { confirm: bystander.email } });
       t.equal(wrong.status, 422);
@@ -228,6 +317,10 @@ for (const backend of backends()) {
     });
 
     t.test('removes every row of the account in every table and its data key', async (t) => {
+      t.ok(existsSync(runnerDir) && existsSync(join(localRoot, 'sandboxes', local)), 'both sandboxes are on disk');
+      t.ok(alive(localPid), 'the local runner-agent runs');
+      t.ok((await svc.eventLog.lastId(victim.accountId)) > 0, 'the live log holds the turns');
+      if (backend === 'postgres+redis') t.not((await tenantKeys(svc, victim.accountId)).length, 0);
       const tables = await accounts.tenantTables(svc.db.sql);
       t.ok(tables.length >= 6, `tables with account_id: ${tables.join(', ')}`);
       let before = 0;
@@ -239,6 +332,9 @@ for (const backend of backends()) {
         body: { confirm: victim.email.toUpperCase() },
       });
       t.equal(res.status, 204);
+      // By the time the deletion answers, not at the next heartbeat:
+      t.notOk(svc.fabric.isLive(runnerRow.id), "the self-hosted runner's connection is closed");
+      t.notOk(alive(localPid), 'the local runner-agent has stopped');
       for (const table of tables) {
         t.equal(
           await accounts.countRowsOfAccount(svc.db.sql, table, victim.accountId),
@@ -253,6 +349,27 @@ for (const backend of backends()) {
       );
       t.equal((await http.get('/api/auth/me', { token: victim.key })).status, 401);
       t.equal((await http.get('/api/auth/me', { token: bystander.key })).status, 200, 'other accounts are untouched');
+    });
+
+    t.test("stops the account's machines and removes their disk", async (t) => {
+      t.ok(await eventually(() => !existsSync(runnerDir)), 'the self-hosted runner destroyed its sandbox directory');
+      t.ok(await eventually(() => runner.child.exitCode !== null), 'the runner connection was closed');
+      t.equal(runner.child.exitCode, 6, 'and the runner-agent stopped as revoked');
+      t.same(svc.local.held(), [], 'this node holds no runner-agent for it');
+      t.notOk(existsSync(localRoot), 'the local sandboxes directory of the account is gone');
+    });
+
+    t.test("drops the account's live log and nobody else's", async (t) => {
+      t.equal(await svc.eventLog.lastId(victim.accountId), 0);
+      t.same(await svc.eventLog.read(victim.accountId, { after: 0, limit: 10 }), []);
+      t.same(
+        (await svc.eventLog.read(bystander.accountId, { after: 0, limit: 10 })).map((e) => e.data),
+        ['kept'],
+      );
+      if (backend === 'postgres+redis') {
+        t.same(await tenantKeys(svc, victim.accountId), [], 'no Redis key of the tenant is left');
+        t.not((await tenantKeys(svc, bystander.accountId)).length, 0);
+      }
     });
   });
 }

@@ -2,6 +2,7 @@ import { conversations } from '@svc/db';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { backends, signUp, startTestService } from './harness.ts';
+import { checkPaging } from './paging.ts';
 
 for (const backend of backends()) {
   t.test(`conversations and turns as records on ${backend}`, async (t) => {
@@ -214,6 +215,37 @@ for (const backend of backends()) {
       const fromPostgres =
         await sql`SELECT count(*)::int AS n FROM log_events WHERE account_id = ${me.accountId} AND conversation_id = ${child.id}`;
       t.equal(fromPostgres[0]?.n, 25, 'the copier stored them');
+    });
+
+    t.test('paging the JSON feed by after returns every event once, from Postgres and the hot log', async (t) => {
+      const paged = await createConversationRecord(sql, who, { agentId: agent.id, title: 'paged' });
+      const line = (i: number) => ({ conversationId: paged.id, kind: 'output', stream: 'stdout', data: `p${i}` });
+      const lines = Array.from({ length: 25 }, (_, i) => `p${i}`);
+      await svc.appendEvents({
+        tenant: me.accountId,
+        producer: 'paged',
+        seq: 1,
+        events: lines.slice(0, 12).map((_, i) => line(i)),
+      });
+      await svc.copier.pass();
+      await svc.appendEvents({
+        tenant: me.accountId,
+        producer: 'paged',
+        seq: 13,
+        events: lines.slice(12).map((_, i) => line(i + 12)),
+      });
+      await checkPaging(
+        t,
+        {
+          http,
+          token,
+          path: `/api/conversations/${paged.id}/events`,
+          cursor: 'after',
+          limit: 4,
+          key: (e: { data: string }) => e.data,
+        },
+        lines,
+      );
     });
 
     t.test("another tenant's conversation is 404 on every route", async (t) => {

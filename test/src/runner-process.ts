@@ -12,6 +12,17 @@ const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.m
 /** The command line of the scripted ACP agent (tsx named by its absolute location: runtimes start in their sandbox). */
 export const SCRIPTED_AGENT_COMMAND = `${process.execPath} --import ${import.meta.resolve('tsx')} ${AGENT}`;
 
+/** Whether a process with this pid is running. */
+export function alive(pid: number | undefined): boolean {
+  if (pid === undefined) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * A real `svc-runner` process connected to the service with `token`, its sandboxes under
  * `opts.root` (default a fresh directory), with `args` added to its command line. Resolves

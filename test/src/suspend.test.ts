@@ -2,7 +2,7 @@ import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { alive, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -11,17 +11,6 @@ interface TurnWire {
   id: string;
   number: number;
   state: string;
-}
-
-/** Whether a process with this pid is running. */
-function alive(pid: number | undefined): boolean {
-  if (pid === undefined) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /**

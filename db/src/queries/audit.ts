@@ -37,7 +37,11 @@ export interface AuditFilter {
   until?: Date | undefined;
 }
 
-/** Newest first. `limit + 1` rows are read so the caller can tell whether more exist. */
+/**
+ * Newest first by id as a number. `limit + 1` rows are read so the caller can tell whether
+ * more exist. The id goes out as text (a bigint), so ORDER BY names the table's column: the
+ * bare name would sort by the text alias, putting 9 before 25.
+ */
 export async function listAuditEvents(sql: Sql, accountId: string, f: AuditFilter): Promise<AuditEventRow[]> {
   // action_prefix is a literal prefix: escape LIKE's wildcards so `a_b` matches only `a_b...`.
   const prefix = f.actionPrefix === undefined ? null : `${f.actionPrefix.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
@@ -50,6 +54,6 @@ export async function listAuditEvents(sql: Sql, accountId: string, f: AuditFilte
       ${f.resourceType === undefined ? sql`` : sql`AND resource_type = ${f.resourceType}`}
       ${f.since === undefined ? sql`` : sql`AND inserted_at >= ${f.since}`}
       ${f.until === undefined ? sql`` : sql`AND inserted_at < ${f.until}`}
-    ORDER BY id DESC
+    ORDER BY audit_events.id DESC
     LIMIT ${f.limit + 1}`;
 }

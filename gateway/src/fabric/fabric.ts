@@ -559,6 +559,21 @@ export class RunnerFabric {
     return true;
   }
 
+  /**
+   * Closes every connection of the account's runners on this node, also one still waiting for
+   * its hello (the account was deleted). Returns how many were closed. A connection another
+   * node holds ends at its next heartbeat, which finds its runner gone.
+   */
+  disconnectAccount(accountId: string, code: number, reason: string): number {
+    let closed = 0;
+    for (const s of [...this.sessions]) {
+      if (s.accountId !== accountId || s.closed) continue;
+      this.close(s, code, reason);
+      closed++;
+    }
+    return closed;
+  }
+
   /** Whether the runner holds a live connection on this node. */
   isLive(runnerId: string): boolean {
     return this.live.has(runnerId);

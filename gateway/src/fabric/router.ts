@@ -1,146 +1,56 @@
-import { randomBytes } from 'node:crypto';
 import { ApiError, type RunnerCommandBody } from '@svc/core';
-import type { Logger } from 'pino';
-import type { RedisClient } from '../redis.ts';
 
 /**
  * How commands reach a runner whose connection another node holds, and how durable marks
  * reach the node holding the runner (DESIGN "The life of a prompt", 3: any api node can send
- * to any runner). One node, no Redis: there is nothing to route, and the fabric answers
- * `runner_offline` for a runner it does not hold.
+ * to any runner). One router per node; the nodes of a deployment share its store (Redis, or
+ * for the memory adapter one hub in the process). Without a router, or with a single node,
+ * the fabric answers `runner_offline` for a runner it does not hold.
  */
 export interface RunnerRouter {
-  /** This node holds the runner's live connection (on hello, refreshed by its heartbeats). */
+  /**
+   * Claims the runner for this node (on hello, renewed by its heartbeats). The claim lapses
+   * `holdMs` after the last call, so a node that died holds nothing for long. The newest
+   * claim wins.
+   */
   hold(runnerId: string): void;
-  /** This node no longer holds it (a connection that took over elsewhere is left alone). */
+  /** Drops this node's claim; a claim another node made since (a takeover) is left alone. */
   release(runnerId: string): void;
-  /** Sends the command through the node holding the runner; resolves once the runner acknowledged it. */
+  /**
+   * Runs the command on the node holding the runner and resolves once that node's `run`
+   * resolved (the runner acknowledged it). Rejects with `runner_offline` when no other node
+   * holds a live claim (a node never forwards to itself), when the holder does not answer
+   * within `timeoutMs`, and when this router closes first; the holder's own failure comes
+   * back as relayedError() says.
+   */
   forward(runnerId: string, body: RunnerCommandBody): Promise<void>;
-  /** Tells every other node the copy holds these producers' events up to their marks. */
+  /**
+   * Hands these producers' durable marks to every other node's `onDurable` (not this one's).
+   * Best effort: a node that misses marks catches up with the next ones, which only go up.
+   */
   durable(marks: ReadonlyMap<string, number>): void;
+  /** Stops listening; commands still waiting for an answer reject with `runner_offline`. */
   close(): Promise<void>;
 }
 
-type Message =
-  | { t: 'cmd'; id: string; from: string; runner: string; body: RunnerCommandBody }
-  | { t: 'ack'; id: string }
-  | { t: 'err'; id: string; code: string; message: string }
-  | { t: 'durable'; from: string; marks: [string, number][] };
-
-// Compare-and-delete: only the holder's own claim goes.
-const RELEASE = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
-
-/**
- * The router over Redis: `runner:<id>` names the node holding it (expiring unless heartbeats
- * renew it), each node listens on its own channel for commands and answers, and marks go out
- * on one channel every node hears. Sharded pub/sub with one hash tag, so it runs on a single
- * server and on a cluster alike.
- */
-export function redisRunnerRouter(o: {
-  redis: RedisClient;
-  subscriber: RedisClient;
-  prefix: string;
+/** What every adapter is built with, besides its store. */
+export interface RouterNodeOptions {
   /** A claim not renewed for this long lapses (a node that died holds nothing). */
   holdMs: number;
   /** A forwarded command not acknowledged within this long answers `runner_offline`. */
   timeoutMs: number;
-  /** Runs a command for a runner this node holds (the fabric's own `command`). */
+  /** Runs a command for a runner this node holds (the fabric's own `commandHere`). */
   run(runnerId: string, body: RunnerCommandBody): Promise<void>;
   /** Marks another node's copier made durable. */
   onDurable(marks: ReadonlyMap<string, number>): void;
-  logger: Logger;
-}): RunnerRouter {
-  const node = randomBytes(8).toString('hex');
-  const tag = `${o.prefix}{fabric}`;
-  const key = (runnerId: string) => `${tag}:runner:${runnerId}`;
-  const inbox = (n: string) => `${tag}:node:${n}`;
-  const broadcast = `${tag}:durable`;
-  const waiting = new Map<string, { resolve(): void; reject(err: Error): void; timer: NodeJS.Timeout }>();
-  const send = (channel: string, m: Message) =>
-    o.redis
-      .spublish(channel, JSON.stringify(m))
-      .catch((err: Error) => o.logger.warn({ err: { message: err.message } }, 'fabric router publish'));
+}
 
-  const onMessage = (channel: string, raw: string) => {
-    if (channel !== inbox(node) && channel !== broadcast) return;
-    let m: Message;
-    try {
-      m = JSON.parse(raw) as Message;
-    } catch {
-      return;
-    }
-    if (m.t === 'cmd') {
-      o.run(m.runner, m.body).then(
-        () => send(inbox(m.from), { t: 'ack', id: m.id }),
-        (err: Error) =>
-          send(inbox(m.from), {
-            t: 'err',
-            id: m.id,
-            code: err instanceof ApiError ? err.code : 'runner_offline',
-            message: err.message,
-          }),
-      );
-    } else if (m.t === 'ack' || m.t === 'err') {
-      const w = waiting.get(m.id);
-      if (!w) return;
-      waiting.delete(m.id);
-      clearTimeout(w.timer);
-      if (m.t === 'ack') w.resolve();
-      else w.reject(new ApiError(m.code === 'runner_offline' ? 'runner_offline' : 'internal_error', m.message));
-    } else if (m.t === 'durable' && m.from !== node) {
-      o.onDurable(new Map(m.marks));
-    }
-  };
-  o.subscriber.on('smessage', onMessage);
-  const subscribe = () =>
-    o.subscriber
-      .ssubscribe(inbox(node), broadcast)
-      .catch((err: Error) => o.logger.warn({ err: { message: err.message } }, 'fabric router subscribe'));
-  const subscribed = subscribe();
-  o.subscriber.on('ready', subscribe);
-  o.subscriber.on('subscribersReady', subscribe);
-
-  return {
-    hold(runnerId) {
-      o.redis
-        .set(key(runnerId), node, 'PX', o.holdMs)
-        .catch((err: Error) => o.logger.warn({ err: { message: err.message } }, 'fabric router hold'));
-    },
-    release(runnerId) {
-      o.redis
-        .eval(RELEASE, 1, key(runnerId), node)
-        .catch((err: Error) => o.logger.warn({ err: { message: err.message } }, 'fabric router release'));
-    },
-    async forward(runnerId, body) {
-      await subscribed;
-      const holder = await o.redis.get(key(runnerId));
-      if (!holder || holder === node) throw new ApiError('runner_offline');
-      const id = randomBytes(8).toString('hex');
-      const acked = new Promise<void>((resolve, reject) => {
-        const timer = setTimeout(() => {
-          waiting.delete(id);
-          reject(new ApiError('runner_offline', 'The runner did not acknowledge the command in time.'));
-        }, o.timeoutMs);
-        timer.unref();
-        waiting.set(id, { resolve, reject, timer });
-      });
-      await send(inbox(holder), { t: 'cmd', id, from: node, runner: runnerId, body });
-      return acked;
-    },
-    durable(marks) {
-      if (marks.size === 0) return;
-      void send(broadcast, { t: 'durable', from: node, marks: [...marks] });
-    },
-    async close() {
-      o.subscriber.off('smessage', onMessage);
-      o.subscriber.off('ready', subscribe);
-      o.subscriber.off('subscribersReady', subscribe);
-      for (const w of waiting.values()) {
-        clearTimeout(w.timer);
-        w.reject(new ApiError('runner_offline', 'The service is shutting down.'));
-      }
-      waiting.clear();
-      await o.subscriber.sunsubscribe(inbox(node), broadcast).catch(() => {});
-    },
-  };
+/**
+ * The error a sender sees when the node holding the runner could not run its command: 503
+ * `runner_offline` when that node says the runner is gone (`code` is the holder's ApiError
+ * code, `runner_offline` for an error without one), 500 `internal_error` for anything else;
+ * the holder's message either way.
+ */
+export function relayedError(code: string, message: string): ApiError {
+  return new ApiError(code === 'runner_offline' ? 'runner_offline' : 'internal_error', message);
 }

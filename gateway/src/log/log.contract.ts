@@ -142,6 +142,40 @@ export function eventLogContract(
     t.equal(batches[1]?.prev, batches[0]?.ids.at(-1), 'prev is the last id of the batch before');
   });
 
+  t.test('dropping a tenant forgets its events, marks and live feed, and no other tenant', async (t) => {
+    const log = await make();
+    const gone = tenant();
+    const kept = tenant();
+    await log.append({ tenant: gone, producer: 'p', seq: 1, events: [out('c1', 'a'), out('c1', 'b')] });
+    await log.append({ tenant: gone, producer: 'q', seq: 1, events: [out('c2', 'x')] });
+    await log.append({ tenant: kept, producer: 'p', seq: 1, events: [out('c1', 'k')] });
+    const last = await log.lastId(gone);
+    const before: string[] = [];
+    await log.subscribe(gone, (b) => before.push(...b.events.map((e) => e.data ?? '')));
+    await log.dropTenant(gone);
+    await log.dropTenant(gone);
+    t.same(await log.read(gone, { after: 0, limit: 10 }), [], 'no events');
+    t.same(await log.read(gone, { after: 0, limit: 10, conversationId: 'c1' }), [], 'no conversation stream');
+    t.equal(await log.lastId(gone), 0, 'no last id');
+    t.same(
+      (await log.read(kept, { after: 0, limit: 10 })).map((e) => e.data),
+      ['k'],
+      'another tenant keeps its events',
+    );
+    const keptAgain = await log.append({ tenant: kept, producer: 'p', seq: 1, events: [out('c1', 'k')] });
+    t.equal(keptAgain.status, 'duplicate', "and its producers' marks");
+
+    const after: string[] = [];
+    await log.subscribe(gone, (b) => after.push(...b.events.map((e) => e.data ?? '')));
+    const fresh = await log.append({ tenant: gone, producer: 'p', seq: 1, events: [out('c1', 'new')] });
+    t.equal(fresh.status, 'appended', "the producer's mark was forgotten");
+    t.ok((fresh.events[0]?.id as number) > last, 'ids still go up');
+    const deadline = Date.now() + 5000;
+    while (after.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    t.same(after, ['new'], 'a feed opened afterwards hears the new event');
+    t.same(before, [], 'the feed that was open when the tenant was dropped hears nothing more');
+  });
+
   if (options.loseData) {
     const loseData = options.loseData;
     t.test('after the store loses its data, ids still never go back', async (t) => {

@@ -117,6 +117,11 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
       return tenants.get(tenant)?.floor ?? 0;
     },
 
+    async dropTenant(tenant: string) {
+      tenants.delete(tenant);
+      for (const key of marks.keys()) if (key.startsWith(`${tenant}\0`)) marks.delete(key);
+    },
+
     async close() {
       tenants.clear();
     },

@@ -367,6 +367,29 @@ export function redisEventLog(
       return Number((await redis.get(logKeys(prefix, tenant).trim)) ?? 0);
     },
 
+    async dropTenant(tenant: string) {
+      const keys = logKeys(prefix, tenant);
+      const feed = feeds.get(tenant);
+      if (feed) {
+        feeds.delete(tenant);
+        channelTenant.delete(keys.live);
+        feed.handlers.clear();
+        await subscriber.sunsubscribe(keys.live).catch(() => {});
+      }
+      // Every key of the tenant carries its hash tag, so one slot, on one master of a cluster,
+      // holds them all; SCAN finds the conversation streams and producer marks by name.
+      const pattern = `${`${prefix}{t:${tenant}}`.replace(/[*?[\]\\]/g, '\\$&')}:*`;
+      const nodes = redis.isCluster ? (redis as Cluster).nodes('master') : [redis as Redis];
+      for (const node of nodes) {
+        let cursor = '0';
+        do {
+          const [next, found] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+          cursor = next;
+          if (found.length) await node.unlink(...found);
+        } while (cursor !== '0');
+      }
+    },
+
     async close() {
       feeds.clear();
     },

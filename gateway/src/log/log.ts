@@ -143,5 +143,13 @@ export interface EventLog {
    * miss a trim that raced its read.
    */
   floor(tenant: string): Promise<number>;
+  /**
+   * Forgets the tenant (its account was deleted): its hot log, conversation streams, producer
+   * marks, last id and trim point are gone, and this node's live feed of it ends (its
+   * subscribers hear nothing more). Other tenants are untouched. Idempotent. Call it once
+   * nothing appends for the tenant any more: an append racing it may leave a trace. Ids given
+   * to a later append still go up (they follow the clock), never reusing a forgotten one.
+   */
+  dropTenant(tenant: string): Promise<void>;
   close(): Promise<void>;
 }

@@ -117,6 +117,14 @@ export class LocalSandboxes {
     await rm(join(this.deps.root, accountId, 'sandboxes', sandboxId), { recursive: true, force: true });
   }
 
+  /**
+   * Removes everything the account's runner-agents kept under the root (sandbox directories,
+   * spooled output), once their sandboxes are stopped: the account was deleted. Idempotent.
+   */
+  async removeAccountDisk(accountId: string): Promise<void> {
+    await rm(join(this.deps.root, accountId), { recursive: true, force: true });
+  }
+
   async stopAll(): Promise<void> {
     await Promise.all([...this.children.keys()].map((id) => this.stop(id)));
   }

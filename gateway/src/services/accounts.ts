@@ -1,12 +1,15 @@
-import { ApiError, newId, validationFailed } from '@svc/core';
+import { ApiError, newId, RUNNER_CLOSE, validationFailed } from '@svc/core';
 import { accounts, authTokens, type Sql, sessions } from '@svc/db';
 import type { Logger } from 'pino';
+import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import { decoyPasswordHash, hashPassword, hashSecret, newSecret, verifyPassword } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import { createApiKey, createSession } from './credentials.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
+import { type AccountSandboxDeps, destroyAccountSandboxes } from './sandboxes.ts';
 
 export interface AccountDeps {
   sql: Sql;
@@ -291,17 +294,30 @@ export async function completeOnboarding(sql: Sql, p: Principal) {
   return onboardingOf(a);
 }
 
+/** What erasing an account needs beyond its rows: its machines, runner connections and live log. */
+export interface AccountErasureDeps extends AccountSandboxDeps {
+  fabric: AccountSandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectAccount'>;
+  eventLog: Pick<EventLog, 'dropTenant'>;
+}
+
 /**
- * Erases the account: every row in every tenant table (they cascade from `accounts`) and the
- * wrapped data key with it. The instance log records that an account was deleted, nothing more.
+ * Erases the account: its sandboxes are destroyed through their provider first (runners told,
+ * local runner-agents stopped, their disk removed), then every row in every tenant table goes
+ * (they cascade from `accounts`) with the wrapped data key, then the account's runner
+ * connections on this node are closed and its live log (hot events, marks, feeds) dropped.
+ * The instance log records that an account was deleted, nothing more.
  */
-export async function deleteAccount(deps: AccountDeps, p: Principal, confirm: string) {
+export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDeps, p: Principal, confirm: string) {
   const a = await accounts.findAccountById(deps.sql, p.accountId);
   if (!a) throw new ApiError('unauthorized');
   if (confirm.trim().toLowerCase() !== a.email.toLowerCase()) {
     throw validationFailed({ confirm: ["must be the account's email address"] });
   }
+  await destroyAccountSandboxes(erasure, a.id);
   await accounts.deleteAccount(deps.sql, a.id);
+  // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
+  erasure.fabric.disconnectAccount(a.id, RUNNER_CLOSE.revoked, 'the account was deleted');
+  await erasure.eventLog.dropTenant(a.id);
   deps.log.info('an account was deleted');
 }
 

@@ -134,14 +134,14 @@ function midTurn(conversations?: string[]): ApiError {
  * Best effort after the commit: a runner that went away in between keeps a stale directory,
  * which is logged (the database already says the machine is gone).
  */
-async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow): Promise<void> {
+async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow, why = 'sandbox reset'): Promise<void> {
   if (row.runner_id === null) {
     // A suspended local sandbox: its runner-agent was stopped, its kept directory goes now.
     if (row.provider === 'local') {
       await deps.local
         ?.removeDisk(row.account_id, row.id)
         .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, 'sandbox reset: disk not removed'),
+          deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: disk not removed`),
         );
     }
     return;
@@ -155,7 +155,7 @@ async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow): Pro
   } catch (err) {
     deps.logger.warn(
       { err: { message: (err as Error).message }, sandbox: row.id, runner: row.runner_id },
-      'sandbox reset: the runner could not be told to destroy the old machine',
+      `${why}: the runner could not be told to destroy the machine`,
     );
   }
 }
@@ -196,6 +196,26 @@ export function retireSandboxesBuiltOn(deps: SandboxDeps): RetireSandboxesBuiltO
     }
     return retired;
   };
+}
+
+/** What destroying an account's sandboxes needs besides a reset's: the local provider whole. */
+export interface AccountSandboxDeps extends SandboxDeps {
+  local: Pick<LocalSandboxes, 'removeDisk' | 'stop' | 'removeAccountDisk'>;
+}
+
+/**
+ * Account deletion, before its rows go: each sandbox that may still have a machine has it
+ * destroyed like a reset does (its runner, self-hosted or local, is told; a suspended local
+ * one's disk is removed), each local runner-agent of the account is stopped, and what they
+ * kept on this node's disk is removed. Best effort per sandbox and logged: the account goes
+ * either way, and a runner that is away when told keeps a directory no one can reach.
+ */
+export async function destroyAccountSandboxes(deps: AccountSandboxDeps, accountId: string): Promise<void> {
+  for (const row of await sandboxes.listSandboxes(deps.sql, accountId, undefined)) {
+    if (row.status !== 'terminated') await destroyMachine(deps, row, 'account deletion');
+    if (row.provider === 'local') await deps.local.stop(row.id, { graceful: true });
+  }
+  await deps.local.removeAccountDisk(accountId);
 }
 
 /** SANDBOX_QUOTA_DEFAULT and FLEET_MAX_SANDBOXES. */

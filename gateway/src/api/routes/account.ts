@@ -89,11 +89,20 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete the account irreversibly: every resource and the tenant encryption key',
+      description:
+        'Before the answer, its sandboxes are destroyed (each runner is told; local machines are stopped and their disk removed), its runners are disconnected, and its live event log is dropped.',
       body: AccountDelete,
       response: { 204: z.null(), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) => {
-      await accounts.deleteAccount(deps.accounts, requirePrincipal(req), req.body.confirm);
+      const erasure = {
+        sql: deps.sql,
+        fabric: deps.fabric,
+        local: deps.launch.local,
+        eventLog: deps.eventLog,
+        logger: deps.log,
+      };
+      await accounts.deleteAccount(deps.accounts, erasure, requirePrincipal(req), req.body.confirm);
       return reply.code(204).send(null);
     },
   });
