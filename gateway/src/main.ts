@@ -24,7 +24,9 @@ import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
-import { LocalSandboxes } from './sandboxes/local.ts';
+import { LocalSandboxes } from './sandboxes/provider.local.ts';
+import { runnerProvider } from './sandboxes/provider.runner.ts';
+import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring, parseMasterKey } from './secrets/keyring.ts';
 import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
 import { recordPermissionStage } from './services/permissions.ts';
@@ -98,6 +100,8 @@ export interface Service {
   fabric: RunnerFabric;
   /** The local sandbox provider's runner-agent children. */
   local: LocalSandboxes;
+  /** The sandbox providers this instance offers. */
+  providers: SandboxProviders;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
   /** Every route the api role registered (for the OpenAPI coverage test). */
@@ -269,9 +273,13 @@ export async function startService(
       root: join(config.DATA_DIR, 'local-sandboxes'),
     });
     cleanups.push(() => local.stopAll());
+    const providers = new SandboxProviders(
+      [local, runnerProvider({ sql: db.sql, offlineAfterMs: config.RUNNER_GRACE_MS })],
+      config.SANDBOX_PROVIDER_DEFAULT,
+    );
     // Turns whose runner is not heard from again (after a restart, nothing else would end them).
     const adrift = () =>
-      endTurnsAdrift(db.sql, config.RUNNER_GRACE_MS).catch((err: Error) =>
+      endTurnsAdrift({ sql: db.sql, providers }, config.RUNNER_GRACE_MS).catch((err: Error) =>
         log.warn({ err: { message: err.message } }, 'ending turns adrift'),
       );
     const adriftTimer = setInterval(adrift, Math.max(250, Math.floor(config.RUNNER_GRACE_MS / 2)));
@@ -284,7 +292,7 @@ export async function startService(
         if (suspending) return;
         suspending = true;
         suspendIdleSandboxes(
-          { sql: db.sql, local, relay, logger: log.child({ role: 'suspend' }) },
+          { sql: db.sql, providers, relay, logger: log.child({ role: 'suspend' }) },
           config.SANDBOX_IDLE_SUSPEND_MS,
         )
           .catch((err: Error) => log.warn({ err: { message: err.message } }, 'suspending idle sandboxes'))
@@ -335,7 +343,7 @@ export async function startService(
       eventLog,
       retireSandboxes:
         overrides.retireSandboxes ??
-        retireSandboxesBuiltOn({ sql: db.sql, fabric, local, logger: log.child({ role: 'sandboxes' }) }),
+        retireSandboxesBuiltOn({ sql: db.sql, fabric, providers, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
       launch: {
         sql: db.sql,
@@ -351,9 +359,7 @@ export async function startService(
         },
         turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
         permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
-        offlineAfterMs: config.RUNNER_GRACE_MS,
-        defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
-        local,
+        providers,
         relay,
         apiUrl: base,
         limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
@@ -434,6 +440,7 @@ export async function startService(
       relay,
       fabric,
       local,
+      providers,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,

@@ -2,6 +2,7 @@ import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@
 import { conversations, credentials, outbox, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
@@ -288,19 +289,20 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
 /**
  * Ends the turns nothing will end any more (`runningTurnsAdrift`): their runner has not been
  * heard from for `graceMs`, as after a restart of the service when the runner did not come
- * back. A local sandbox's runner-agent goes with the service, so its turn ends `interrupted`;
- * a self-hosted runner that stayed away fails its turn. Each says why in the log (stage
- * `reattach` failed); compare-and-set, so a turn that ended meanwhile is left alone.
+ * back. How each ends is its sandbox provider's (`adrift`: a local runner-agent went with the
+ * service, so its turn is `interrupted`; a self-hosted runner that stayed away fails it). Each
+ * says why in the log (stage `reattach` failed); compare-and-set, so a turn that ended
+ * meanwhile is left alone.
  */
-export async function endTurnsAdrift(sql: Sql, graceMs: number): Promise<number> {
+export async function endTurnsAdrift(
+  deps: { sql: Sql; providers: SandboxProviders },
+  graceMs: number,
+): Promise<number> {
+  const { sql } = deps;
   const now = Date.now();
   let ended = 0;
   for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
-    const local = t.provider === 'local';
-    const error = local
-      ? 'the service restarted and the sandbox’s runner-agent went with it'
-      : 'the runner was not heard from again after the service restarted';
-    const state = local ? 'interrupted' : 'failed';
+    const { state, error, reason } = deps.providers.of(t.provider).adrift;
     const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
       { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
       { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
@@ -308,7 +310,7 @@ export async function endTurnsAdrift(sql: Sql, graceMs: number): Promise<number>
     ]);
     if (done) {
       ended++;
-      await auditTurnEnd(sql, t.account_id, t.turn_id, state, local ? 'service_restarted' : 'runner_gone');
+      await auditTurnEnd(sql, t.account_id, t.turn_id, state, reason);
     }
     await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
   }

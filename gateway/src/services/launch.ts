@@ -10,21 +10,11 @@ import {
   sniffImage,
   validationFailed,
 } from '@svc/core';
-import {
-  agents,
-  conversations,
-  credentials,
-  environments,
-  outbox,
-  runners,
-  type Sql,
-  sandboxes,
-  vaults,
-} from '@svc/db';
+import { agents, conversations, credentials, environments, outbox, type Sql, sandboxes, vaults } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
-import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
@@ -49,11 +39,8 @@ export interface LaunchDeps {
   turnTimeLimitMs: number;
   /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
   permissionTimeoutMs: number;
-  /** Runners heard from within this long count as online. */
-  offlineAfterMs: number;
-  /** The provider of agents that name none (SANDBOX_PROVIDER_DEFAULT). */
-  defaultProvider: 'local' | 'runner';
-  local: LocalSandboxes;
+  /** Where sandboxes' machines come from, by provider (and the default for agents naming none). */
+  providers: SandboxProviders;
   relay: OutboxRelay;
   /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
   apiUrl: () => string;
@@ -336,14 +323,13 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
     } else if (plan.build) {
       await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
     }
-    let onRunner = sandbox.runner_id;
-    // A wake always starts a runner-agent of its own (one still stopping after the suspension is replaced).
-    if (sandbox.provider === 'local' && (waking || onRunner === null || !deps.fabric.isLive(onRunner))) {
-      // local: the sandbox's own runner-agent, started now and connected back.
-      onRunner = await deps.local.start(accountId, sandbox.id);
-      await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
-    }
-    if (onRunner === null) throw new ApiError('runner_offline', 'The sandbox has no runner.');
+    const provider = deps.providers.of(sandbox.provider);
+    const onRunner = waking
+      ? await provider.wake(sandbox)
+      : plan.build
+        ? await provider.create(sandbox)
+        : await provider.adopt(sandbox);
+    if (onRunner !== sandbox.runner_id) await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
     if (plan.build) {
       await deps.fabric.command(onRunner, {
         kind: 'sandbox.create',
@@ -397,43 +383,24 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
   });
 }
 
-function online(deps: LaunchDeps, r: runners.RunnerRow): boolean {
-  return r.connected && r.last_seen_at !== null && Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs;
-}
-
-/** An online runner of the account (409 `no_runner_online` when none is). */
-async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string> {
-  // Presence as GET /api/runners shows it (connected to some node, heard from lately).
-  const runner = (await runners.listRunners(deps.sql, accountId)).find((r) => online(deps, r));
-  if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
-  return runner.id;
-}
-
 /**
  * Whether the sandbox's machine can take a turn as it is, or must be built again first (its
- * machine failed or was destroyed, or a local sandbox's runner-agent is gone, as after a
- * restart), and on which runner. 503 `runner_offline` when a self-hosted runner is away.
+ * machine failed or was destroyed, or is lost, as a local runner-agent after a restart), and
+ * on which runner. 503 `runner_offline` when the machine is away and may come back.
  */
 async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes.SandboxRow) {
-  const runner = sandbox.runner_id ? await runners.getRunnerById(deps.sql, sandbox.runner_id) : undefined;
-  // A local sandbox's runner-agent is a child of this node; a runner may be held by any node.
-  const live =
-    sandbox.provider === 'local'
-      ? sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id)
-      : runner !== undefined && online(deps, runner);
+  const provider = deps.providers.of(sandbox.provider);
+  const health = await provider.health(sandbox);
   // Reset (or retired): ready, but its incarnation has no machine yet.
   const unbuilt = sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
-  // Suspended (local): its runner-agent was stopped, its directory kept; it is woken, not built.
-  const asleep = sandbox.provider === 'local' && sandbox.status === 'suspended';
+  // Suspended: its machine was stopped, its disk kept; it is woken, not built.
+  const asleep = provider.suspends && sandbox.status === 'suspended';
   const gone =
-    unbuilt ||
-    sandbox.status === 'failed' ||
-    sandbox.status === 'terminated' ||
-    (sandbox.provider === 'local' && !live && !asleep);
+    unbuilt || sandbox.status === 'failed' || sandbox.status === 'terminated' || (health === 'lost' && !asleep);
   let runnerId = sandbox.runner_id;
-  if (sandbox.provider === 'runner' && !live) {
+  if (health === 'away') {
     if (!gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
-    runnerId = await onlineRunner(deps, accountId);
+    runnerId = await provider.place(accountId);
   }
   return { gone, unbuilt, asleep, runnerId };
 }
@@ -445,10 +412,11 @@ async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes
  */
 async function suspendedMeanwhile(
   tx: Sql,
+  provider: SandboxProvider,
   sandbox: sandboxes.SandboxRow,
   machine: { gone: boolean; asleep: boolean },
 ): Promise<boolean> {
-  if (sandbox.provider !== 'local' || machine.gone || machine.asleep) return false;
+  if (!provider.suspends || machine.gone || machine.asleep) return false;
   return (await sandboxes.statusForShare(tx, sandbox.id)) === 'suspended';
 }
 
@@ -511,13 +479,7 @@ export async function startConversation(
   }
   const images = decodeImages(input.images);
   const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
-  const provider = agent.sandbox_provider ?? deps.defaultProvider;
-  if (provider !== 'runner' && provider !== 'local') {
-    throw validationFailed(
-      { sandbox_provider: [`${provider} is not available on this instance yet; use runner`] },
-      `Sandbox provider ${provider} is not available on this instance yet.`,
-    );
-  }
+  const provider = deps.providers.forAgent(agent.sandbox_provider);
   const mode = input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent');
 
   // The sandbox to run on: the one named, the identity's own persistent machine, or a new one.
@@ -549,7 +511,7 @@ export async function startConversation(
         gone: true,
         unbuilt: false,
         asleep: false,
-        runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null,
+        runnerId: await provider.place(who.accountId),
       };
 
   const conversationId = newId('cnv');
@@ -561,7 +523,7 @@ export async function startConversation(
       await checkCapacity(t, who.accountId, deps.limits);
     }
     let row: sandboxes.SandboxRow | undefined;
-    if (existing && (await suspendedMeanwhile(t, existing, machine))) {
+    if (existing && (await suspendedMeanwhile(t, deps.providers.of(existing.provider), existing, machine))) {
       machine.asleep = true;
       existing = { ...existing, status: 'suspended' };
     }
@@ -582,7 +544,7 @@ export async function startConversation(
       row = await sandboxes.insertSandbox(t, {
         id: newId('sbx'),
         accountId: who.accountId,
-        provider,
+        provider: provider.name as sandboxes.SandboxRow['provider'],
         mode,
         runnerId: machine.runnerId,
         agentId: agent.id,
@@ -685,7 +647,7 @@ export async function sendPrompt(
       oneTurnPerSandbox: ONE_TURN_PER_SANDBOX.has(agent.runtime),
     });
     if (typeof opened === 'string') throw refusal(opened);
-    if (sandbox && (await suspendedMeanwhile(t, sandbox, machine))) {
+    if (sandbox && (await suspendedMeanwhile(t, deps.providers.of(sandbox.provider), sandbox, machine))) {
       machine.asleep = true;
       sandbox = { ...sandbox, status: 'suspended' };
     }
@@ -796,13 +758,12 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
           deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
         );
     }
-    if (destroy && sandbox.provider === 'local') {
-      await deps.local.stop(sandbox.id);
-      // Its directory goes too, also when it was suspended (no runner-agent was there to tell).
-      await deps.local
-        .removeDisk(who.accountId, sandbox.id)
+    if (destroy) {
+      await deps.providers
+        .of(sandbox.provider)
+        .destroy(sandbox)
         .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: disk not removed'),
+          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: machine not destroyed'),
         );
     }
   }

@@ -2,7 +2,7 @@ import { ApiError, SANDBOX_STATUSES } from '@svc/core';
 import { type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
-import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { csv } from './conversations.ts';
 import type { ActorRef } from './principal.ts';
@@ -30,27 +30,34 @@ export interface SandboxDeps {
   sql: Sql;
   fabric: Pick<RunnerFabric, 'command' | 'isLive'>;
   logger: Logger;
-  /** The `local` provider: a suspended local sandbox has no runner to tell, its disk is removed here. */
-  local?: Pick<LocalSandboxes, 'removeDisk'>;
+  /** A sandbox without a runner to tell (suspended) has its disk removed by its provider. */
+  providers: SandboxProviders;
 }
 
-/** The wire shape; `runner` on provider `runner` only, online by the rule of GET /api/runners. */
-export function shapeSandbox(v: sandboxes.SandboxView, offlineAfterMs: number, now = Date.now()) {
-  const runner =
-    v.provider !== 'runner'
-      ? {}
-      : {
-          runner:
-            v.runner_id === null || v.runner_name === null
-              ? null
-              : {
-                  id: v.runner_id,
-                  name: v.runner_name,
-                  hostname: v.runner_hostname,
-                  online: runnerOnline(v.runner_connected ?? false, v.runner_last_seen_at, offlineAfterMs, now),
-                  path: v.runner_path,
-                },
-        };
+/**
+ * The wire shape; `runner` only where the provider places sandboxes on tenant runners, online
+ * by the rule of GET /api/runners.
+ */
+export function shapeSandbox(
+  v: sandboxes.SandboxView,
+  offlineAfterMs: number,
+  providers: SandboxProviders,
+  now = Date.now(),
+) {
+  const runner = !providers.of(v.provider).showsRunner
+    ? {}
+    : {
+        runner:
+          v.runner_id === null || v.runner_name === null
+            ? null
+            : {
+                id: v.runner_id,
+                name: v.runner_name,
+                hostname: v.runner_hostname,
+                online: runnerOnline(v.runner_connected ?? false, v.runner_last_seen_at, offlineAfterMs, now),
+                path: v.runner_path,
+              },
+      };
   return {
     id: v.id,
     status: v.status,
@@ -136,14 +143,13 @@ function midTurn(conversations?: string[]): ApiError {
  */
 async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow): Promise<void> {
   if (row.runner_id === null) {
-    // A suspended local sandbox: its runner-agent was stopped, its kept directory goes now.
-    if (row.provider === 'local') {
-      await deps.local
-        ?.removeDisk(row.account_id, row.id)
-        .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, 'sandbox reset: disk not removed'),
-        );
-    }
+    // A suspended sandbox: its machine was stopped, its kept disk goes now.
+    await deps.providers
+      .of(row.provider)
+      .destroy(row)
+      .catch((err: Error) =>
+        deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, 'sandbox reset: disk not removed'),
+      );
     return;
   }
   try {

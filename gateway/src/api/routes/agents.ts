@@ -45,7 +45,11 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
     handler: async (req, reply) =>
       reply
         .code(201)
-        .send(agents.shapeAgent(await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body))),
+        .send(
+          agents.shapeAgent(
+            await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body, deps.launch.providers),
+          ),
+        ),
   });
 
   r.get('/api/agents/:id', {
@@ -70,13 +74,10 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       },
       handler: async (req) =>
         agents.shapeAgent(
-          await agents.updateAgent(
-            deps.sql,
-            actorOf(requirePrincipal(req)),
-            req.params.id,
-            req.body,
-            deps.retireSandboxes,
-          ),
+          await agents.updateAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id, req.body, {
+            retire: deps.retireSandboxes,
+            providers: deps.launch.providers,
+          }),
         ),
     });
   }

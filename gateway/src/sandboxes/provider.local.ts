@@ -9,6 +9,7 @@ import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
+import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 /** How long a started runner-agent has to connect back. */
@@ -22,7 +23,16 @@ const STOP_TIMEOUT_MS = 10_000;
  * connected back over the same fabric as any runner, its sandboxes under DATA_DIR. The child
  * and its runner go with the sandbox, and all of them when the service stops.
  */
-export class LocalSandboxes {
+export class LocalSandboxes implements SandboxProvider {
+  readonly name = 'local';
+  readonly suspends = true;
+  readonly showsRunner = false;
+  // The runner-agent is a child of the service, so a restart of the service took it along.
+  readonly adrift = {
+    state: 'interrupted',
+    error: 'the service restarted and the sandbox’s runner-agent went with it',
+    reason: 'service_restarted',
+  } as const;
   private readonly children = new Map<string, { child: ChildProcess; runnerId: string }>();
 
   constructor(
@@ -35,6 +45,42 @@ export class LocalSandboxes {
       root: string;
     },
   ) {}
+
+  /** Local machines are made by `create`, never placed on a runner. */
+  async place(): Promise<null> {
+    return null;
+  }
+
+  /** Live while its runner-agent is connected; a runner-agent that is gone does not come back. */
+  async health(sandbox: SandboxRef): Promise<MachineHealth> {
+    return sandbox.runner_id !== null && this.deps.fabric.isLive(sandbox.runner_id) ? 'live' : 'lost';
+  }
+
+  /** Its runner-agent when it is connected, else a new one started for it. */
+  async create(sandbox: SandboxRef): Promise<string> {
+    if (sandbox.runner_id !== null && this.deps.fabric.isLive(sandbox.runner_id)) return sandbox.runner_id;
+    return this.start(sandbox.account_id, sandbox.id);
+  }
+
+  /** As `create`: a turn on a sandbox whose runner-agent died meanwhile gets a new one. */
+  async adopt(sandbox: SandboxRef): Promise<string> {
+    return this.create(sandbox);
+  }
+
+  /** Always a runner-agent of its own (one still stopping after the suspension is replaced). */
+  async wake(sandbox: SandboxRef): Promise<string> {
+    return this.start(sandbox.account_id, sandbox.id);
+  }
+
+  async suspend(sandboxId: string, runnerId: string): Promise<void> {
+    await this.stop(sandboxId, { runnerId, graceful: true });
+  }
+
+  /** Its runner-agent stops and its directory goes, also when it was suspended (no runner-agent to tell). */
+  async destroy(sandbox: SandboxRef): Promise<void> {
+    await this.stop(sandbox.id);
+    await this.removeDisk(sandbox.account_id, sandbox.id);
+  }
 
   /** Starts the sandbox's runner-agent and resolves with its runner id once it is connected. */
   async start(accountId: string, sandboxId: string): Promise<string> {
