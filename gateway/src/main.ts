@@ -33,6 +33,7 @@ import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
+import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
 
@@ -261,6 +262,9 @@ export async function startService(
     );
     idle.start();
     cleanups.push(() => idle.stop());
+    const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
+    lost.start();
+    cleanups.push(() => lost.stop());
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {

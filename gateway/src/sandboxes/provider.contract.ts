@@ -96,6 +96,13 @@ export function sandboxProviderContract(t: Test, setup: () => Promise<ProviderFi
     await f.provider.destroy(asleep);
   });
 
+  t.test('a machine that runs is never reported lost at start', async (t) => {
+    const f = await setup();
+    const sandbox = await f.newSandbox();
+    const runnerId = await f.provider.create(sandbox);
+    t.notOk((await f.provider.lostAtStart()).includes(runnerId));
+  });
+
   t.test('a turn left adrift ends interrupted or failed, with words a user can act on', async (t) => {
     const f = await setup();
     t.ok(['interrupted', 'failed'].includes(f.provider.adrift.state));

@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiError, newId } from '@svc/core';
@@ -113,6 +113,9 @@ export class LocalSandboxes implements SandboxProvider {
       if (this.children.get(sandboxId)?.child === child) this.children.delete(sandboxId);
       log.info({ code, signal }, 'local runner-agent exited');
     });
+    // Its pid outlives this process: a start after a crash tells a runner-agent that went
+    // along from one that survived (lostAtStart).
+    await this.pidFiles.write(runner.id, child.pid);
     const deadline = Date.now() + CONNECT_TIMEOUT_MS;
     while (!this.deps.fabric.isLive(runner.id)) {
       if (child.exitCode !== null || Date.now() > deadline) {
@@ -146,6 +149,24 @@ export class LocalSandboxes implements SandboxProvider {
       clearTimeout(timer);
     }
     await runners.deleteLocalRunner(this.deps.sql, held.runnerId).catch(() => {});
+    await this.pidFiles.remove(held.runnerId);
+  }
+
+  /**
+   * The runners of runner-agents started under this root by an earlier process of the service
+   * whose process is gone and that are not connected now (each reported once): a power cut
+   * or SIGKILL of the process group takes them along. One that survived (its process is
+   * there) is left to reconnect, or to the adrift sweep.
+   */
+  async lostAtStart(): Promise<string[]> {
+    const held = new Set(this.held().map((h) => h.runnerId));
+    const lost: string[] = [];
+    for (const { runnerId, pid } of await this.pidFiles.list()) {
+      if (held.has(runnerId) || this.deps.fabric.isLive(runnerId) || processExists(pid)) continue;
+      await this.pidFiles.remove(runnerId);
+      lost.push(runnerId);
+    }
+    return lost;
   }
 
   /** The sandboxes whose runner-agent runs on this node, with its runner. */
@@ -163,6 +184,10 @@ export class LocalSandboxes implements SandboxProvider {
     await rm(join(this.deps.root, accountId, 'sandboxes', sandboxId), { recursive: true, force: true });
   }
 
+  private get pidFiles() {
+    return pidFilesIn(join(this.deps.root, 'runner-agents'));
+  }
+
   async stopAll(): Promise<void> {
     await Promise.all([...this.children.keys()].map((id) => this.stop(id)));
   }
@@ -170,4 +195,37 @@ export class LocalSandboxes implements SandboxProvider {
   get running(): number {
     return this.children.size;
   }
+}
+
+/** Whether a process with this pid exists (signal 0 checks without sending anything). */
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** One file per runner-agent this node started, `<runner id>.pid`, holding its pid. */
+function pidFilesIn(dir: string) {
+  return {
+    async write(runnerId: string, pid: number | undefined): Promise<void> {
+      if (pid === undefined) return;
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
+      await writeFile(join(dir, `${runnerId}.pid`), `${pid}\n`);
+    },
+    async remove(runnerId: string): Promise<void> {
+      await rm(join(dir, `${runnerId}.pid`), { force: true });
+    },
+    async list(): Promise<{ runnerId: string; pid: number }[]> {
+      const names = await readdir(dir).catch(() => [] as string[]);
+      const found: { runnerId: string; pid: number }[] = [];
+      for (const name of names.filter((n) => n.endsWith('.pid'))) {
+        const pid = Number.parseInt(await readFile(join(dir, name), 'utf8').catch(() => ''), 10);
+        if (Number.isSafeInteger(pid) && pid > 0) found.push({ runnerId: name.slice(0, -'.pid'.length), pid });
+      }
+      return found;
+    },
+  };
 }

@@ -51,5 +51,7 @@ export function runnerProvider(deps: {
     // The runner removed the machine when told `sandbox.destroy`; nothing is held here.
     async destroy() {},
     held: () => [],
+    // A tenant's runner is not this node's to lose: it reconnects, or the grace runs out.
+    lostAtStart: async () => [],
   };
 }

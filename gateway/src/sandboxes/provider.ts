@@ -84,6 +84,13 @@ export interface SandboxProvider {
   destroy(sandbox: SandboxRef): Promise<void>;
   /** The machines this node runs itself, by sandbox (the idle-suspend worker's candidates). */
   held(): { sandboxId: string; runnerId: string }[];
+  /**
+   * Called once, a few seconds after the service starts: the runners of machines this node ran
+   * before it started again whose process is gone and that have not reconnected (a power cut
+   * takes a node's own machines along). Their running turns end at once instead of after the
+   * grace. A machine that survived is not reported. Each is reported once.
+   */
+  lostAtStart(): Promise<string[]>;
 }
 
 /** The providers of this instance, chosen by the composition root. */

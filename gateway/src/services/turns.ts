@@ -2,7 +2,7 @@ import { ApiError, AVATAR_TYPES, blocksOf, PROMPT_IMAGE_MAX_BYTES, sniffImage } 
 import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
-import type { SandboxProviders } from '../sandboxes/provider.ts';
+import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
 import { changed } from './tenant-events.ts';
@@ -11,7 +11,8 @@ import { changed } from './tenant-events.ts';
  * A turn's whole life as the records keep it: opened with its prompt (openTurn), finished
  * with the runtime's result (finishTurn), failed when it could not start (failTurnStart) or
  * when its runner stayed away (failTurnsOfRunner), ended when nothing will end it any more
- * (endTurnsAdrift), and picked up again when its runner comes back (reattached). Every end is
+ * (endTurnsAdrift, or endTurnsOfLostMachines at once when a start finds its machine gone), and
+ * picked up again when its runner comes back (reattached). Every end is
  * compare-and-set on `running`, so a turn ends once, and says why in the log and the audit.
  */
 
@@ -250,19 +251,48 @@ export async function endTurnsAdrift(
   const now = Date.now();
   let ended = 0;
   for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
-    const { state, error, reason } = deps.providers.of(t.provider).adrift;
-    const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
-      { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
-      { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
-      changed('conversations'),
-    ]);
-    if (done) {
-      ended++;
-      await auditTurnEnd(sql, t.account_id, t.turn_id, state, reason);
-    }
-    await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+    if (await endTurnAdrift(sql, t, deps.providers.of(t.provider).adrift)) ended++;
   }
   return ended;
+}
+
+/**
+ * The machines behind `runnerIds` are gone for good (their provider says so at start, see
+ * `SandboxProvider.lostAtStart`): their running turns end at once, as `endTurnsAdrift` would
+ * end them a grace period or two later. Resolves to how many it ended.
+ */
+export async function endTurnsOfLostMachines(
+  deps: { sql: Sql },
+  provider: Pick<SandboxProvider, 'adrift'>,
+  runnerIds: string[],
+): Promise<number> {
+  let ended = 0;
+  for (const runnerId of runnerIds) {
+    for (const t of await conversations.runningTurnsOnRunner(deps.sql, runnerId)) {
+      if (await endTurnAdrift(deps.sql, t, provider.adrift)) ended++;
+    }
+  }
+  return ended;
+}
+
+/**
+ * Ends one turn whose machine will not end it, saying why (stage `reattach` failed, then the
+ * `turn` stage in the provider's terms), and fails its sandbox so the next prompt builds a
+ * new machine. Compare-and-set: false when the turn had ended meanwhile.
+ */
+async function endTurnAdrift(
+  sql: Sql,
+  t: { account_id: string; turn_id: string; conversation_id: string; sandbox_id: string },
+  { state, error, reason }: AdriftTurnEnd,
+): Promise<boolean> {
+  const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
+    { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
+    { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
+    changed('conversations'),
+  ]);
+  if (done) await auditTurnEnd(sql, t.account_id, t.turn_id, state, reason);
+  await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+  return done;
 }
 
 /**
