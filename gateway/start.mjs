@@ -13,5 +13,5 @@ if (!existsSync(join(root, 'node_modules', 'tsx')) || !existsSync(join(root, 'no
 process.chdir(root);
 const { register } = await import('tsx/esm/api');
 register();
-const { runFromEnv } = await import('./src/main.ts');
+const { runFromEnv } = await import('./src/start.ts');
 await runFromEnv();

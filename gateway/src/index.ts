@@ -1,2 +1,3 @@
 export { type Config, ConfigError, loadConfig } from './config.ts';
-export { createLogger, runFromEnv, type Service, type ServiceOverrides, startService } from './main.ts';
+export { createLogger, type Service, type ServiceOverrides, startService } from './main.ts';
+export { runFromEnv } from './start.ts';

@@ -1,13 +1,13 @@
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { accounts, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
-import { type Config, ConfigError, loadConfig, publicUrl } from './config.ts';
+import { type Config, publicUrl } from './config.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
@@ -24,14 +24,18 @@ import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
 import { connectRedis, type RedisConnections } from './redis.ts';
-import { LocalSandboxes } from './sandboxes/local.ts';
-import { Keyring, parseMasterKey } from './secrets/keyring.ts';
-import { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './services/conversations.ts';
-import { recordPermissionStage } from './services/permissions.ts';
-import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn, sandboxBuilt } from './services/sandboxes.ts';
-import { suspendIdleSandboxes } from './services/suspend.ts';
+import { LocalSandboxes } from './sandboxes/provider.local.ts';
+import { runnerProvider } from './sandboxes/provider.runner.ts';
+import { SandboxProviders } from './sandboxes/provider.ts';
+import { Keyring } from './secrets/keyring.ts';
+import { masterKey } from './secrets/master-key.ts';
+import { runnerEventHandlers } from './services/runner-events.ts';
+import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
+import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
+import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -58,29 +62,6 @@ export function createLogger(level: Config['LOG_LEVEL']): Logger {
   });
 }
 
-/**
- * MASTER_KEY wraps every tenant data key. When unset on an embedded start, one is generated
- * into DATA_DIR/master.key (mode 0600) and reused on later starts.
- */
-async function masterKey(config: Config, log: Logger): Promise<Buffer> {
-  if (config.MASTER_KEY) return parseMasterKey(config.MASTER_KEY);
-  if (config.DATABASE_URL && config.DATABASE_URL !== 'memory') {
-    throw new ConfigError('invalid configuration:\n  MASTER_KEY: required when DATABASE_URL names a server');
-  }
-  if (config.DATABASE_URL === 'memory') return randomBytes(32);
-  const file = join(config.DATA_DIR, 'master.key');
-  try {
-    return parseMasterKey(await readFile(file, 'utf8'));
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-  }
-  await mkdir(config.DATA_DIR, { recursive: true });
-  const key = randomBytes(32);
-  await writeFile(file, `${key.toString('hex')}\n`, { mode: 0o600, flag: 'wx' });
-  log.info({ file: resolve(file) }, 'generated a master key; back it up with the data directory');
-  return key;
-}
-
 export interface Service {
   url: string;
   port: number;
@@ -98,6 +79,8 @@ export interface Service {
   fabric: RunnerFabric;
   /** The local sandbox provider's runner-agent children. */
   local: LocalSandboxes;
+  /** The sandbox providers this instance offers. */
+  providers: SandboxProviders;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
   /** Every route the api role registered (for the OpenAPI coverage test). */
@@ -223,13 +206,7 @@ export async function startService(
         sql: db.sql,
         logger: log.child({ role: 'fabric' }),
         appendEvents,
-        onTurnEnd: (tenant, turnId, result, usage) =>
-          finishTurn({ sql: db.sql, log: eventLog }, tenant, turnId, result, usage),
-        onRunnerGone: (runnerId) => failTurnsOfRunner(db.sql, runnerId),
-        onReattach: (runnerId, sandboxIds) => reattached(db.sql, runnerId, sandboxIds),
-        onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(db.sql, sandboxId, incarnation, ok),
-        onPermissionStage: (tenant, event) =>
-          recordPermissionStage({ sql: db.sql, logger: log.child({ role: 'fabric' }) }, tenant, event),
+        ...runnerEventHandlers({ sql: db.sql, log: eventLog, logger: log.child({ role: 'fabric' }) }),
       },
       {
         heartbeatMs: config.RUNNER_HEARTBEAT_MS,
@@ -269,36 +246,25 @@ export async function startService(
       root: join(config.DATA_DIR, 'local-sandboxes'),
     });
     cleanups.push(() => local.stopAll());
-    // Turns whose runner is not heard from again (after a restart, nothing else would end them).
-    const adrift = () =>
-      endTurnsAdrift(db.sql, config.RUNNER_GRACE_MS).catch((err: Error) =>
-        log.warn({ err: { message: err.message } }, 'ending turns adrift'),
-      );
-    const adriftTimer = setInterval(adrift, Math.max(250, Math.floor(config.RUNNER_GRACE_MS / 2)));
-    adriftTimer.unref();
-    cleanups.push(() => clearInterval(adriftTimer));
-    // Idle local sandboxes give back their runner-agent (their disk stays; a prompt wakes them).
-    if (config.SANDBOX_IDLE_SUSPEND_MS > 0) {
-      let suspending = false;
-      const suspendIdle = () => {
-        if (suspending) return;
-        suspending = true;
-        suspendIdleSandboxes(
-          { sql: db.sql, local, relay, logger: log.child({ role: 'suspend' }) },
-          config.SANDBOX_IDLE_SUSPEND_MS,
-        )
-          .catch((err: Error) => log.warn({ err: { message: err.message } }, 'suspending idle sandboxes'))
-          .finally(() => {
-            suspending = false;
-          });
-      };
-      const suspendTimer = setInterval(
-        suspendIdle,
-        Math.min(60_000, Math.max(250, config.SANDBOX_IDLE_SUSPEND_MS / 4)),
-      );
-      suspendTimer.unref();
-      cleanups.push(() => clearInterval(suspendTimer));
-    }
+    const providers = new SandboxProviders(
+      [local, runnerProvider({ sql: db.sql, offlineAfterMs: config.RUNNER_GRACE_MS })],
+      config.SANDBOX_PROVIDER_DEFAULT,
+    );
+    const adrift = new TurnsAdriftWorker(
+      { sql: db.sql, providers, logger: log.child({ role: 'worker' }) },
+      { graceMs: config.RUNNER_GRACE_MS },
+    );
+    adrift.start();
+    cleanups.push(() => adrift.stop());
+    const idle = new IdleSuspendWorker(
+      { sql: db.sql, providers, relay, logger: log.child({ role: 'suspend' }) },
+      { idleMs: config.SANDBOX_IDLE_SUSPEND_MS },
+    );
+    idle.start();
+    cleanups.push(() => idle.stop());
+    const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
+    lost.start();
+    cleanups.push(() => lost.stop());
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {
@@ -335,7 +301,7 @@ export async function startService(
       eventLog,
       retireSandboxes:
         overrides.retireSandboxes ??
-        retireSandboxesBuiltOn({ sql: db.sql, fabric, local, logger: log.child({ role: 'sandboxes' }) }),
+        retireSandboxesBuiltOn({ sql: db.sql, fabric, providers, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
       launch: {
         sql: db.sql,
@@ -351,9 +317,7 @@ export async function startService(
         },
         turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
         permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
-        offlineAfterMs: config.RUNNER_GRACE_MS,
-        defaultProvider: config.SANDBOX_PROVIDER_DEFAULT,
-        local,
+        providers,
         relay,
         apiUrl: base,
         limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
@@ -434,6 +398,7 @@ export async function startService(
       relay,
       fabric,
       local,
+      providers,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,
@@ -442,58 +407,4 @@ export async function startService(
     await closeAll().catch(() => {});
     throw err;
   }
-}
-
-/** `npm start`: configuration from the environment, a banner, and graceful shutdown on signals. */
-export async function runFromEnv(): Promise<void> {
-  let config: Config;
-  try {
-    config = loadConfig(process.env);
-  } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`${err.message}\n`);
-      process.exit(78);
-    }
-    throw err;
-  }
-  const log = createLogger(config.LOG_LEVEL);
-  let service: Service;
-  try {
-    service = await startService(config, log);
-  } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`${err.message}\n`);
-      process.exit(78);
-    }
-    log.fatal({ err }, 'could not start');
-    process.exit(1);
-  }
-  const storage = config.DATABASE_URL ? 'Postgres' : `embedded PGlite in ${resolve(config.DATA_DIR, 'pglite')}`;
-  process.stdout.write(
-    [
-      '',
-      `  svc is listening on ${service.url}`,
-      `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? (config.REDIS_CLUSTER ? 'Redis Cluster' : 'Redis') : 'in memory'}`,
-      `  edge processes: ${config.EDGE_PROCESSES}${config.EDGE_PROCESSES > 1 ? ` on one port (SO_REUSEPORT), pids ${[process.pid, ...(service.edgeProcesses?.pids() ?? [])].join(', ')}` : ''}`,
-      `  mail goes to: ${service.mailer.describe}`,
-      `  API reference: ${service.url}/api/docs (OpenAPI at ${service.url}/api/openapi.json)`,
-      '',
-      '  Next: register, then open the verification link from the mail folder:',
-      `    curl -X POST ${service.url}/api/auth/register -H 'content-type: application/json' \\`,
-      `      -d '{"email":"you@example.com","password":"a long password"}'`,
-      '',
-    ].join('\n'),
-  );
-  let stopping = false;
-  const stop = async (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    log.info({ signal }, 'shutting down: draining requests');
-    const timer = setTimeout(() => process.exit(1), config.SHUTDOWN_GRACE_MS + 5000);
-    timer.unref();
-    await service.close().catch((err) => log.error({ err }, 'shutdown error'));
-    process.exit(0);
-  };
-  process.on('SIGINT', () => void stop('SIGINT'));
-  process.on('SIGTERM', () => void stop('SIGTERM'));
 }

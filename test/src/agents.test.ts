@@ -121,6 +121,35 @@ t.test('agents', async (t) => {
     t.ok(missing.body.details.runtime && missing.body.details.model && missing.body.details.environment_id);
   });
 
+  t.test('a sandbox provider this instance does not offer is 422 when the agent is saved', async (t) => {
+    const base = { name: 'cloudy', runtime: 'claude', model: 'anthropic/x', environment_id: env.id };
+    const refused = (res: { status: number; body: Record<string, any> }, provider: string) => {
+      t.equal(res.status, 422, provider);
+      t.equal(res.body.error, 'validation_failed');
+      t.match(res.body.details?.sandbox_provider?.join(' '), new RegExp(`${provider} is not offered by this instance`));
+      t.match(res.body.details?.sandbox_provider?.join(' '), /offers runner/);
+    };
+    for (const provider of ['sprites', 'e2b', 'daytona']) {
+      refused(await http.post('/api/agents', { token, body: { ...base, sandbox_provider: provider } }), provider);
+    }
+    t.same((await http.get('/api/agents?search=cloudy', { token })).body.data, [], 'no agent was stored');
+    const agent = (await http.get('/api/agents?search=coder', { token })).body.data[0];
+    refused(await http.put(`/api/agents/${agent.id}`, { token, body: { sandbox_provider: 'e2b' } }), 'e2b');
+    t.equal((await http.get(`/api/agents/${agent.id}`, { token })).body.sandbox_provider, 'runner', 'unchanged');
+    const applied = await http.post('/api/apply', {
+      token,
+      body: {
+        resources: [{ kind: 'Agent', name: 'cloudy', spec: { ...base, name: undefined, sandbox_provider: 'daytona' } }],
+      },
+    });
+    t.equal(applied.status, 200);
+    t.equal(applied.body.data[0].action, 'error');
+    t.match(applied.body.data[0].errors.sandbox_provider.join(' '), /daytona is not offered by this instance/);
+    const ok = await http.post('/api/agents', { token, body: { ...base, sandbox_provider: 'runner' } });
+    t.equal(ok.status, 201, 'runner is offered');
+    t.equal((await http.delete(`/api/agents/${ok.body.id}`, { token })).status, 204);
+  });
+
   t.test("ids inside the body must be the caller's: 404 for another tenant's", async (t) => {
     const base = { name: 'refs', runtime: 'claude', model: 'anthropic/x', environment_id: env.id };
     for (const extra of [
@@ -294,7 +323,8 @@ t.test('agents', async (t) => {
       ['claude', 'codex', 'gemini', 'opencode'],
     );
     t.same(res.body.runtimes[0].providers, ['anthropic']);
-    t.same(res.body.sandbox_providers, ['sprites', 'e2b', 'daytona', 'runner']);
+    t.same(res.body.sandbox_providers, ['runner'], 'the providers this instance offers that an agent may name');
+    t.equal(res.body.sandbox_provider_default, 'local', 'agents naming none run on local');
     t.same(res.body.package_managers, ['apt', 'npm']);
     t.ok(res.body.avatar.bases.includes('fox') && res.body.avatar.moods.includes('curious'));
     t.same(res.body.apps, { conversations: 'https://app.example/c', team: null });

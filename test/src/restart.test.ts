@@ -132,3 +132,68 @@ t.test(
     });
   },
 );
+
+t.test(
+  'after a power cut mid-turn, the turn whose local runner-agent went along ends interrupted within 10 s of the next start',
+  { skip: backends().includes('postgres+redis') ? false : 'needs Postgres and Redis shared by two service processes' },
+  async (t) => {
+    // A grace of a minute, as by default: only the check at start can end the turn in time.
+    const timing = {
+      RUNNER_HEARTBEAT_MS: '300',
+      RUNNER_GRACE_MS: '60000',
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
+    };
+    const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
+    const me = await signUp(a);
+    const token = me.key;
+    const env = (await a.http.post('/api/environments', { token, body: { name: 'main' } })).body;
+    const agent = (
+      await a.http.post('/api/agents', {
+        token,
+        body: { name: 'local', runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', environment_id: env.id },
+      })
+    ).body;
+    await a.http.put('/api/account/inference-credentials/anthropic_api_key', {
+      token,
+      body: { value: 'sk-ant-test-credential-123456' },
+    });
+    const conv = (await a.http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'be slow' } }))
+      .body;
+    const events = async (svc: typeof a) =>
+      (await svc.http.get(`/api/conversations/${conv.id}/events?limit=1000`, { token })).body.data as WireEvent[];
+    for (let i = 0; i < 300; i++) {
+      if ((await events(a)).some((e) => e.stage === 'turn' && e.state === 'started')) break;
+      await sleep(50);
+    }
+
+    // The power cut: the runner-agent dies with the service, and the service says nothing.
+    const [held] = a.local.held();
+    t.ok(held?.pid, 'the sandbox has a runner-agent of its own');
+    process.kill(held?.pid as number, 'SIGKILL');
+    for (let i = 0; i < 200 && a.local.held().length; i++) await sleep(25);
+    const shared = {
+      DATABASE_URL: a.config.DATABASE_URL as string,
+      REDIS_URL: a.config.REDIS_URL as string,
+      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+      MASTER_KEY: a.config.MASTER_KEY as string,
+      DATA_DIR: a.dataDir,
+    };
+    await a.close();
+    const b = await startTestService(t, { backend: 'postgres+redis', env: { ...timing, ...shared } });
+
+    let state = 'running';
+    for (let i = 0; i < 100 && state === 'running'; i++) {
+      await sleep(100);
+      [{ state }] = (await b.http.get(`/api/conversations/${conv.id}/turns`, { token })).body.data;
+    }
+    t.equal(state, 'interrupted', 'ended within 10 s of the start, not after the grace');
+    const seen = await events(b);
+    t.match(
+      seen.find((e) => e.stage === 'reattach'),
+      { state: 'failed', data: /runner-agent went with it/ },
+      'stage reattach failed says why',
+    );
+    t.match(seen.filter((e) => e.stage === 'turn').at(-1), { state: 'interrupted' }, 'stage turn interrupted');
+    t.match((await b.http.get(`/api/conversations/${conv.id}`, { token })).body, { status: 'idle' });
+  },
+);

@@ -294,6 +294,46 @@ async function lifecycle(t: Test, backend: Backend) {
       t.equal(again.status, 204, 'once the turn ended the reset goes through');
       t.equal((await row(ready))?.incarnation, 2);
     });
+
+    await t.test('a prompt whose machine another request starts building meanwhile is 503 provisioning', async (t) => {
+      // The reset left the sandbox ready without a machine, so the prompt builds one; another
+      // request (here, this transaction) starts that build first and holds the row meanwhile.
+      let release!: () => void;
+      const gate = new Promise<void>((r) => {
+        release = r;
+      });
+      let begun!: () => void;
+      const started = new Promise<void>((r) => {
+        begun = r;
+      });
+      const rival = svc.db.sql.begin(async (tx) => {
+        await tx`UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1 WHERE id = ${ready}`;
+        begun();
+        await gate;
+      });
+      await started;
+      const before = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
+      const prompt = http.post(`/api/conversations/${readyConversation}/prompts`, {
+        token: a.key,
+        body: { prompt: 'build it' },
+      });
+      const waiting = async () =>
+        (
+          await svc.db.sql<{ n: number }[]>`
+            SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE wait_event_type = 'Lock' AND datname = current_database()`
+        )[0]?.n === 1;
+      t.ok(await until(waiting), 'the prompt waits on the sandbox the rival is building');
+      release();
+      await rival;
+      const res = await prompt;
+      t.equal(res.status, 503, JSON.stringify(res.body));
+      t.equal(res.body.error, 'provisioning', 'the same answer a launch gets while the machine is being built');
+      const after = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
+      t.equal(after.turn_count, before.turn_count, 'no turn was recorded');
+      t.equal(after.status, 'idle');
+      await svc.db.sql`UPDATE sandboxes SET status = 'ready', incarnation = incarnation - 1 WHERE id = ${ready}`;
+    });
   }
 
   await t.test('422 sandbox_not_resettable for ephemeral, failed and terminated sandboxes', async (t) => {

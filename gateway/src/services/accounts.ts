@@ -9,7 +9,7 @@ import { decoyPasswordHash, hashPassword, hashSecret, newSecret, verifyPassword 
 import { recordAudit } from './audit.ts';
 import { createApiKey, createSession } from './credentials.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
-import { type AccountSandboxDeps, destroyAccountSandboxes } from './sandboxes.ts';
+import { destroyAccountSandboxes, type SandboxDeps } from './sandboxes.ts';
 
 export interface AccountDeps {
   sql: Sql;
@@ -295,8 +295,8 @@ export async function completeOnboarding(sql: Sql, p: Principal) {
 }
 
 /** What erasing an account needs beyond its rows: its machines, runner connections and live log. */
-export interface AccountErasureDeps extends AccountSandboxDeps {
-  fabric: AccountSandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectAccount'>;
+export interface AccountErasureDeps extends SandboxDeps {
+  fabric: SandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectAccount'>;
   eventLog: Pick<EventLog, 'dropTenant'>;
 }
 

@@ -12,6 +12,7 @@ import {
 } from '@svc/core';
 import { agents, type Sql, vaults } from '@svc/db';
 import type { z } from 'zod';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { definedOnly } from './environments.ts';
 import type { ActorRef } from './principal.ts';
@@ -67,13 +68,20 @@ function dedupe(ids: string[] | null): string[] | null {
 }
 
 /**
- * Rules across fields and rows: the model's provider belongs to the runtime (422), the agent's
- * environment is one its allowlist permits (422), and every referenced environment and vault
- * is the caller's (404 otherwise, so ids cannot be probed).
+ * Rules across fields and rows: the model's provider belongs to the runtime (422), the sandbox
+ * provider is one this instance offers (422), the agent's environment is one its allowlist
+ * permits (422), and every referenced environment and vault is the caller's (404 otherwise, so
+ * ids cannot be probed).
  */
-async function checkReferences(sql: Sql, accountId: string, v: agents.AgentValues): Promise<void> {
+async function checkReferences(
+  sql: Sql,
+  providers: SandboxProviders,
+  accountId: string,
+  v: agents.AgentValues,
+): Promise<void> {
   const problem = modelProblem(v.runtime as Runtime, v.model);
   if (problem) throw validationFailed({ model: [problem] });
+  providers.forAgent(v.sandbox_provider);
   const envIds = [v.environment_id, ...(v.allowed_environment_ids ?? [])];
   const foundEnvs = await agents.existingEnvironmentIds(sql, accountId, envIds);
   if (!foundEnvs.has(v.environment_id)) throw new ApiError('not_found', `Environment ${v.environment_id} not found.`);
@@ -99,9 +107,9 @@ export async function getAgent(sql: Sql, accountId: string, id: string) {
   return row;
 }
 
-export async function createAgent(sql: Sql, who: ActorRef, input: Create) {
+export async function createAgent(sql: Sql, who: ActorRef, input: Create, providers: SandboxProviders) {
   const values = agentValues(input);
-  await checkReferences(sql, who.accountId, values);
+  await checkReferences(sql, providers, who.accountId, values);
   const row = await agents.insertAgent(sql, who.accountId, newId('agt'), values);
   if (!row) throw nameTaken();
   await recordAudit(
@@ -124,9 +132,10 @@ export async function updateAgent(
   who: ActorRef,
   id: string,
   patch: Patch,
-  retire: RetireSandboxesBuiltOn,
+  deps: { retire: RetireSandboxesBuiltOn; providers: SandboxProviders },
   replace = false,
 ) {
+  const { retire } = deps;
   const current = await getAgent(sql, who.accountId, id);
   const values: agents.AgentValues = replace
     ? agentValues({
@@ -137,7 +146,7 @@ export async function updateAgent(
         environment_id: patch.environment_id ?? current.environment_id,
       })
     : { ...currentValues(current), ...definedOnly(patch) };
-  await checkReferences(sql, who.accountId, values);
+  await checkReferences(sql, deps.providers, who.accountId, values);
   const row = await agents.updateAgent(sql, who.accountId, id, values);
   if (row === 'conflict') throw nameTaken();
   if (!row) throw new ApiError('not_found', 'Agent not found.');

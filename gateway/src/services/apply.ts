@@ -9,6 +9,7 @@ import {
 } from '@svc/core';
 import { agents as agentRows, environments, type Sql, vaults as vaultRows } from '@svc/db';
 import { z } from 'zod';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import { createAgent, updateAgent } from './agents.ts';
 import { createEnvironment, updateEnvironment } from './environments.ts';
@@ -25,6 +26,7 @@ export interface ApplyDeps {
   sql: Sql;
   keyring: Keyring;
   retire: RetireSandboxesBuiltOn;
+  providers: SandboxProviders;
 }
 
 const ORDER: Kind[] = ['Environment', 'Vault', 'Agent'];
@@ -191,8 +193,8 @@ async function applyAgent(deps: ApplyDeps, who: ActorRef, r: Resource, applied: 
   const input = parse(AgentCreate, { ...fields, name: r.name, environment_id: environmentId });
   const existing = await agentRows.findAgentByName(deps.sql, who.accountId, r.name);
   const row = existing
-    ? await updateAgent(deps.sql, who, existing.id, input, deps.retire, true)
-    : await createAgent(deps.sql, who, input);
+    ? await updateAgent(deps.sql, who, existing.id, input, deps, true)
+    : await createAgent(deps.sql, who, input, deps.providers);
   return { kind: 'Agent', name: r.name, action: existing ? 'updated' : 'created', id: row.id };
 }
 

@@ -8,17 +8,21 @@ import {
   RUNTIME_PROVIDERS,
   RUNTIMES,
   SANDBOX_MODES,
-  SANDBOX_PROVIDERS,
   sniffImage,
 } from '@svc/core';
 import type { Sql } from '@svc/db';
-import { generatePng } from '../providers/image-generation.ts';
+import { generatePng } from '../inference/image-generation.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import { recordAudit } from './audit.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { ActorRef } from './principal.ts';
 
-export function catalog(apps: { conversations: string | null; team: string | null }) {
+/**
+ * `GET /api/catalog`. `sandbox_providers` are the ones this instance offers that an agent may
+ * name; an agent naming none gets `sandbox_provider_default`.
+ */
+export function catalog(apps: { conversations: string | null; team: string | null }, providers: SandboxProviders) {
   return {
     runtimes: RUNTIMES.map((id) => ({
       id,
@@ -27,7 +31,8 @@ export function catalog(apps: { conversations: string | null; team: string | nul
       models: RUNTIME_INFO[id].models,
     })),
     model_providers: [...MODEL_PROVIDERS],
-    sandbox_providers: [...SANDBOX_PROVIDERS],
+    sandbox_providers: providers.nameable,
+    sandbox_provider_default: providers.defaultName,
     sandbox_modes: [...SANDBOX_MODES],
     package_managers: [...PACKAGE_MANAGERS],
     avatar: { bases: [...AVATAR_BASES], moods: [...AVATAR_MOODS] },

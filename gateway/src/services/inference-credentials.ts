@@ -1,6 +1,6 @@
 import { ApiError, type InferenceProvider } from '@svc/core';
 import { accounts, inferenceCredentials, type Sql } from '@svc/db';
-import { checkInferenceCredential, type ProviderBaseUrls } from '../providers/inference-check.ts';
+import { checkInferenceCredential, type ProviderBaseUrls } from '../inference/inference-check.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import { recordAudit } from './audit.ts';
 import { actorOf, type Principal } from './principal.ts';

@@ -1,42 +1,28 @@
-import {
-  ApiError,
-  AVATAR_TYPES,
-  newId,
-  Packages,
-  PROMPT_IMAGE_MAX_BYTES,
-  providerOf,
-  type Runtime,
-  type SandboxCreateCommand,
-  sniffImage,
-  validationFailed,
-} from '@svc/core';
-import {
-  agents,
-  conversations,
-  credentials,
-  environments,
-  outbox,
-  runners,
-  type Sql,
-  sandboxes,
-  vaults,
-} from '@svc/db';
+import { ApiError, newId, type Runtime, validationFailed } from '@svc/core';
+import { agents, conversations, credentials, environments, outbox, type Sql, sandboxes, vaults } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
-import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
 import { deleteConversation } from './conversations.ts';
-import { issueSandboxToken } from './credentials.ts';
-import { revealCredential } from './inference-credentials.ts';
+import { runOnSandbox } from './dispatch.ts';
+import { claimMachine, type Machine, machineOf } from './machine.ts';
 import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
-import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
+import { findCredential } from './runtime-env.ts';
 import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
-import { revealSecrets } from './secrets.ts';
 import { changed } from './tenant-events.ts';
+import { decodeImages, openTurn, turnEndEvent } from './turns.ts';
+
+/*
+ * The conversation lifecycle: a launch (POST /api/conversations), each prompt after it, an
+ * interrupt, the end (terminate) and the deletion. What happens between the records and the
+ * runner lives beside this: the machine (machine.ts), the runtime environment
+ * (runtime-env.ts), dispatch to the runner (dispatch.ts) and the turn's records (turns.ts).
+ */
 
 export interface LaunchDeps {
   sql: Sql;
@@ -49,11 +35,8 @@ export interface LaunchDeps {
   turnTimeLimitMs: number;
   /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
   permissionTimeoutMs: number;
-  /** Runners heard from within this long count as online. */
-  offlineAfterMs: number;
-  /** The provider of agents that name none (SANDBOX_PROVIDER_DEFAULT). */
-  defaultProvider: 'local' | 'runner';
-  local: LocalSandboxes;
+  /** Where sandboxes' machines come from, by provider (and the default for agents naming none). */
+  providers: SandboxProviders;
   relay: OutboxRelay;
   /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
   apiUrl: () => string;
@@ -66,391 +49,8 @@ export interface LaunchDeps {
   providerUrls: Record<string, string>;
 }
 
-/**
- * A sandbox's egress policy (DECISIONS: `allowed_hosts` is enforced by the runner): null for an
- * environment without `networking_config` (unrestricted); otherwise its allowlist plus the
- * host of the agent's model provider and of the service itself (SVC_API_URL, which the runtime
- * calls for sub-conversations), so a list, even empty, never cuts the runtime off from either.
- */
-function networkPolicy(deps: LaunchDeps, environment: EnvironmentRow, agent: AgentRow) {
-  if (!environment.networking_config) return null;
-  const always = [deps.providerUrls[providerOf(agent.model) ?? ''], deps.apiUrl()].flatMap((u) =>
-    u ? [new URL(u).host] : [],
-  );
-  return { allowed_hosts: [...new Set([...environment.networking_config.allowed_hosts, ...always])] };
-}
-
-/** Splits a configured command line on spaces (quotes group words). */
-export function commandLine(line: string): { command: string; args: string[] } {
-  const words = [...line.matchAll(/"([^"]*)"|'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2] ?? m[3] ?? '');
-  return { command: words[0] ?? '', args: words.slice(1) };
-}
-
 /** null permits every id, a list only its ids. */
 const permits = (list: string[] | null, id: string) => list === null || list.includes(id);
-
-type AgentRow = NonNullable<Awaited<ReturnType<typeof agents.getAgent>>>;
-type EnvironmentRow = NonNullable<Awaited<ReturnType<typeof environments.getEnvironment>>>;
-
-function policyOf(agent: AgentRow) {
-  return agent.permission_policy as { default: 'auto_allow' | 'ask'; ask: string[] };
-}
-
-/** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
-const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
-
-/** What the runner builds besides the directory: the environment's repositories and packages, the agent's skills. */
-function buildStages(agent: AgentRow, environment: EnvironmentRow) {
-  const packages = Packages.safeParse(environment.packages);
-  return {
-    repositories: environment.repositories,
-    packages: packages.success ? { apt: packages.data.apt ?? [], npm: packages.data.npm ?? [] } : {},
-    skills: agent.skills as SandboxCreateCommand['skills'],
-  };
-}
-
-function mcpServersOf(agent: AgentRow) {
-  return Object.entries(agent.mcp_servers).map(([name, m]) => ({ name, command: m.command, args: m.args ?? [] }));
-}
-
-/**
- * Images sent with a prompt, decoded and checked by their bytes: each must be png, jpeg, gif
- * or webp and agree with its declared type (415), and fit in 5 MB (413).
- */
-function decodeImages(images: { data: string; media_type: string }[] | undefined) {
-  return (images ?? []).map((image, i) => {
-    const declared = image.media_type.split(';')[0]?.trim().toLowerCase() ?? '';
-    const bytes = Buffer.from(image.data, 'base64');
-    if (bytes.length > PROMPT_IMAGE_MAX_BYTES) {
-      throw new ApiError('payload_too_large', `images[${i}] is larger than 5 MB.`);
-    }
-    const sniffed = sniffImage(bytes);
-    if (!sniffed || sniffed !== declared) {
-      throw new ApiError(
-        'unsupported_media_type',
-        sniffed
-          ? `images[${i}] is ${sniffed}, not ${image.media_type}.`
-          : `images[${i}] is not an image of ${AVATAR_TYPES.join(', ')}.`,
-      );
-    }
-    return { mediaType: sniffed, data: bytes };
-  });
-}
-
-/** What a turn is refused for, as the error the caller gets. */
-function refusal(reason: conversations.TurnRefusal): ApiError {
-  switch (reason) {
-    case 'busy':
-      return new ApiError('conversation_busy');
-    case 'terminated':
-      return new ApiError('conversation_terminated');
-    case 'at_capacity':
-      return new ApiError('sandbox_at_capacity', 'Another conversation on this sandbox is running a turn.');
-    case 'missing':
-      return new ApiError('not_found', 'Conversation not found.');
-  }
-}
-
-/**
- * The runtime's environment for a turn: the environment's variables and secrets, then the
- * vault's (vault wins), then the model, system prompt, provider endpoint and credential the
- * way the runtime takes them (runtime-settings.ts: variables, command-line arguments, ACP
- * session fields or files in its HOME), and the service's address with a sandbox token of
- * the conversation. Every value is registered for redaction before anything can print it. A
- * token is minted per turn because the runtime that reads it may be a new one (after a
- * rebuild or a crash); they all end with the conversation.
- */
-async function runtimeEnvironment(
-  deps: LaunchDeps,
-  accountId: string,
-  conversationId: string,
-  agent: AgentRow,
-  environment: EnvironmentRow,
-  vaultId: string | null,
-  credential: { env: string; value: string } | undefined,
-) {
-  const env: Record<string, string> = {
-    ...environment.env_vars,
-    ...(await revealSecrets(deps, 'environment', accountId, environment.id)),
-    ...(vaultId ? await revealSecrets(deps, 'vault', accountId, vaultId) : {}),
-  };
-  // The conversation's own token (actor `sprite`): what the runtime uses to reach the API,
-  // for example to start a sub-conversation. Revoked when the conversation ends.
-  const token = await issueSandboxToken(deps.sql, accountId, conversationId);
-  const settings = runtimeSettings(
-    { runtime: agent.runtime as Runtime, model: agent.model, system: agent.system },
-    env,
-    deps.providerUrls,
-  );
-  const runtimeEnv: Record<string, string> = {
-    ...env,
-    ...settings.env,
-    SVC_API_URL: deps.apiUrl(),
-    SVC_CONVERSATION_ID: conversationId,
-    SVC_SANDBOX_TOKEN: token.key,
-  };
-  if (credential) runtimeEnv[credential.env] = credential.value;
-  // What is secret or the tenant's own (DECISIONS: environment, vault, credential, token);
-  // the service's address, the conversation's id, the model name and the instance's provider
-  // endpoint are not.
-  deps.redaction.register(accountId, conversationId, [
-    ...Object.values(env),
-    token.key,
-    ...(credential ? [credential.value] : []),
-  ]);
-  return {
-    env,
-    runtimeEnv,
-    args: settings.args,
-    model: settings.sessionModel,
-    sessionMeta: settings.sessionMeta,
-    homeFiles: settings.homeFiles,
-  };
-}
-
-/** What runs a turn on a sandbox once the records are written (in the background). */
-interface TurnPlan {
-  accountId: string;
-  conversationId: string;
-  sandbox: sandboxes.SandboxRow;
-  /**
-   * Build the machine first (a new sandbox, or a new incarnation of one that is gone), or, with
-   * `adopt`, wake a suspended local sandbox: its runner-agent starts again on the kept directory.
-   */
-  build: {
-    /** Wake: the runner adopts the directory as it is (stage `reattach`), nothing is built again. */
-    adopt: boolean;
-    env: Record<string, string>;
-    setupScript: string | null;
-    network: { allowed_hosts: string[] } | null;
-    /** Repositories, packages and skills for stages `clone`, `packages` and `provision`. */
-    stages: ReturnType<typeof buildStages>;
-  } | null;
-  turn: {
-    id: string;
-    prompt: string;
-    images: { mediaType: string; data: Buffer }[];
-    runtime: Runtime;
-    env: Record<string, string>;
-    /** Arguments after the runtime's configured command line (how some runtimes take their model and prompt). */
-    args: string[];
-    /** The model the runner selects in the runtime's ACP session, where the runtime needs that. */
-    model: string | undefined;
-    /** Which permission requests wait for an answer over the API (the agent's `permission_policy`). */
-    permissionPolicy: { default: 'auto_allow' | 'ask'; ask: string[] };
-    /** `_meta` for the runtime's session/new (the system prompt, for runtimes that take it there). */
-    sessionMeta: Record<string, unknown> | undefined;
-    /** Files for the runtime's HOME (the system prompt, for runtimes that read it from a file). */
-    homeFiles: { path: string; content: string }[];
-    /** The agent's MCP servers, for the runtime's ACP session. */
-    mcpServers: { name: string; command: string; args: string[] }[];
-  } | null;
-}
-
-/**
- * What a launch and a prompt both do once their records are written: the runtime's
- * environment is placed (and registered for redaction), then the build, when the machine
- * needs one, and the turn, when there is one, run on the sandbox in the background.
- */
-async function runOnSandbox(
-  deps: LaunchDeps,
-  p: {
-    accountId: string;
-    conversationId: string;
-    sandbox: sandboxes.SandboxRow;
-    agent: AgentRow;
-    environment: EnvironmentRow;
-    vaultId: string | null;
-    credential: { env: string; value: string } | undefined;
-    build: boolean;
-    /** The sandbox is suspended: wake it (its machine is kept, not built again). */
-    wake: boolean;
-    turn: { id: string; prompt: string; images: { mediaType: string; data: Buffer }[] } | null;
-  },
-): Promise<void> {
-  const { agent, environment } = p;
-  const { env, runtimeEnv, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
-    deps,
-    p.accountId,
-    p.conversationId,
-    agent,
-    environment,
-    p.vaultId,
-    p.credential,
-  );
-  runTurn(deps, {
-    accountId: p.accountId,
-    conversationId: p.conversationId,
-    sandbox: p.sandbox,
-    build:
-      p.build || p.wake
-        ? {
-            adopt: p.wake,
-            env,
-            setupScript: environment.setup_script || null,
-            network: networkPolicy(deps, environment, agent),
-            stages: buildStages(agent, environment),
-          }
-        : null,
-    turn: p.turn
-      ? {
-          ...p.turn,
-          runtime: agent.runtime as Runtime,
-          env: runtimeEnv,
-          args,
-          model,
-          permissionPolicy: policyOf(agent),
-          sessionMeta,
-          homeFiles,
-          mcpServers: mcpServersOf(agent),
-        }
-      : null,
-  });
-}
-
-/**
- * Gets the sandbox's machine running (for `local`, its own runner-agent child; for `runner`,
- * the runner already chosen), builds it when asked, then starts the turn. Every failure is
- * reported in the conversation's log and ends the turn `failed`, never left running.
- */
-function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
-  const { accountId, conversationId, sandbox } = plan;
-  const turnId = plan.turn?.id ?? null;
-  const waking = plan.build?.adopt === true;
-  void (async () => {
-    // Stage `sandbox` opens here; the runner closes it when its build ends (done or failed).
-    // A wake opens stage `reattach` instead, which the runner closes once it holds the kept
-    // directory again (the sandbox is `ready` then).
-    if (waking) {
-      await emitStage(deps, accountId, {
-        conversationId,
-        turnId,
-        stage: 'reattach',
-        state: 'started',
-        data: JSON.stringify({
-          woken: true,
-          reason: 'the sandbox was suspended',
-          runtime_session: 'fresh: the runtime stopped with the suspended runner-agent',
-        }),
-      });
-    } else if (plan.build) {
-      await emitStage(deps, accountId, { conversationId, turnId, stage: 'sandbox', state: 'started' });
-    }
-    let onRunner = sandbox.runner_id;
-    // A wake always starts a runner-agent of its own (one still stopping after the suspension is replaced).
-    if (sandbox.provider === 'local' && (waking || onRunner === null || !deps.fabric.isLive(onRunner))) {
-      // local: the sandbox's own runner-agent, started now and connected back.
-      onRunner = await deps.local.start(accountId, sandbox.id);
-      await sandboxes.setRunner(deps.sql, sandbox.id, onRunner);
-    }
-    if (onRunner === null) throw new ApiError('runner_offline', 'The sandbox has no runner.');
-    if (plan.build) {
-      await deps.fabric.command(onRunner, {
-        kind: 'sandbox.create',
-        sandbox: sandbox.id,
-        incarnation: sandbox.incarnation,
-        conversation_id: conversationId,
-        env: plan.build.env,
-        setup_script: plan.build.setupScript,
-        network: plan.build.network,
-        ...plan.build.stages,
-        ...(waking ? { adopt: true } : {}),
-      });
-    }
-    if (plan.turn) {
-      const { command, args } = commandLine(deps.runtimeCommands[plan.turn.runtime]);
-      await deps.fabric.command(onRunner, {
-        kind: 'turn.start',
-        sandbox: sandbox.id,
-        incarnation: sandbox.incarnation,
-        conversation_id: conversationId,
-        turn_id: plan.turn.id,
-        prompt: plan.turn.prompt,
-        runtime: {
-          command,
-          args: [...args, ...plan.turn.args],
-          env: plan.turn.env,
-          ...(plan.turn.model ? { model: plan.turn.model } : {}),
-          ...(plan.turn.sessionMeta ? { session_meta: plan.turn.sessionMeta } : {}),
-          ...(plan.turn.homeFiles.length ? { home_files: plan.turn.homeFiles } : {}),
-        },
-        time_limit_ms: deps.turnTimeLimitMs,
-        permission_policy: plan.turn.permissionPolicy,
-        permission_timeout_ms: deps.permissionTimeoutMs,
-        mcp_servers: plan.turn.mcpServers,
-        ...(plan.turn.images.length
-          ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
-          : {}),
-      });
-    }
-  })().catch(async (err: Error) => {
-    deps.logger.warn({ err: { message: err.message }, conversation: conversationId }, 'turn could not start');
-    await failLaunch(
-      deps.sql,
-      accountId,
-      conversationId,
-      plan.build ? sandbox.id : null,
-      turnId,
-      waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
-      waking ? 'reattach' : undefined,
-    ).catch(() => {});
-  });
-}
-
-function online(deps: LaunchDeps, r: runners.RunnerRow): boolean {
-  return r.connected && r.last_seen_at !== null && Date.now() - r.last_seen_at.getTime() < deps.offlineAfterMs;
-}
-
-/** An online runner of the account (409 `no_runner_online` when none is). */
-async function onlineRunner(deps: LaunchDeps, accountId: string): Promise<string> {
-  // Presence as GET /api/runners shows it (connected to some node, heard from lately).
-  const runner = (await runners.listRunners(deps.sql, accountId)).find((r) => online(deps, r));
-  if (!runner) throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
-  return runner.id;
-}
-
-/**
- * Whether the sandbox's machine can take a turn as it is, or must be built again first (its
- * machine failed or was destroyed, or a local sandbox's runner-agent is gone, as after a
- * restart), and on which runner. 503 `runner_offline` when a self-hosted runner is away.
- */
-async function machineOf(deps: LaunchDeps, accountId: string, sandbox: sandboxes.SandboxRow) {
-  const runner = sandbox.runner_id ? await runners.getRunnerById(deps.sql, sandbox.runner_id) : undefined;
-  // A local sandbox's runner-agent is a child of this node; a runner may be held by any node.
-  const live =
-    sandbox.provider === 'local'
-      ? sandbox.runner_id !== null && deps.fabric.isLive(sandbox.runner_id)
-      : runner !== undefined && online(deps, runner);
-  // Reset (or retired): ready, but its incarnation has no machine yet.
-  const unbuilt = sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
-  // Suspended (local): its runner-agent was stopped, its directory kept; it is woken, not built.
-  const asleep = sandbox.provider === 'local' && sandbox.status === 'suspended';
-  const gone =
-    unbuilt ||
-    sandbox.status === 'failed' ||
-    sandbox.status === 'terminated' ||
-    (sandbox.provider === 'local' && !live && !asleep);
-  let runnerId = sandbox.runner_id;
-  if (sandbox.provider === 'runner' && !live) {
-    if (!gone) throw new ApiError('runner_offline', 'The runner this sandbox lives on is not connected.');
-    runnerId = await onlineRunner(deps, accountId);
-  }
-  return { gone, unbuilt, asleep, runnerId };
-}
-
-/**
- * Inside the transaction that starts a turn on a sandbox whose machine runs: whether it was
- * suspended since `machineOf` looked (the suspension locks the sandbox row; this waits for it
- * or comes first), so the turn wakes it instead of going to a runner-agent that is stopping.
- */
-async function suspendedMeanwhile(
-  tx: Sql,
-  sandbox: sandboxes.SandboxRow,
-  machine: { gone: boolean; asleep: boolean },
-): Promise<boolean> {
-  if (sandbox.provider !== 'local' || machine.gone || machine.asleep) return false;
-  return (await sandboxes.statusForShare(tx, sandbox.id)) === 'suspended';
-}
 
 /**
  * `POST /api/conversations`: checks the launch (agent, environment and vault allowlists, the
@@ -511,13 +111,7 @@ export async function startConversation(
   }
   const images = decodeImages(input.images);
   const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
-  const provider = agent.sandbox_provider ?? deps.defaultProvider;
-  if (provider !== 'runner' && provider !== 'local') {
-    throw validationFailed(
-      { sandbox_provider: [`${provider} is not available on this instance yet; use runner`] },
-      `Sandbox provider ${provider} is not available on this instance yet.`,
-    );
-  }
+  const provider = deps.providers.forAgent(agent.sandbox_provider);
   const mode = input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent');
 
   // The sandbox to run on: the one named, the identity's own persistent machine, or a new one.
@@ -543,48 +137,33 @@ export async function startConversation(
       throw new ApiError('provisioning', 'The agent’s machine for this environment and vault is still being built.');
     }
   }
-  const machine = existing
+  const seen: Machine = existing
     ? await machineOf(deps, who.accountId, existing)
     : {
         gone: true,
         unbuilt: false,
         asleep: false,
-        runnerId: provider === 'runner' ? await onlineRunner(deps, who.accountId) : null,
+        runnerId: await provider.place(who.accountId),
       };
 
   const conversationId = newId('cnv');
   const turnId = input.prompt ? newId('trn') : null;
-  const sandbox = await sql.begin(async (tx) => {
+  const { sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     // A new machine, or one built again after it failed, counts against the quota and the fleet.
     if (!existing || existing.status === 'failed' || existing.status === 'terminated') {
       await checkCapacity(t, who.accountId, deps.limits);
     }
-    let row: sandboxes.SandboxRow | undefined;
-    if (existing && (await suspendedMeanwhile(t, existing, machine))) {
-      machine.asleep = true;
-      existing = { ...existing, status: 'suspended' };
-    }
+    let claimed: { sandbox: sandboxes.SandboxRow; machine: Machine };
     if (existing) {
-      // A wake is the sandbox's next incarnation too (its runner-agent numbers output afresh).
-      row =
-        machine.gone || machine.asleep
-          ? await sandboxes.rebuild(
-              t,
-              existing.id,
-              machine.asleep ? null : machine.runnerId,
-              existing.status,
-              !machine.unbuilt,
-            )
-          : existing;
-      if (!row) throw new ApiError('provisioning', 'The sandbox is being built again; try again shortly.');
+      claimed = await claimMachine(t, deps, existing, seen);
     } else {
-      row = await sandboxes.insertSandbox(t, {
+      const row = await sandboxes.insertSandbox(t, {
         id: newId('sbx'),
         accountId: who.accountId,
-        provider,
+        provider: provider.name as sandboxes.SandboxRow['provider'],
         mode,
-        runnerId: machine.runnerId,
+        runnerId: seen.runnerId,
         agentId: agent.id,
         environmentId,
         vaultId,
@@ -592,6 +171,7 @@ export async function startConversation(
       // Two persistent launches raced for one identity: the other one is building its machine.
       if (!row)
         throw new ApiError('provisioning', 'The agent’s machine for this environment and vault is being built.');
+      claimed = { sandbox: row, machine: seen };
     }
     await conversations.insertConversation(t, {
       id: conversationId,
@@ -603,21 +183,20 @@ export async function startConversation(
       environmentId,
       vaultId,
     });
-    await conversations.setSandbox(t, who.accountId, conversationId, row.id);
+    await conversations.setSandbox(t, who.accountId, conversationId, claimed.sandbox.id);
     if (turnId && input.prompt) {
-      const turn = await conversations.startTurn(t, {
+      await openTurn(t, {
         id: turnId,
         accountId: who.accountId,
         conversationId,
         prompt: input.prompt,
-        origin: 'user',
         images,
-        oneTurnPerSandbox: existing !== undefined && ONE_TURN_PER_SANDBOX.has(agent.runtime),
+        runtime: agent.runtime,
+        shared: existing !== undefined,
       });
-      if (typeof turn === 'string') throw refusal(turn);
     }
     await outbox.enqueue(t, who.accountId, [changed('conversations')]);
-    return row;
+    return claimed;
   });
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id: conversationId });
 
@@ -642,8 +221,9 @@ export async function startConversation(
  * `POST /api/conversations/:id/prompts`: the next turn. Refused while a turn runs (400
  * `conversation_busy`), after the conversation ended (410), while another conversation runs
  * a turn on a one-turn sandbox (409 `sandbox_at_capacity`), and when its runner is away (503
- * `runner_offline`); nothing is recorded then. A sandbox whose machine is gone (failed,
- * terminated) is built again as its next incarnation for the same identity.
+ * `runner_offline`), and while another request is building its machine (503 `provisioning`,
+ * as for a launch); nothing is recorded then. A sandbox whose machine is gone (failed,
+ * terminated, reset) is built again as its next incarnation for the same identity.
  */
 export async function sendPrompt(
   deps: LaunchDeps,
@@ -667,42 +247,25 @@ export async function sendPrompt(
   const images = decodeImages(input.images);
   const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
 
-  let sandbox = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
-  if (!sandbox) throw new ApiError('not_found', 'The conversation has no sandbox.');
-  const machine = await machineOf(deps, who.accountId, sandbox);
-  const { gone, unbuilt, runnerId } = machine;
+  const current = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
+  if (!current) throw new ApiError('not_found', 'The conversation has no sandbox.');
+  const seen = await machineOf(deps, who.accountId, current);
 
   const turnId = newId('trn');
-  const turn = await sql.begin(async (tx) => {
+  const { turn, sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
-    const opened = await conversations.startTurn(t, {
+    const opened = await openTurn(t, {
       id: turnId,
       accountId: who.accountId,
       conversationId,
       prompt: input.prompt,
-      origin: 'user',
       images,
-      oneTurnPerSandbox: ONE_TURN_PER_SANDBOX.has(agent.runtime),
+      runtime: agent.runtime,
+      shared: true,
     });
-    if (typeof opened === 'string') throw refusal(opened);
-    if (sandbox && (await suspendedMeanwhile(t, sandbox, machine))) {
-      machine.asleep = true;
-      sandbox = { ...sandbox, status: 'suspended' };
-    }
-    if ((gone || machine.asleep) && sandbox) {
-      // A wake is the sandbox's next incarnation too (its runner-agent numbers output afresh).
-      const rebuilt = await sandboxes.rebuild(
-        t,
-        sandbox.id,
-        machine.asleep ? null : runnerId,
-        sandbox.status,
-        !unbuilt,
-      );
-      if (!rebuilt) throw new ApiError('conversation_busy', 'The sandbox is being rebuilt; try again.');
-      sandbox = rebuilt;
-    }
+    const claimed = await claimMachine(t, deps, current, seen);
     await outbox.enqueue(t, who.accountId, [changed('conversations')]);
-    return opened;
+    return { turn: opened, ...claimed };
   });
   await recordAudit(sql, who, 'conversation.prompted', { type: 'conversation', id: conversationId });
 
@@ -714,7 +277,7 @@ export async function sendPrompt(
     environment,
     vaultId: conv.vault_id,
     credential,
-    build: gone,
+    build: machine.gone,
     wake: machine.asleep,
     turn: { id: turnId, prompt: input.prompt, images },
   });
@@ -796,13 +359,12 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
           deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
         );
     }
-    if (destroy && sandbox.provider === 'local') {
-      await deps.local.stop(sandbox.id);
-      // Its directory goes too, also when it was suspended (no runner-agent was there to tell).
-      await deps.local
-        .removeDisk(who.accountId, sandbox.id)
+    if (destroy) {
+      await deps.providers
+        .of(sandbox.provider)
+        .destroy(sandbox)
         .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: disk not removed'),
+          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: machine not destroyed'),
         );
     }
   }
@@ -824,108 +386,4 @@ export async function removeConversation(deps: LaunchDeps, who: ActorRef, conver
     });
   }
   await deleteConversation(deps.sql, who, conversationId);
-}
-
-/** The `turn` stage event that ends a turn the service ended itself. */
-function turnEndEvent(conversationId: string, turnId: string, state: string, error: string) {
-  return {
-    conversationId,
-    turnId,
-    kind: 'stage',
-    stream: 'stage',
-    stage: 'turn',
-    state,
-    data: JSON.stringify({ usage: null, error }),
-  };
-}
-
-async function findCredential(deps: LaunchDeps, accountId: string, runtime: Runtime, model: string) {
-  const choices = credentialsFor(runtime, providerOf(model) ?? '');
-  if (!choices) return undefined; // providers whose runtime reads its own configuration (opencode's others)
-  for (const c of choices) {
-    const value = await revealCredential(deps, accountId, c.provider);
-    if (value) return { env: c.env, value };
-  }
-  throw new ApiError(
-    'missing_credential',
-    `Set ${choices.map((c) => c.provider).join(' or ')} first: PUT /api/account/inference-credentials/${choices[0]?.provider}.`,
-    {
-      extra: { details: { provider: choices.map((c) => c.provider) } },
-    },
-  );
-}
-
-/**
- * A stage event the service emits (through the outbox), in the log before the caller goes on,
- * so the runner's events that follow come after it.
- */
-async function emitStage(
-  deps: LaunchDeps,
-  accountId: string,
-  e: {
-    conversationId: string;
-    turnId: string | null;
-    stage: string;
-    state: string;
-    durationMs?: number;
-    data?: string;
-  },
-): Promise<void> {
-  await deps.sql.begin((tx) =>
-    outbox.enqueue(tx as unknown as Sql, accountId, [
-      {
-        conversationId: e.conversationId,
-        turnId: e.turnId,
-        kind: 'stage',
-        stream: 'stage',
-        stage: e.stage,
-        state: e.state,
-        durationMs: e.durationMs ?? null,
-        ...(e.data !== undefined ? { data: e.data } : {}),
-      },
-    ]),
-  );
-  await deps.relay.flush(accountId);
-}
-
-/**
- * The launch or turn could not start after the answer: say so in the log, end the turn
- * `failed`, and fail the sandbox whose build it was.
- */
-async function failLaunch(
-  sql: Sql,
-  accountId: string,
-  conversationId: string,
-  sandboxId: string | null,
-  turnId: string | null,
-  message: string,
-  /** The stage that failed, when it is not the build's (`sandbox`) or the turn's: `reattach` for a wake. */
-  stage?: string,
-) {
-  if (sandboxId) await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
-  await sql.begin(async (tx) => {
-    const t = tx as unknown as Sql;
-    await outbox.enqueue(t, accountId, [
-      {
-        conversationId,
-        turnId,
-        kind: 'stage',
-        stream: 'stage',
-        stage: stage ?? (sandboxId ? 'sandbox' : 'turn'),
-        state: 'failed',
-        data: message,
-      },
-      // A failed wake also says, in the turn's own terms, that the turn did not run.
-      ...(stage && turnId ? [turnEndEvent(conversationId, turnId, 'failed', message)] : []),
-    ]);
-  });
-  if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {
-    await recordAudit(
-      sql,
-      { accountId, actor: 'system', ip: null },
-      'turn.ended',
-      { type: 'turn', id: turnId },
-      { state: 'failed', reason: 'launch_failed' },
-    );
-  }
 }

@@ -2,7 +2,7 @@ import { ApiError, SANDBOX_STATUSES } from '@svc/core';
 import { type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
-import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { csv } from './conversations.ts';
 import type { ActorRef } from './principal.ts';
@@ -30,27 +30,34 @@ export interface SandboxDeps {
   sql: Sql;
   fabric: Pick<RunnerFabric, 'command' | 'isLive'>;
   logger: Logger;
-  /** The `local` provider: a suspended local sandbox has no runner to tell, its disk is removed here. */
-  local?: Pick<LocalSandboxes, 'removeDisk'>;
+  /** A sandbox without a runner to tell (suspended) has its disk removed by its provider. */
+  providers: SandboxProviders;
 }
 
-/** The wire shape; `runner` on provider `runner` only, online by the rule of GET /api/runners. */
-export function shapeSandbox(v: sandboxes.SandboxView, offlineAfterMs: number, now = Date.now()) {
-  const runner =
-    v.provider !== 'runner'
-      ? {}
-      : {
-          runner:
-            v.runner_id === null || v.runner_name === null
-              ? null
-              : {
-                  id: v.runner_id,
-                  name: v.runner_name,
-                  hostname: v.runner_hostname,
-                  online: runnerOnline(v.runner_connected ?? false, v.runner_last_seen_at, offlineAfterMs, now),
-                  path: v.runner_path,
-                },
-        };
+/**
+ * The wire shape; `runner` only where the provider places sandboxes on tenant runners, online
+ * by the rule of GET /api/runners.
+ */
+export function shapeSandbox(
+  v: sandboxes.SandboxView,
+  offlineAfterMs: number,
+  providers: SandboxProviders,
+  now = Date.now(),
+) {
+  const runner = !providers.of(v.provider).showsRunner
+    ? {}
+    : {
+        runner:
+          v.runner_id === null || v.runner_name === null
+            ? null
+            : {
+                id: v.runner_id,
+                name: v.runner_name,
+                hostname: v.runner_hostname,
+                online: runnerOnline(v.runner_connected ?? false, v.runner_last_seen_at, offlineAfterMs, now),
+                path: v.runner_path,
+              },
+      };
   return {
     id: v.id,
     status: v.status,
@@ -136,14 +143,13 @@ function midTurn(conversations?: string[]): ApiError {
  */
 async function destroyMachine(deps: SandboxDeps, row: sandboxes.SandboxRow, why = 'sandbox reset'): Promise<void> {
   if (row.runner_id === null) {
-    // A suspended local sandbox: its runner-agent was stopped, its kept directory goes now.
-    if (row.provider === 'local') {
-      await deps.local
-        ?.removeDisk(row.account_id, row.id)
-        .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: disk not removed`),
-        );
-    }
+    // A suspended sandbox: its machine was stopped, its kept disk goes now.
+    await deps.providers
+      .of(row.provider)
+      .destroy(row)
+      .catch((err: Error) =>
+        deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: disk not removed`),
+      );
     return;
   }
   try {
@@ -198,24 +204,25 @@ export function retireSandboxesBuiltOn(deps: SandboxDeps): RetireSandboxesBuiltO
   };
 }
 
-/** What destroying an account's sandboxes needs besides a reset's: the local provider whole. */
-export interface AccountSandboxDeps extends SandboxDeps {
-  local: Pick<LocalSandboxes, 'removeDisk' | 'stop' | 'removeAccountDisk'>;
-}
-
 /**
- * Account deletion, before its rows go: each sandbox that may still have a machine has it
- * destroyed like a reset does (its runner, self-hosted or local, is told; a suspended local
- * one's disk is removed), each local runner-agent of the account is stopped, and what they
- * kept on this node's disk is removed. Best effort per sandbox and logged: the account goes
- * either way, and a runner that is away when told keeps a directory no one can reach.
+ * Account deletion, before its rows go: each sandbox's runner, when it has one, is told to
+ * destroy the machine (as a reset does), then its provider stops what it runs for it and
+ * removes what it keeps, and last every provider erases what it still keeps for the account.
+ * Best effort per sandbox and logged: the account goes either way, and a self-hosted runner
+ * that is away when told keeps a directory no one can reach.
  */
-export async function destroyAccountSandboxes(deps: AccountSandboxDeps, accountId: string): Promise<void> {
+export async function destroyAccountSandboxes(deps: SandboxDeps, accountId: string): Promise<void> {
+  const why = 'account deletion';
   for (const row of await sandboxes.listSandboxes(deps.sql, accountId, undefined)) {
-    if (row.status !== 'terminated') await destroyMachine(deps, row, 'account deletion');
-    if (row.provider === 'local') await deps.local.stop(row.id, { graceful: true });
+    if (row.status !== 'terminated' && row.runner_id !== null) await destroyMachine(deps, row, why);
+    await deps.providers
+      .of(row.provider)
+      .destroy(row)
+      .catch((err: Error) =>
+        deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: not destroyed`),
+      );
   }
-  await deps.local.removeAccountDisk(accountId);
+  for (const provider of deps.providers.all) await provider.eraseAccount(accountId);
 }
 
 /** SANDBOX_QUOTA_DEFAULT and FLEET_MAX_SANDBOXES. */

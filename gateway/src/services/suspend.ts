@@ -1,19 +1,19 @@
 import { outbox, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
-import type { LocalSandboxes } from '../sandboxes/local.ts';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
 
 export interface SuspendDeps {
   sql: Sql;
-  local: LocalSandboxes;
+  providers: SandboxProviders;
   relay: OutboxRelay;
   logger: Logger;
 }
 
 /**
- * Suspends the idle `local` sandboxes whose runner-agent runs on this node (only this node can
- * stop it): each one that is `ready`, has no conversation mid-turn and saw no turn for
+ * Suspends the idle sandboxes whose machine this node runs (only this node can stop it), of
+ * the providers that suspend (`local`): each one that is `ready`, has no conversation mid-turn and saw no turn for
  * `idleMs` moves to `suspended` (compare-and-set under the same locks as a reset, so two nodes
  * or a turn starting at that moment never race it), then its runner-agent is stopped
  * gracefully (its runtimes stop with it) while its directory, the disk, is kept. Each live
@@ -24,13 +24,16 @@ export interface SuspendDeps {
 export async function suspendIdleSandboxes(deps: SuspendDeps, idleMs: number): Promise<number> {
   if (idleMs <= 0) return 0;
   let suspended = 0;
-  for (const held of deps.local.held()) {
+  const candidates = deps.providers.all
+    .filter((p) => p.suspends)
+    .flatMap((provider) => provider.held().map((held) => ({ provider, held })));
+  for (const { provider, held } of candidates) {
     const idleSince = new Date(Date.now() - idleMs);
     const done = await sandboxes.suspendIfIdle(deps.sql, held.sandboxId, idleSince);
     if (!done) continue;
     suspended++;
     const { row, conversations } = done;
-    await deps.local.stop(row.id, { runnerId: held.runnerId, graceful: true });
+    await provider.suspend(row.id, held.runnerId);
     const data = JSON.stringify({
       idle_ms: idleMs,
       runner_agent: 'stopped',
@@ -62,7 +65,7 @@ export async function suspendIdleSandboxes(deps: SuspendDeps, idleMs: number): P
       { type: 'sandbox', id: row.id },
       { idle_ms: idleMs, conversations: conversations.length },
     );
-    deps.logger.info({ sandbox: row.id }, 'idle local sandbox suspended');
+    deps.logger.info({ sandbox: row.id, provider: provider.name }, 'idle sandbox suspended');
   }
   return suspended;
 }

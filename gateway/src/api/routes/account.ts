@@ -98,7 +98,7 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
       const erasure = {
         sql: deps.sql,
         fabric: deps.fabric,
-        local: deps.launch.local,
+        providers: deps.launch.providers,
         eventLog: deps.eventLog,
         logger: deps.log,
       };

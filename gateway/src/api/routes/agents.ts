@@ -38,14 +38,18 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       tags,
       summary: 'Create an agent',
       description:
-        "The provider of `model` must belong to the runtime (claude: anthropic, codex: openai, gemini: google, opencode: any catalog provider); the model itself is never checked against a list. Referenced environments and vaults must be the caller's (404 otherwise).",
+        "The provider of `model` must belong to the runtime (claude: anthropic, codex: openai, gemini: google, opencode: any catalog provider); the model itself is never checked against a list. `sandbox_provider` must be one this instance offers (`sandbox_providers` in GET /api/catalog), or null for the instance default; another is 422 `validation_failed`. Referenced environments and vaults must be the caller's (404 otherwise).",
       body: AgentCreate,
       response: { 201: Agent, 404: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) =>
       reply
         .code(201)
-        .send(agents.shapeAgent(await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body))),
+        .send(
+          agents.shapeAgent(
+            await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body, deps.launch.providers),
+          ),
+        ),
   });
 
   r.get('/api/agents/:id', {
@@ -63,20 +67,18 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       schema: {
         tags,
         summary: 'Update an agent (the fields present)',
-        description: 'A new `environment_id` retires the sandboxes built for the agent on the old environment.',
+        description:
+          'A new `environment_id` retires the sandboxes built for the agent on the old environment. The merged agent is checked as on create (a `sandbox_provider` this instance does not offer is 422).',
         params: IdParam,
         body: AgentPatch,
         response: { 200: Agent, 404: ErrorBody, 422: ErrorBody },
       },
       handler: async (req) =>
         agents.shapeAgent(
-          await agents.updateAgent(
-            deps.sql,
-            actorOf(requirePrincipal(req)),
-            req.params.id,
-            req.body,
-            deps.retireSandboxes,
-          ),
+          await agents.updateAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id, req.body, {
+            retire: deps.retireSandboxes,
+            providers: deps.launch.providers,
+          }),
         ),
     });
   }

@@ -19,7 +19,7 @@ export function applyRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
     handler: async (req) => ({
       data: await applyManifest(
-        { sql: deps.sql, keyring: deps.keyring, retire: deps.retireSandboxes },
+        { sql: deps.sql, keyring: deps.keyring, retire: deps.retireSandboxes, providers: deps.launch.providers },
         actorOf(requirePrincipal(req)),
         req.body.resources,
       ),

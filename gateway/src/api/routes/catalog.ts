@@ -18,7 +18,7 @@ export function catalogRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description: 'Model lists are suggestions only; clients build links from `apps`, never against the API host.',
       response: { 200: Catalog },
     },
-    handler: async () => catalog(apps),
+    handler: async () => catalog(apps, deps.launch.providers),
   });
 
   r.post('/api/avatars/generate', {

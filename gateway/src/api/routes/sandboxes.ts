@@ -26,7 +26,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
     handler: async (req) => ({
       data: (await sandboxes.listSandboxes(deps.sql, requirePrincipal(req).accountId, req.query.status)).map((v) =>
-        sandboxes.shapeSandbox(v, offlineAfterMs),
+        sandboxes.shapeSandbox(v, offlineAfterMs, deps.launch.providers),
       ),
     }),
   });
@@ -43,6 +43,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
       sandboxes.shapeSandbox(
         await sandboxes.getSandbox(deps.sql, requirePrincipal(req).accountId, req.params.id),
         offlineAfterMs,
+        deps.launch.providers,
       ),
   });
 
@@ -58,7 +59,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
     handler: async (req, reply) => {
       await sandboxes.resetSandbox(
-        { sql: deps.sql, fabric: deps.fabric, logger: deps.log, local: deps.launch.local },
+        { sql: deps.sql, fabric: deps.fabric, logger: deps.log, providers: deps.launch.providers },
         actorOf(requirePrincipal(req)),
         req.params.id,
       );

@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiError, newId } from '@svc/core';
@@ -9,6 +9,7 @@ import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
+import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 /** How long a started runner-agent has to connect back. */
@@ -22,7 +23,16 @@ const STOP_TIMEOUT_MS = 10_000;
  * connected back over the same fabric as any runner, its sandboxes under DATA_DIR. The child
  * and its runner go with the sandbox, and all of them when the service stops.
  */
-export class LocalSandboxes {
+export class LocalSandboxes implements SandboxProvider {
+  readonly name = 'local';
+  readonly suspends = true;
+  readonly showsRunner = false;
+  // The runner-agent is a child of the service, so a restart of the service took it along.
+  readonly adrift = {
+    state: 'interrupted',
+    error: 'the service restarted and the sandbox’s runner-agent went with it',
+    reason: 'service_restarted',
+  } as const;
   private readonly children = new Map<string, { child: ChildProcess; runnerId: string }>();
 
   constructor(
@@ -35,6 +45,43 @@ export class LocalSandboxes {
       root: string;
     },
   ) {}
+
+  /** Local machines are made by `create`, never placed on a runner. */
+  async place(): Promise<null> {
+    return null;
+  }
+
+  /** Live while its runner-agent is connected; a runner-agent that is gone does not come back. */
+  async health(sandbox: SandboxRef): Promise<MachineHealth> {
+    return sandbox.runner_id !== null && this.deps.fabric.isLive(sandbox.runner_id) ? 'live' : 'lost';
+  }
+
+  /** Its runner-agent when it is connected, else a new one started for it. */
+  async create(sandbox: SandboxRef): Promise<string> {
+    if (sandbox.runner_id !== null && this.deps.fabric.isLive(sandbox.runner_id)) return sandbox.runner_id;
+    return this.start(sandbox.account_id, sandbox.id);
+  }
+
+  /** As `create`: a turn on a sandbox whose runner-agent died meanwhile gets a new one. */
+  async adopt(sandbox: SandboxRef): Promise<string> {
+    return this.create(sandbox);
+  }
+
+  /** Always a runner-agent of its own (one still stopping after the suspension is replaced). */
+  async wake(sandbox: SandboxRef): Promise<string> {
+    return this.start(sandbox.account_id, sandbox.id);
+  }
+
+  async suspend(sandboxId: string, runnerId: string): Promise<void> {
+    await this.stop(sandboxId, { runnerId, graceful: true });
+  }
+
+  /** Its runner-agent stops and its directory goes, also when it was suspended (no runner-agent to tell). */
+  async destroy(sandbox: SandboxRef): Promise<void> {
+    // Graceful: the directory is removed once nothing writes into it any more.
+    await this.stop(sandbox.id, { graceful: true });
+    await this.removeDisk(sandbox.account_id, sandbox.id);
+  }
 
   /** Starts the sandbox's runner-agent and resolves with its runner id once it is connected. */
   async start(accountId: string, sandboxId: string): Promise<string> {
@@ -67,6 +114,9 @@ export class LocalSandboxes {
       if (this.children.get(sandboxId)?.child === child) this.children.delete(sandboxId);
       log.info({ code, signal }, 'local runner-agent exited');
     });
+    // Its pid outlives this process: a start after a crash tells a runner-agent that went
+    // along from one that survived (lostAtStart).
+    await this.pidFiles.write(runner.id, child.pid);
     const deadline = Date.now() + CONNECT_TIMEOUT_MS;
     while (!this.deps.fabric.isLive(runner.id)) {
       if (child.exitCode !== null || Date.now() > deadline) {
@@ -100,6 +150,24 @@ export class LocalSandboxes {
       clearTimeout(timer);
     }
     await runners.deleteLocalRunner(this.deps.sql, held.runnerId).catch(() => {});
+    await this.pidFiles.remove(held.runnerId);
+  }
+
+  /**
+   * The runners of runner-agents started under this root by an earlier process of the service
+   * whose process is gone and that are not connected now (each reported once): a power cut
+   * or SIGKILL of the process group takes them along. One that survived (its process is
+   * there) is left to reconnect, or to the adrift sweep.
+   */
+  async lostAtStart(): Promise<string[]> {
+    const held = new Set(this.held().map((h) => h.runnerId));
+    const lost: string[] = [];
+    for (const { runnerId, pid } of await this.pidFiles.list()) {
+      if (held.has(runnerId) || this.deps.fabric.isLive(runnerId) || processExists(pid)) continue;
+      await this.pidFiles.remove(runnerId);
+      lost.push(runnerId);
+    }
+    return lost;
   }
 
   /** The sandboxes whose runner-agent runs on this node, with its runner. */
@@ -117,12 +185,13 @@ export class LocalSandboxes {
     await rm(join(this.deps.root, accountId, 'sandboxes', sandboxId), { recursive: true, force: true });
   }
 
-  /**
-   * Removes everything the account's runner-agents kept under the root (sandbox directories,
-   * spooled output), once their sandboxes are stopped: the account was deleted. Idempotent.
-   */
-  async removeAccountDisk(accountId: string): Promise<void> {
+  /** Removes everything the account's runner-agents kept under the root (see the port). */
+  async eraseAccount(accountId: string): Promise<void> {
     await rm(join(this.deps.root, accountId), { recursive: true, force: true });
+  }
+
+  private get pidFiles() {
+    return pidFilesIn(join(this.deps.root, 'runner-agents'));
   }
 
   async stopAll(): Promise<void> {
@@ -132,4 +201,37 @@ export class LocalSandboxes {
   get running(): number {
     return this.children.size;
   }
+}
+
+/** Whether a process with this pid exists (signal 0 checks without sending anything). */
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** One file per runner-agent this node started, `<runner id>.pid`, holding its pid. */
+function pidFilesIn(dir: string) {
+  return {
+    async write(runnerId: string, pid: number | undefined): Promise<void> {
+      if (pid === undefined) return;
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
+      await writeFile(join(dir, `${runnerId}.pid`), `${pid}\n`);
+    },
+    async remove(runnerId: string): Promise<void> {
+      await rm(join(dir, `${runnerId}.pid`), { force: true });
+    },
+    async list(): Promise<{ runnerId: string; pid: number }[]> {
+      const names = await readdir(dir).catch(() => [] as string[]);
+      const found: { runnerId: string; pid: number }[] = [];
+      for (const name of names.filter((n) => n.endsWith('.pid'))) {
+        const pid = Number.parseInt(await readFile(join(dir, name), 'utf8').catch(() => ''), 10);
+        if (Number.isSafeInteger(pid) && pid > 0) found.push({ runnerId: name.slice(0, -'.pid'.length), pid });
+      }
+      return found;
+    },
+  };
 }

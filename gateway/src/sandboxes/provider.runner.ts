@@ -1,0 +1,59 @@
+import { ApiError } from '@svc/core';
+import { runners, type Sql } from '@svc/db';
+import { runnerOnline } from '../services/runners.ts';
+import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
+
+/**
+ * The `runner` sandbox provider: sandboxes live on the tenant's own connected runners
+ * (`svc-runner`), which build and destroy machines themselves when the fabric tells them to.
+ * It never starts or stops a machine, and never suspends one. A runner may be connected to any
+ * node, so presence is read as GET /api/runners shows it (connected, heard from lately).
+ */
+export function runnerProvider(deps: {
+  sql: Sql;
+  /** Runners heard from within this long count as online. */
+  offlineAfterMs: number;
+}): SandboxProvider {
+  const online = (r: runners.RunnerRow) => runnerOnline(r.connected, r.last_seen_at, deps.offlineAfterMs, Date.now());
+  const held = (sandbox: SandboxRef) => {
+    if (sandbox.runner_id === null) throw new ApiError('runner_offline', 'The sandbox has no runner.');
+    return sandbox.runner_id;
+  };
+  return {
+    name: 'runner',
+    suspends: false,
+    showsRunner: true,
+    adrift: {
+      state: 'failed',
+      error: 'the runner was not heard from again after the service restarted',
+      reason: 'runner_gone',
+    },
+    async place(accountId) {
+      const runner = (await runners.listRunners(deps.sql, accountId)).find(online);
+      if (!runner) {
+        throw new ApiError('no_runner_online', 'No runner of this account is online: start svc-runner first.');
+      }
+      return runner.id;
+    },
+    async health(sandbox): Promise<MachineHealth> {
+      const runner = sandbox.runner_id ? await runners.getRunnerById(deps.sql, sandbox.runner_id) : undefined;
+      return runner !== undefined && online(runner) ? 'live' : 'away';
+    },
+    // The runner placed on builds the machine when told `sandbox.create`.
+    create: async (sandbox) => held(sandbox),
+    adopt: async (sandbox) => held(sandbox),
+    async wake() {
+      throw new ApiError('runner_offline', 'Sandboxes on a runner are never suspended, so never woken.');
+    },
+    async suspend() {
+      throw new Error('sandboxes on a runner are never suspended');
+    },
+    // The runner removed the machine when told `sandbox.destroy`; nothing is held here.
+    async destroy() {},
+    // What a runner keeps is on the tenant's machine, removed there when told sandbox.destroy.
+    async eraseAccount() {},
+    held: () => [],
+    // A tenant's runner is not this node's to lose: it reconnects, or the grace runs out.
+    lostAtStart: async () => [],
+  };
+}

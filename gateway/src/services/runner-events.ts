@@ -1,0 +1,30 @@
+import type { Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { EventLog } from '../log/log.ts';
+import { recordPermissionStage } from './permissions.ts';
+import { sandboxBuilt } from './sandboxes.ts';
+import { failTurnsOfRunner, finishTurn, reattached } from './turns.ts';
+
+/** What the fabric reports about runners, as the fabric's constructor takes it. */
+type RunnerEventHandlers = Pick<
+  ConstructorParameters<typeof RunnerFabric>[0],
+  'onTurnEnd' | 'onRunnerGone' | 'onReattach' | 'onSandboxBuilt' | 'onPermissionStage'
+>;
+
+/**
+ * What the service does with what runners report over the fabric: a turn's end is recorded
+ * (once), a runner gone past its grace fails its running turns, a runner that reconnects
+ * holding sandboxes gets their turns reattached, a build's end moves its sandbox to `ready` or
+ * `failed`, and a permission request is on record before its event reaches a client. Each is
+ * idempotent, since the fabric may report again after a resend.
+ */
+export function runnerEventHandlers(deps: { sql: Sql; log: EventLog; logger: Logger }): RunnerEventHandlers {
+  return {
+    onTurnEnd: (tenant, turnId, result, usage) => finishTurn(deps, tenant, turnId, result, usage),
+    onRunnerGone: (runnerId) => failTurnsOfRunner(deps.sql, runnerId),
+    onReattach: (runnerId, sandboxIds) => reattached(deps.sql, runnerId, sandboxIds),
+    onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(deps.sql, sandboxId, incarnation, ok),
+    onPermissionStage: (tenant, event) => recordPermissionStage(deps, tenant, event),
+  };
+}

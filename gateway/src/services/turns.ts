@@ -1,0 +1,314 @@
+import { ApiError, AVATAR_TYPES, blocksOf, PROMPT_IMAGE_MAX_BYTES, sniffImage } from '@svc/core';
+import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
+import type { EventLog, LogEvent } from '../log/log.ts';
+import { readLog } from '../log/read.ts';
+import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
+import { recordAudit } from './audit.ts';
+import { endTurnResolvingRequests } from './permissions.ts';
+import { changed } from './tenant-events.ts';
+
+/*
+ * A turn's whole life as the records keep it: opened with its prompt (openTurn), finished
+ * with the runtime's result (finishTurn), failed when it could not start (failTurnStart) or
+ * when its runner stayed away (failTurnsOfRunner), ended when nothing will end it any more
+ * (endTurnsAdrift, or endTurnsOfLostMachines at once when a start finds its machine gone), and
+ * picked up again when its runner comes back (reattached). Every end is
+ * compare-and-set on `running`, so a turn ends once, and says why in the log and the audit.
+ */
+
+/** Runtimes whose sandbox runs one turn at a time (SPEC launch rule 2). */
+const ONE_TURN_PER_SANDBOX = new Set(['opencode', 'gemini']);
+
+/**
+ * Images sent with a prompt, decoded and checked by their bytes: each must be png, jpeg, gif
+ * or webp and agree with its declared type (415), and fit in 5 MB (413).
+ */
+export function decodeImages(images: { data: string; media_type: string }[] | undefined) {
+  return (images ?? []).map((image, i) => {
+    const declared = image.media_type.split(';')[0]?.trim().toLowerCase() ?? '';
+    const bytes = Buffer.from(image.data, 'base64');
+    if (bytes.length > PROMPT_IMAGE_MAX_BYTES) {
+      throw new ApiError('payload_too_large', `images[${i}] is larger than 5 MB.`);
+    }
+    const sniffed = sniffImage(bytes);
+    if (!sniffed || sniffed !== declared) {
+      throw new ApiError(
+        'unsupported_media_type',
+        sniffed
+          ? `images[${i}] is ${sniffed}, not ${image.media_type}.`
+          : `images[${i}] is not an image of ${AVATAR_TYPES.join(', ')}.`,
+      );
+    }
+    return { mediaType: sniffed, data: bytes };
+  });
+}
+
+/** What a turn is refused for, as the error the caller gets. */
+function refusal(reason: conversations.TurnRefusal): ApiError {
+  switch (reason) {
+    case 'busy':
+      return new ApiError('conversation_busy');
+    case 'terminated':
+      return new ApiError('conversation_terminated');
+    case 'at_capacity':
+      return new ApiError('sandbox_at_capacity', 'Another conversation on this sandbox is running a turn.');
+    case 'missing':
+      return new ApiError('not_found', 'Conversation not found.');
+  }
+}
+
+/**
+ * Opens a turn inside the caller's transaction: the conversation becomes `running` with it.
+ * Refused (nothing written) while a turn runs (400 `conversation_busy`), after the
+ * conversation ended (410), or while another conversation runs a turn on a sandbox whose
+ * runtime runs one turn at a time (409 `sandbox_at_capacity`, SPEC launch rule 2; `shared`
+ * says the sandbox already existed, so another conversation may be on it).
+ */
+export async function openTurn(
+  tx: Sql,
+  t: {
+    id: string;
+    accountId: string;
+    conversationId: string;
+    prompt: string;
+    images: { mediaType: string; data: Buffer }[];
+    runtime: string;
+    shared: boolean;
+  },
+): Promise<conversations.TurnRow> {
+  const turn = await conversations.startTurn(tx, {
+    id: t.id,
+    accountId: t.accountId,
+    conversationId: t.conversationId,
+    prompt: t.prompt,
+    origin: 'user',
+    images: t.images,
+    oneTurnPerSandbox: t.shared && ONE_TURN_PER_SANDBOX.has(t.runtime),
+  });
+  if (typeof turn === 'string') throw refusal(turn);
+  return turn;
+}
+
+/** The `turn` stage event that ends a turn the service ended itself. */
+export function turnEndEvent(conversationId: string, turnId: string, state: string, error: string) {
+  return {
+    conversationId,
+    turnId,
+    kind: 'stage',
+    stream: 'stage',
+    stage: 'turn',
+    state,
+    data: JSON.stringify({ usage: null, error }),
+  };
+}
+
+/**
+ * The launch or turn could not start after the answer: say so in the log, end the turn
+ * `failed`, and fail the sandbox whose build it was.
+ */
+export async function failTurnStart(
+  sql: Sql,
+  accountId: string,
+  conversationId: string,
+  sandboxId: string | null,
+  turnId: string | null,
+  message: string,
+  /** The stage that failed, when it is not the build's (`sandbox`) or the turn's: `reattach` for a wake. */
+  stage?: string,
+) {
+  if (sandboxId) await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
+  await sql.begin(async (tx) => {
+    const t = tx as unknown as Sql;
+    await outbox.enqueue(t, accountId, [
+      {
+        conversationId,
+        turnId,
+        kind: 'stage',
+        stream: 'stage',
+        stage: stage ?? (sandboxId ? 'sandbox' : 'turn'),
+        state: 'failed',
+        data: message,
+      },
+      // A failed wake also says, in the turn's own terms, that the turn did not run.
+      ...(stage && turnId ? [turnEndEvent(conversationId, turnId, 'failed', message)] : []),
+    ]);
+  });
+  if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {
+    await auditTurnEnd(sql, accountId, turnId, 'failed', 'launch_failed');
+  }
+}
+
+/**
+ * Ends a running turn with its result and usage; the conversation goes idle, and its watchers
+ * hear `conversations` changed; a permission request of the turn still pending is resolved
+ * (`turn_end`). False when the turn had already ended (a turn ends once).
+ */
+export async function finishTurn(
+  deps: { sql: Sql; log: EventLog },
+  accountId: string,
+  turnId: string,
+  state: 'done' | 'failed' | 'interrupted' | 'timeout',
+  usage: conversations.TurnRow['usage'],
+): Promise<boolean> {
+  const turn = await conversations.getTurn(deps.sql, accountId, turnId);
+  if (turn?.state !== 'running') return false;
+  const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
+  const ended = await endTurnResolvingRequests(
+    deps.sql,
+    accountId,
+    turnId,
+    state,
+    usage,
+    [changed('conversations')],
+    reply,
+  );
+  if (ended) await auditTurnEnd(deps.sql, accountId, turnId, state);
+  return ended;
+}
+
+/** The audit row of a turn's end (actor `system`: the runtime or the service ended it). */
+function auditTurnEnd(sql: Sql, accountId: string, turnId: string, state: string, reason?: string) {
+  return recordAudit(
+    sql,
+    { accountId, actor: 'system', ip: null },
+    'turn.ended',
+    { type: 'turn', id: turnId },
+    reason ? { state, reason } : { state },
+  );
+}
+
+/** How much of a turn's reply is stored (the search index needs no more). */
+const REPLY_MAX_CHARS = 200_000;
+
+/**
+ * A turn's reply: the text of its agent messages, in order, as the log holds them (redacted).
+ * The runner sends a turn's end after everything the turn said, and the fabric ends the record
+ * only once what came before the end is appended, so the reply is whole. It reads the
+ * conversation's log from the start: fine at turn ends, worth an index on long conversations.
+ */
+async function replyOf(
+  deps: { sql: Sql; log: EventLog },
+  accountId: string,
+  conversationId: string,
+  turnId: string,
+): Promise<string> {
+  let reply = '';
+  let after = 0;
+  for (;;) {
+    const page = await readLog(deps, accountId, { conversationId, after, limit: 1000 });
+    for (const e of page) {
+      if (e.turnId !== turnId || e.stream !== 'acp') continue;
+      for (const b of blocksOf(e)) if (b.kind === 'text') reply += b.body;
+    }
+    if (page.length < 1000 || reply.length >= REPLY_MAX_CHARS) break;
+    after = (page.at(-1) as LogEvent).id;
+  }
+  return reply.slice(0, REPLY_MAX_CHARS);
+}
+
+/**
+ * A runner stayed away past the grace period: each turn still running on its sandboxes ends
+ * `failed` with a `turn` stage event saying why (compare-and-set: a turn the runner finished
+ * in time is left alone), and its sandboxes are failed. Nothing is left `running`.
+ */
+export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<number> {
+  let failed = 0;
+  for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
+    const ended = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, 'failed', null, [
+      {
+        conversationId: t.conversation_id,
+        turnId: t.turn_id,
+        kind: 'stage',
+        stream: 'stage',
+        stage: 'turn',
+        state: 'failed',
+        data: JSON.stringify({ usage: null, error: 'the runner went offline and did not come back in time' }),
+      },
+      changed('conversations'),
+    ]);
+    if (ended) {
+      failed++;
+      await auditTurnEnd(sql, t.account_id, t.turn_id, 'failed', 'runner_gone');
+    }
+    await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+  }
+  return failed;
+}
+
+/**
+ * Ends the turns nothing will end any more (`runningTurnsAdrift`): their runner has not been
+ * heard from for `graceMs`, as after a restart of the service when the runner did not come
+ * back. How each ends is its sandbox provider's (`adrift`: a local runner-agent went with the
+ * service, so its turn is `interrupted`; a self-hosted runner that stayed away fails it). Each
+ * says why in the log (stage `reattach` failed); compare-and-set, so a turn that ended
+ * meanwhile is left alone.
+ */
+export async function endTurnsAdrift(
+  deps: { sql: Sql; providers: SandboxProviders },
+  graceMs: number,
+): Promise<number> {
+  const { sql } = deps;
+  const now = Date.now();
+  let ended = 0;
+  for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
+    if (await endTurnAdrift(sql, t, deps.providers.of(t.provider).adrift)) ended++;
+  }
+  return ended;
+}
+
+/**
+ * The machines behind `runnerIds` are gone for good (their provider says so at start, see
+ * `SandboxProvider.lostAtStart`): their running turns end at once, as `endTurnsAdrift` would
+ * end them a grace period or two later. Resolves to how many it ended.
+ */
+export async function endTurnsOfLostMachines(
+  deps: { sql: Sql },
+  provider: Pick<SandboxProvider, 'adrift'>,
+  runnerIds: string[],
+): Promise<number> {
+  let ended = 0;
+  for (const runnerId of runnerIds) {
+    for (const t of await conversations.runningTurnsOnRunner(deps.sql, runnerId)) {
+      if (await endTurnAdrift(deps.sql, t, provider.adrift)) ended++;
+    }
+  }
+  return ended;
+}
+
+/**
+ * Ends one turn whose machine will not end it, saying why (stage `reattach` failed, then the
+ * `turn` stage in the provider's terms), and fails its sandbox so the next prompt builds a
+ * new machine. Compare-and-set: false when the turn had ended meanwhile.
+ */
+async function endTurnAdrift(
+  sql: Sql,
+  t: { account_id: string; turn_id: string; conversation_id: string; sandbox_id: string },
+  { state, error, reason }: AdriftTurnEnd,
+): Promise<boolean> {
+  const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
+    { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
+    { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
+    changed('conversations'),
+  ]);
+  if (done) await auditTurnEnd(sql, t.account_id, t.turn_id, state, reason);
+  await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
+  return done;
+}
+
+/**
+ * A runner connected holding sandboxes: the conversations running a turn on them are
+ * reattached (stage `reattach` done), and their turns go on.
+ */
+export async function reattached(sql: Sql, runnerId: string, sandboxIds: string[]): Promise<void> {
+  for (const t of await conversations.runningTurnsOnSandboxes(sql, runnerId, sandboxIds)) {
+    await sql.begin((tx) =>
+      outbox.enqueue(tx as unknown as Sql, t.account_id, [
+        stageEvent(t.conversation_id, t.turn_id, 'reattach', 'done'),
+      ]),
+    );
+  }
+}
+
+function stageEvent(conversationId: string, turnId: string, stage: string, state: string) {
+  return { conversationId, turnId, kind: 'stage', stream: 'stage', stage, state };
+}

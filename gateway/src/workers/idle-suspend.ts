@@ -1,0 +1,48 @@
+import type { Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { SandboxProviders } from '../sandboxes/provider.ts';
+import { suspendIdleSandboxes } from '../services/suspend.ts';
+import type { OutboxRelay } from './outbox-relay.ts';
+
+/**
+ * Suspends idle sandboxes whose machine this node runs (`suspendIdleSandboxes`): their
+ * runner-agent stops, their disk stays, the next prompt wakes them. Runs every quarter of
+ * `idleMs`, at least every 250 ms and at most every minute, so a sandbox is suspended within
+ * `idleMs` plus a quarter of it (or a minute) after its last turn. It claims only the machines
+ * this node holds, each by a compare-and-set on the sandbox's status, and never runs two passes
+ * at once. With `idleMs` 0 it never starts.
+ */
+export class IdleSuspendWorker {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<number> | undefined;
+
+  constructor(
+    private readonly deps: { sql: Sql; providers: SandboxProviders; relay: OutboxRelay; logger: Logger },
+    private readonly options: { idleMs: number },
+  ) {}
+
+  start(): void {
+    if (this.options.idleMs <= 0) return;
+    const period = Math.min(60_000, Math.max(250, this.options.idleMs / 4));
+    this.timer = setInterval(() => void this.pass(), period);
+    this.timer.unref();
+  }
+
+  /** One pass (or the one already running); resolves to how many it suspended. Never rejects. */
+  pass(): Promise<number> {
+    this.running ??= suspendIdleSandboxes(this.deps, this.options.idleMs)
+      .catch((err: Error) => {
+        this.deps.logger.warn({ err: { message: err.message } }, 'suspending idle sandboxes');
+        return 0;
+      })
+      .finally(() => {
+        this.running = undefined;
+      });
+    return this.running;
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+}
