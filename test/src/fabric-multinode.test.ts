@@ -1,8 +1,24 @@
+import type { Test } from 'tap';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Two nodes on one Postgres and one Redis, both configured with `env`. */
+async function twoNodes(t: Test, env: Record<string, string>) {
+  const a = await startTestService(t, { backend: 'postgres+redis', env });
+  const b = await startTestService(t, {
+    backend: 'postgres+redis',
+    env: {
+      ...env,
+      DATABASE_URL: a.config.DATABASE_URL as string,
+      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+      MASTER_KEY: a.config.MASTER_KEY as string,
+    },
+  });
+  return { a, b };
+}
 
 t.test(
   'two nodes: a runner held by node A takes commands sent through node B',
@@ -13,16 +29,7 @@ t.test(
       RUNNER_GRACE_MS: '3000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     };
-    const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
-    const b = await startTestService(t, {
-      backend: 'postgres+redis',
-      env: {
-        ...timing,
-        DATABASE_URL: a.config.DATABASE_URL as string,
-        REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
-        MASTER_KEY: a.config.MASTER_KEY as string,
-      },
-    });
+    const { a, b } = await twoNodes(t, timing);
     const me = await signUp(a);
     const token = me.key;
     const env = (await b.http.post('/api/environments', { token, body: { name: 'main' } })).body;
