@@ -1,8 +1,36 @@
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Test } from 'tap';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Two nodes on one Postgres and one Redis, both configured with `env`. */
+async function twoNodes(t: Test, env: Record<string, string>) {
+  const a = await startTestService(t, { backend: 'postgres+redis', env });
+  const b = await startTestService(t, {
+    backend: 'postgres+redis',
+    env: {
+      ...env,
+      DATABASE_URL: a.config.DATABASE_URL as string,
+      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+      MASTER_KEY: a.config.MASTER_KEY as string,
+    },
+  });
+  return { a, b };
+}
+
+/** Whether `ok` holds within `ms`, checked every 50 ms. */
+async function within(ms: number, ok: () => boolean | Promise<boolean>): Promise<boolean> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    if (await ok()) return true;
+    if (Date.now() > deadline) return false;
+    await sleep(50);
+  }
+}
 
 t.test(
   'two nodes: a runner held by node A takes commands sent through node B',
@@ -13,16 +41,7 @@ t.test(
       RUNNER_GRACE_MS: '3000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     };
-    const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
-    const b = await startTestService(t, {
-      backend: 'postgres+redis',
-      env: {
-        ...timing,
-        DATABASE_URL: a.config.DATABASE_URL as string,
-        REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
-        MASTER_KEY: a.config.MASTER_KEY as string,
-      },
-    });
+    const { a, b } = await twoNodes(t, timing);
     const me = await signUp(a);
     const token = me.key;
     const env = (await b.http.post('/api/environments', { token, body: { name: 'main' } })).body;
@@ -90,5 +109,47 @@ t.test(
     const bye = await b.http.post(`/api/conversations/${id}/terminate`, { token });
     t.equal(bye.status, 200);
     t.equal(bye.body.status, 'terminated');
+  },
+);
+
+t.test(
+  "two nodes: deleting an account through node A closes its runner's connection on node B at once",
+  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres shared by two nodes' },
+  async (t) => {
+    // Heartbeats a minute apart: a connection closed within seconds was closed by the
+    // deletion, not by a heartbeat that found its runner gone.
+    const { a, b } = await twoNodes(t, {
+      RUNNER_HEARTBEAT_MS: '60000',
+      RUNNER_GRACE_MS: '120000',
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
+    });
+    const me = await signUp(a);
+    const token = me.key;
+    const { agent, runnerRow, runner } = await claudeOnRunner(t, b, token);
+    t.ok(b.fabric.isLive(runnerRow.id) && !a.fabric.isLive(runnerRow.id), 'node B holds the runner');
+
+    const conv = await a.http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'hello' } });
+    t.equal(conv.status, 201, JSON.stringify(conv.body));
+    t.ok(
+      await within(30_000, async () => {
+        const turns = (await a.http.get(`/api/conversations/${conv.body.id}/turns`, { token })).body.data;
+        return turns[0]?.state === 'done';
+      }),
+      'a turn ran on the runner through node A',
+    );
+    const sandboxId = (await a.http.get(`/api/conversations/${conv.body.id}`, { token })).body.sandbox_id as string;
+    const sandboxDir = join(runner.root, 'sandboxes', sandboxId);
+    t.ok(existsSync(sandboxDir), 'the sandbox is on the runner’s disk');
+
+    const res = await a.http.delete('/api/account', { token, body: { confirm: me.email } });
+    t.equal(res.status, 204);
+    t.ok(
+      await within(3000, () => !b.fabric.isLive(runnerRow.id)),
+      'node B closed the connection long before the next heartbeat',
+    );
+    t.ok(await within(3000, () => runner.child.exitCode !== null), 'the runner-agent was told');
+    t.equal(runner.child.exitCode, 6, 'it stopped as revoked');
+    t.match(runner.output, /the account was deleted/, 'with the reason the deleting node gave');
+    t.notOk(existsSync(sandboxDir), 'its sandbox directory is removed');
   },
 );

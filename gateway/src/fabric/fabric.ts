@@ -560,11 +560,21 @@ export class RunnerFabric {
   }
 
   /**
-   * Closes every connection of the account's runners on this node, also one still waiting for
-   * its hello (the account was deleted). Returns how many were closed. A connection another
-   * node holds ends at its next heartbeat, which finds its runner gone.
+   * Closes every connection of the account's runners (the account was deleted): this node's
+   * at once, and through the router every other node's with the same code and reason.
+   * Resolves once the other nodes have been asked; a node that misses the request closes them
+   * at their next heartbeat, which finds the runner gone.
    */
-  disconnectAccount(accountId: string, code: number, reason: string): number {
+  async disconnectAccount(accountId: string, code: number, reason: string): Promise<void> {
+    this.disconnectAccountHere(accountId, code, reason);
+    await this.router?.disconnectAccount(accountId, code, reason);
+  }
+
+  /**
+   * `disconnectAccount` on this node only (the router's entry point): closes every connection
+   * of the account's runners here, also one still waiting for its hello. Returns how many.
+   */
+  disconnectAccountHere(accountId: string, code: number, reason: string): number {
     let closed = 0;
     for (const s of [...this.sessions]) {
       if (s.accountId !== accountId || s.closed) continue;

@@ -5,11 +5,12 @@ import type { RouterNodeOptions, RunnerRouter } from './router.ts';
 /** Builds one node's router; nodes from one cluster share a store, ready to route on return. */
 export type RouterNodeFactory = (o: RouterNodeOptions) => Promise<RunnerRouter>;
 
-/** A node under test: its router, and what reached its `run` and `onDurable`. */
+/** A node under test: its router, and what reached its `run`, `onDurable` and `onDisconnectAccount`. */
 interface TestNode {
   router: RunnerRouter;
   ran: { runnerId: string; body: RunnerCommandBody }[];
   marks: Map<string, number>[];
+  disconnected: { accountId: string; code: number; reason: string }[];
   /** How this node's `run` answers the next commands (default: acknowledged at once). */
   answer: (runnerId: string) => Promise<void>;
 }
@@ -41,7 +42,13 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
     const make = await cluster();
     const out: TestNode[] = [];
     for (let i = 0; i < count; i++) {
-      const n: TestNode = { router: undefined as never, ran: [], marks: [], answer: async () => {} };
+      const n: TestNode = {
+        router: undefined as never,
+        ran: [],
+        marks: [],
+        disconnected: [],
+        answer: async () => {},
+      };
       n.router = await make({
         holdMs: o.holdMs ?? 30_000,
         timeoutMs: o.timeoutMs ?? 5_000,
@@ -50,6 +57,7 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
           return n.answer(runnerId);
         },
         onDurable: (marks) => n.marks.push(new Map(marks)),
+        onDisconnectAccount: (accountId, code, reason) => n.disconnected.push({ accountId, code, reason }),
       });
       t.teardown(() => n.router.close());
       out.push(n);
@@ -151,6 +159,19 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
     t.same(c.marks, [new Map([['sbx_1:1', 41]]), new Map([['sbx_2:1', 7]])]);
     await until('a has b’s mark', () => a.marks.length >= 1);
     t.same(a.marks, [new Map([['sbx_2:1', 7]])], 'a heard only b, never its own');
+  });
+
+  t.test("an account's disconnection reaches every other node, not the sender, with its code and reason", async (t) => {
+    const [a, b, c] = (await nodes(t, 3)) as [TestNode, TestNode, TestNode];
+    await a.router.disconnectAccount('acc_1', 4002, 'the account was deleted');
+    const told = [{ accountId: 'acc_1', code: 4002, reason: 'the account was deleted' }];
+    await until('b and c were told', () => b.disconnected.length === 1 && c.disconnected.length === 1);
+    t.same(b.disconnected, told);
+    t.same(c.disconnected, told);
+    // a's own request, were it heard, would arrive before b's.
+    await b.router.disconnectAccount('acc_2', 4002, 'the account was deleted');
+    await until('a heard b', () => a.disconnected.length >= 1);
+    t.same(a.disconnected, [{ accountId: 'acc_2', code: 4002, reason: 'the account was deleted' }], 'a heard only b');
   });
 
   t.test('closing a router rejects the commands it still waits for with runner_offline', async (t) => {

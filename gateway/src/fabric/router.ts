@@ -1,11 +1,12 @@
 import { ApiError, type RunnerCommandBody } from '@svc/core';
 
 /**
- * How commands reach a runner whose connection another node holds, and how durable marks
- * reach the node holding the runner (DESIGN "The life of a prompt", 3: any api node can send
- * to any runner). One router per node; the nodes of a deployment share its store (Redis, or
- * for the memory adapter one hub in the process). Without a router, or with a single node,
- * the fabric answers `runner_offline` for a runner it does not hold.
+ * How commands reach a runner whose connection another node holds, how durable marks reach
+ * the node holding the runner (DESIGN "The life of a prompt", 3: any api node can send to any
+ * runner), and how a deleted account's runners are disconnected wherever they are connected.
+ * One router per node; the nodes of a deployment share its store (Redis, or for the memory
+ * adapter one hub in the process). Without a router, or with a single node, the fabric
+ * answers `runner_offline` for a runner it does not hold.
  */
 export interface RunnerRouter {
   /**
@@ -29,6 +30,14 @@ export interface RunnerRouter {
    * Best effort: a node that misses marks catches up with the next ones, which only go up.
    */
   durable(marks: ReadonlyMap<string, number>): void;
+  /**
+   * Asks every other node (not this one) to close the account's runner connections it holds
+   * with this close code and reason, through their `onDisconnectAccount`. Resolves once the
+   * request is handed to the store; never rejects (a failure is logged). Best effort: a node
+   * that misses it still closes those connections at their next heartbeat, which finds the
+   * runner gone.
+   */
+  disconnectAccount(accountId: string, code: number, reason: string): Promise<void>;
   /** Stops listening; commands still waiting for an answer reject with `runner_offline`. */
   close(): Promise<void>;
 }
@@ -43,6 +52,8 @@ export interface RouterNodeOptions {
   run(runnerId: string, body: RunnerCommandBody): Promise<void>;
   /** Marks another node's copier made durable. */
   onDurable(marks: ReadonlyMap<string, number>): void;
+  /** Closes the account's runner connections this node holds (another node deleted it). */
+  onDisconnectAccount(accountId: string, code: number, reason: string): void;
 }
 
 /**

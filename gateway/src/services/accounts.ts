@@ -304,8 +304,8 @@ export interface AccountErasureDeps extends SandboxDeps {
  * Erases the account: its sandboxes are destroyed through their provider first (runners told,
  * local runner-agents stopped, their disk removed), then every row in every tenant table goes
  * (they cascade from `accounts`) with the wrapped data key, then the account's runner
- * connections on this node are closed and its live log (hot events, marks, feeds) dropped.
- * The instance log records that an account was deleted, nothing more.
+ * connections are closed on this node and every other one, and its live log (hot events,
+ * marks, feeds) dropped. The instance log records that an account was deleted, nothing more.
  */
 export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDeps, p: Principal, confirm: string) {
   const a = await accounts.findAccountById(deps.sql, p.accountId);
@@ -316,7 +316,7 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
   await destroyAccountSandboxes(erasure, a.id);
   await accounts.deleteAccount(deps.sql, a.id);
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
-  erasure.fabric.disconnectAccount(a.id, RUNNER_CLOSE.revoked, 'the account was deleted');
+  await erasure.fabric.disconnectAccount(a.id, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(a.id);
   deps.log.info('an account was deleted');
 }
