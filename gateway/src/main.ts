@@ -226,7 +226,7 @@ export async function startService(
           timeoutMs: 10_000,
           run: (runnerId, body) => fabric.commandHere(runnerId, body),
           onDurable: (marks) => fabric.durable(marks),
-          onDisconnectAccount: (accountId, code, reason) => fabric.disconnectAccountHere(accountId, code, reason),
+          onDisconnect: (who, code, reason) => fabric.disconnectHere(who, code, reason),
           logger: log.child({ role: 'fabric-router' }),
         })
       : undefined;

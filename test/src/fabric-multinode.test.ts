@@ -153,3 +153,27 @@ t.test(
     t.notOk(existsSync(sandboxDir), 'its sandbox directory is removed');
   },
 );
+
+t.test(
+  'two nodes: deleting a runner through node A closes its connection on node B at once',
+  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres shared by two nodes' },
+  async (t) => {
+    // Heartbeats a minute apart: a connection closed within seconds was closed by the
+    // deletion, not by a heartbeat that found its runner gone.
+    const { a, b } = await twoNodes(t, { RUNNER_HEARTBEAT_MS: '60000', RUNNER_GRACE_MS: '120000' });
+    const me = await signUp(a);
+    const { runnerRow, runner } = await claudeOnRunner(t, b, me.key);
+    t.ok(await within(10_000, () => b.fabric.isLive(runnerRow.id)), 'node B holds the runner');
+    t.notOk(a.fabric.isLive(runnerRow.id), 'node A does not');
+
+    const res = await a.http.delete(`/api/runners/${runnerRow.id}`, { token: me.key });
+    t.equal(res.status, 204);
+    t.ok(
+      await within(3000, () => !b.fabric.isLive(runnerRow.id)),
+      'node B closed the connection long before the next heartbeat',
+    );
+    t.ok(await within(3000, () => runner.child.exitCode !== null), 'the runner-agent was told');
+    t.equal(runner.child.exitCode, 6, 'it stopped as deleted');
+    t.match(runner.output, /this runner was deleted by its owner/, 'with the reason the deleting node gave');
+  },
+);

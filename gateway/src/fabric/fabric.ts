@@ -17,7 +17,7 @@ import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import type { AppendResult, NewEvent } from '../log/log.ts';
 import { hashSecret } from '../secrets/tokens.ts';
-import type { RunnerRouter } from './router.ts';
+import type { RunnerRouter, RunnerSelector } from './router.ts';
 
 type TurnResult = 'done' | 'failed' | 'interrupted' | 'timeout';
 
@@ -551,7 +551,7 @@ export class RunnerFabric {
     }
   }
 
-  /** Closes the runner's live connection on this node, if any (its owner deleted it). */
+  /** Closes the runner's live connection on this node, if any. */
   disconnect(runnerId: string, code: number, reason: string): boolean {
     const s = this.live.get(runnerId);
     if (!s) return false;
@@ -560,24 +560,25 @@ export class RunnerFabric {
   }
 
   /**
-   * Closes every connection of the account's runners (the account was deleted): this node's
-   * at once, and through the router every other node's with the same code and reason.
-   * Resolves once the other nodes have been asked; a node that misses the request closes them
-   * at their next heartbeat, which finds the runner gone.
+   * Closes the connections `who` selects wherever they are (the runner or its account was
+   * deleted): this node's at once, and through the router every other node's with the same
+   * code and reason. Resolves once the other nodes have been asked; a node that misses the
+   * request closes them at their next heartbeat, which finds the runner gone.
    */
-  async disconnectAccount(accountId: string, code: number, reason: string): Promise<void> {
-    this.disconnectAccountHere(accountId, code, reason);
-    await this.router?.disconnectAccount(accountId, code, reason);
+  async disconnectEverywhere(who: RunnerSelector, code: number, reason: string): Promise<void> {
+    this.disconnectHere(who, code, reason);
+    await this.router?.disconnect(who, code, reason);
   }
 
   /**
-   * `disconnectAccount` on this node only (the router's entry point): closes every connection
-   * of the account's runners here, also one still waiting for its hello. Returns how many.
+   * `disconnectEverywhere` on this node only (the router's entry point): closes every
+   * connection here that `who` selects, also one still waiting for its hello. Returns how many.
    */
-  disconnectAccountHere(accountId: string, code: number, reason: string): number {
+  disconnectHere(who: RunnerSelector, code: number, reason: string): number {
     let closed = 0;
     for (const s of [...this.sessions]) {
-      if (s.accountId !== accountId || s.closed) continue;
+      const selected = 'runnerId' in who ? s.runnerId === who.runnerId : s.accountId === who.accountId;
+      if (!selected || s.closed) continue;
       this.close(s, code, reason);
       closed++;
     }

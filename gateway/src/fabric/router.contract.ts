@@ -1,16 +1,16 @@
 import { ApiError, type RunnerCommandBody } from '@svc/core';
 import type { Test } from 'tap';
-import type { RouterNodeOptions, RunnerRouter } from './router.ts';
+import type { RouterNodeOptions, RunnerRouter, RunnerSelector } from './router.ts';
 
 /** Builds one node's router; nodes from one cluster share a store, ready to route on return. */
 export type RouterNodeFactory = (o: RouterNodeOptions) => Promise<RunnerRouter>;
 
-/** A node under test: its router, and what reached its `run`, `onDurable` and `onDisconnectAccount`. */
+/** A node under test: its router, and what reached its `run`, `onDurable` and `onDisconnect`. */
 interface TestNode {
   router: RunnerRouter;
   ran: { runnerId: string; body: RunnerCommandBody }[];
   marks: Map<string, number>[];
-  disconnected: { accountId: string; code: number; reason: string }[];
+  disconnected: { who: RunnerSelector; code: number; reason: string }[];
   /** How this node's `run` answers the next commands (default: acknowledged at once). */
   answer: (runnerId: string) => Promise<void>;
 }
@@ -57,7 +57,7 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
           return n.answer(runnerId);
         },
         onDurable: (marks) => n.marks.push(new Map(marks)),
-        onDisconnectAccount: (accountId, code, reason) => n.disconnected.push({ accountId, code, reason }),
+        onDisconnect: (who, code, reason) => n.disconnected.push({ who, code, reason }),
       });
       t.teardown(() => n.router.close());
       out.push(n);
@@ -161,17 +161,21 @@ export function runnerRouterContract(t: Test, cluster: () => Promise<RouterNodeF
     t.same(a.marks, [new Map([['sbx_2:1', 7]])], 'a heard only b, never its own');
   });
 
-  t.test("an account's disconnection reaches every other node, not the sender, with its code and reason", async (t) => {
+  t.test('a disconnection reaches every other node, not the sender, with its selector, code and reason', async (t) => {
     const [a, b, c] = (await nodes(t, 3)) as [TestNode, TestNode, TestNode];
-    await a.router.disconnectAccount('acc_1', 4002, 'the account was deleted');
-    const told = [{ accountId: 'acc_1', code: 4002, reason: 'the account was deleted' }];
+    await a.router.disconnect({ accountId: 'acc_1' }, 4002, 'the account was deleted');
+    const told = [{ who: { accountId: 'acc_1' }, code: 4002, reason: 'the account was deleted' }];
     await until('b and c were told', () => b.disconnected.length === 1 && c.disconnected.length === 1);
     t.same(b.disconnected, told);
     t.same(c.disconnected, told);
     // a's own request, were it heard, would arrive before b's.
-    await b.router.disconnectAccount('acc_2', 4002, 'the account was deleted');
+    await b.router.disconnect({ runnerId: 'run_2' }, 4002, 'this runner was deleted by its owner');
     await until('a heard b', () => a.disconnected.length >= 1);
-    t.same(a.disconnected, [{ accountId: 'acc_2', code: 4002, reason: 'the account was deleted' }], 'a heard only b');
+    t.same(
+      a.disconnected,
+      [{ who: { runnerId: 'run_2' }, code: 4002, reason: 'this runner was deleted by its owner' }],
+      'a heard only b',
+    );
   });
 
   t.test('closing a router rejects the commands it still waits for with runner_offline', async (t) => {

@@ -7,7 +7,7 @@ import { type RouterNodeOptions, type RunnerRouter, relayedError } from './route
  */
 export interface MemoryRouterHub {
   readonly claims: Map<string, { node: symbol; until: number }>;
-  readonly nodes: Map<symbol, Pick<RouterNodeOptions, 'run' | 'onDurable' | 'onDisconnectAccount'>>;
+  readonly nodes: Map<symbol, Pick<RouterNodeOptions, 'run' | 'onDurable' | 'onDisconnect'>>;
 }
 
 export function memoryRouterHub(): MemoryRouterHub {
@@ -21,7 +21,7 @@ export function memoryRouterHub(): MemoryRouterHub {
 export function memoryRunnerRouter(o: RouterNodeOptions & { hub?: MemoryRouterHub }): RunnerRouter {
   const hub = o.hub ?? memoryRouterHub();
   const node = Symbol('node');
-  hub.nodes.set(node, { run: o.run, onDurable: o.onDurable, onDisconnectAccount: o.onDisconnectAccount });
+  hub.nodes.set(node, { run: o.run, onDurable: o.onDurable, onDisconnect: o.onDisconnect });
   const waiting = new Set<(err: ApiError) => void>();
 
   return {
@@ -58,9 +58,8 @@ export function memoryRunnerRouter(o: RouterNodeOptions & { hub?: MemoryRouterHu
       if (marks.size === 0) return;
       for (const [other, handlers] of hub.nodes) if (other !== node) handlers.onDurable(new Map(marks));
     },
-    async disconnectAccount(accountId, code, reason) {
-      for (const [other, handlers] of hub.nodes)
-        if (other !== node) handlers.onDisconnectAccount(accountId, code, reason);
+    async disconnect(who, code, reason) {
+      for (const [other, handlers] of hub.nodes) if (other !== node) handlers.onDisconnect(who, code, reason);
     },
     async close() {
       hub.nodes.delete(node);

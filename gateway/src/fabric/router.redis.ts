@@ -2,14 +2,14 @@ import { randomBytes } from 'node:crypto';
 import { ApiError, type RunnerCommandBody } from '@svc/core';
 import type { Logger } from 'pino';
 import type { RedisClient } from '../redis.ts';
-import { type RouterNodeOptions, type RunnerRouter, relayedError } from './router.ts';
+import { type RouterNodeOptions, type RunnerRouter, type RunnerSelector, relayedError } from './router.ts';
 
 type Message =
   | { t: 'cmd'; id: string; from: string; runner: string; body: RunnerCommandBody }
   | { t: 'ack'; id: string }
   | { t: 'err'; id: string; code: string; message: string }
   | { t: 'durable'; from: string; marks: [string, number][] }
-  | { t: 'disconnect_account'; from: string; account: string; code: number; reason: string };
+  | { t: 'disconnect'; from: string; who: RunnerSelector; code: number; reason: string };
 
 // Compare-and-delete: only the holder's own claim goes.
 const RELEASE = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
@@ -17,7 +17,7 @@ const RELEASE = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call
 /**
  * The router over Redis: `runner:<id>` names the node holding it (expiring unless heartbeats
  * renew it), each node listens on its own channel for commands and answers, and marks and
- * account disconnections go out on one channel every node hears (a node ignores a kind of
+ * disconnections go out on one channel every node hears (a node ignores a kind of
  * message it does not know, so nodes of the previous release share the channel). Sharded
  * pub/sub with one hash tag, so it runs on a single server and on a cluster alike.
  */
@@ -63,8 +63,8 @@ export function redisRunnerRouter(
       else w.reject(relayedError(m.code, m.message));
     } else if (m.t === 'durable' && m.from !== node) {
       o.onDurable(new Map(m.marks));
-    } else if (m.t === 'disconnect_account' && m.from !== node) {
-      o.onDisconnectAccount(m.account, m.code, m.reason);
+    } else if (m.t === 'disconnect' && m.from !== node) {
+      o.onDisconnect(m.who, m.code, m.reason);
     }
   };
   o.subscriber.on('smessage', onMessage);
@@ -107,8 +107,8 @@ export function redisRunnerRouter(
       if (marks.size === 0) return;
       void send(broadcast, { t: 'durable', from: node, marks: [...marks] });
     },
-    async disconnectAccount(accountId, code, reason) {
-      await send(broadcast, { t: 'disconnect_account', from: node, account: accountId, code, reason });
+    async disconnect(who, code, reason) {
+      await send(broadcast, { t: 'disconnect', from: node, who, code, reason });
     },
     async close() {
       o.subscriber.off('smessage', onMessage);

@@ -3,11 +3,14 @@ import { ApiError, type RunnerCommandBody } from '@svc/core';
 /**
  * How commands reach a runner whose connection another node holds, how durable marks reach
  * the node holding the runner (DESIGN "The life of a prompt", 3: any api node can send to any
- * runner), and how a deleted account's runners are disconnected wherever they are connected.
+ * runner), and how a deleted runner or account is disconnected wherever it is connected.
  * One router per node; the nodes of a deployment share its store (Redis, or for the memory
  * adapter one hub in the process). Without a router, or with a single node, the fabric
  * answers `runner_offline` for a runner it does not hold.
  */
+/** Which runner connections a disconnection closes: one runner's, or every runner's of an account. */
+export type RunnerSelector = { runnerId: string } | { accountId: string };
+
 export interface RunnerRouter {
   /**
    * Claims the runner for this node (on hello, renewed by its heartbeats). The claim lapses
@@ -31,13 +34,13 @@ export interface RunnerRouter {
    */
   durable(marks: ReadonlyMap<string, number>): void;
   /**
-   * Asks every other node (not this one) to close the account's runner connections it holds
-   * with this close code and reason, through their `onDisconnectAccount`. Resolves once the
+   * Asks every other node (not this one) to close the runner connections it holds that `who`
+   * selects, with this close code and reason, through their `onDisconnect`. Resolves once the
    * request is handed to the store; never rejects (a failure is logged). Best effort: a node
    * that misses it still closes those connections at their next heartbeat, which finds the
    * runner gone.
    */
-  disconnectAccount(accountId: string, code: number, reason: string): Promise<void>;
+  disconnect(who: RunnerSelector, code: number, reason: string): Promise<void>;
   /** Stops listening; commands still waiting for an answer reject with `runner_offline`. */
   close(): Promise<void>;
 }
@@ -52,8 +55,8 @@ export interface RouterNodeOptions {
   run(runnerId: string, body: RunnerCommandBody): Promise<void>;
   /** Marks another node's copier made durable. */
   onDurable(marks: ReadonlyMap<string, number>): void;
-  /** Closes the account's runner connections this node holds (another node deleted it). */
-  onDisconnectAccount(accountId: string, code: number, reason: string): void;
+  /** Closes the runner connections this node holds that `who` selects (another node deleted them). */
+  onDisconnect(who: RunnerSelector, code: number, reason: string): void;
 }
 
 /**

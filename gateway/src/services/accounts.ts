@@ -296,7 +296,7 @@ export async function completeOnboarding(sql: Sql, p: Principal) {
 
 /** What erasing an account needs beyond its rows: its machines, runner connections and live log. */
 export interface AccountErasureDeps extends SandboxDeps {
-  fabric: SandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectAccount'>;
+  fabric: SandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectEverywhere'>;
   eventLog: Pick<EventLog, 'dropTenant'>;
 }
 
@@ -316,7 +316,7 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
   await destroyAccountSandboxes(erasure, a.id);
   await accounts.deleteAccount(deps.sql, a.id);
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
-  await erasure.fabric.disconnectAccount(a.id, RUNNER_CLOSE.revoked, 'the account was deleted');
+  await erasure.fabric.disconnectEverywhere({ accountId: a.id }, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(a.id);
   deps.log.info('an account was deleted');
 }

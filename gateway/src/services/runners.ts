@@ -1,5 +1,6 @@
 import { ApiError, newId, RUNNER_CLOSE } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
+import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
@@ -39,17 +40,16 @@ export async function createRunner(sql: Sql, who: ActorRef, name: string) {
 }
 
 /**
- * Deletes the runner (its token stops working) and closes its connection. `disconnect` closes
- * it on this node; a connection held by another edge node ends at its next heartbeat, which
- * finds the runner gone.
+ * Deletes the runner (its token stops working) and closes its connection on whichever node
+ * holds it (`fabric.disconnectEverywhere`).
  */
 export async function deleteRunner(
   sql: Sql,
+  fabric: Pick<RunnerFabric, 'disconnectEverywhere'>,
   who: ActorRef,
   id: string,
-  disconnect: (runnerId: string, code: number, reason: string) => void,
 ) {
   if (!(await runners.deleteRunner(sql, who.accountId, id))) throw new ApiError('not_found', 'Runner not found.');
-  disconnect(id, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
+  await fabric.disconnectEverywhere({ runnerId: id }, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
   await recordAudit(sql, who, 'runner.deleted', { type: 'runner', id });
 }

@@ -54,9 +54,7 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
       response: { 204: z.null(), 404: ErrorBody },
     },
     handler: async (req, reply) => {
-      await runners.deleteRunner(deps.sql, actorOf(requirePrincipal(req)), req.params.id, (runnerId, code, reason) =>
-        deps.fabric.disconnect(runnerId, code, reason),
-      );
+      await runners.deleteRunner(deps.sql, deps.fabric, actorOf(requirePrincipal(req)), req.params.id);
       return reply.code(204).send(null);
     },
   });
