@@ -347,6 +347,8 @@ t.test('agents', async (t) => {
     ] as [string, string, unknown?][]) {
       const res = await http.call(method, path, { token, ...(body ? { body } : {}) });
       t.equal(res.status, 404, `${method} ${path}`);
+      const message = method === 'GET' && path.endsWith('/avatar') ? 'No avatar.' : 'Agent not found.';
+      t.same(res.body, { error: 'not_found', message }, `${method} ${path}`);
     }
     const put = await http.put(`/api/agents/${theirs.id}/avatar`, {
       token,

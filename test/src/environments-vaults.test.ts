@@ -199,7 +199,8 @@ for (const backend of backends()) {
       for (const [method, path, body] of calls) {
         const res = await http.call(method, path, { token, ...(body ? { body } : {}) });
         t.equal(res.status, 404, `${method} ${path}`);
-        t.equal(res.body.error, 'not_found');
+        const message = path.startsWith('/api/vaults') ? 'Vault not found.' : 'Environment not found.';
+        t.same(res.body, { error: 'not_found', message }, `${method} ${path}`);
       }
       const still = await http.get(`/api/environments/${env.id}`, { token: other.key });
       t.equal(still.body.setup_script, '', 'nothing changed');
