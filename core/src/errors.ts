@@ -93,3 +93,13 @@ export class ApiError extends Error {
 export function validationFailed(details: Record<string, string[]>, message?: string): ApiError {
   return new ApiError('validation_failed', message, { extra: { details } });
 }
+
+/**
+ * `value` itself when it is there (a row, or `true` from a write that touched one); otherwise a
+ * 404 `not_found` saying "`what` not found.". Another tenant's row reads as missing, so its id
+ * answers exactly as an unknown one does.
+ */
+export function orNotFound<T>(value: T | null | undefined | false, what: string): T {
+  if (!value) throw new ApiError('not_found', `${what} not found.`);
+  return value;
+}

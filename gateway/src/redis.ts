@@ -90,15 +90,7 @@ export async function connectRedis(config: Config, log: Logger): Promise<RedisCo
       redis.disconnect();
       throw err;
     }
-    const subscriber = redis.duplicate();
-    return {
-      redis,
-      subscriber,
-      async close() {
-        await subscriber.quit();
-        await redis.quit();
-      },
-    };
+    return connections(redis, redis.duplicate());
   }
 
   const { nodes, redisOptions } = parseSeeds(url);
@@ -130,6 +122,11 @@ export async function connectRedis(config: Config, log: Logger): Promise<RedisCo
   // A per-master subscriber that cannot (re)connect is reported as an 'error' event on the
   // Cluster: log it. The event log re-reads what it missed once the subscriber is back.
   subscriber.on('error', (err: Error) => log.warn({ err }, 'redis cluster subscriber'));
+  return connections(redis, subscriber);
+}
+
+/** The pair as one handle; `close` quits the subscriber before the command connection. */
+function connections(redis: RedisClient, subscriber: RedisClient): RedisConnections {
   return {
     redis,
     subscriber,

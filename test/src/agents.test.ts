@@ -206,6 +206,19 @@ t.test('agents', async (t) => {
     ]);
   });
 
+  t.test("an update may keep the agent's own name but not take another agent's: 422 naming name", async (t) => {
+    const base = { runtime: 'claude', model: 'anthropic/x', environment_id: env.id };
+    const a = (await http.post('/api/agents', { token, body: { ...base, name: 'clash-a' } })).body;
+    await http.post('/api/agents', { token, body: { ...base, name: 'clash-b' } });
+    const same = await http.put(`/api/agents/${a.id}`, { token, body: { name: 'clash-a', system: 'kept name' } });
+    t.equal(same.status, 200);
+    t.equal(same.body.system, 'kept name');
+    const taken = await http.call('PATCH', `/api/agents/${a.id}`, { token, body: { name: 'clash-b' } });
+    t.equal(taken.status, 422);
+    t.same(taken.body.details, { name: ['is already used by another agent of this account'] });
+    t.equal((await http.get(`/api/agents/${a.id}`, { token })).body.name, 'clash-a', 'nothing changed');
+  });
+
   t.test('an environment in use cannot be deleted; once free, deleting it calls the retire seam', async (t) => {
     const inUse = await http.delete(`/api/environments/${env2.id}`, { token });
     t.equal(inUse.status, 409);
@@ -347,6 +360,8 @@ t.test('agents', async (t) => {
     ] as [string, string, unknown?][]) {
       const res = await http.call(method, path, { token, ...(body ? { body } : {}) });
       t.equal(res.status, 404, `${method} ${path}`);
+      const message = method === 'GET' && path.endsWith('/avatar') ? 'No avatar.' : 'Agent not found.';
+      t.same(res.body, { error: 'not_found', message }, `${method} ${path}`);
     }
     const put = await http.put(`/api/agents/${theirs.id}/avatar`, {
       token,

@@ -86,6 +86,20 @@ for (const backend of backends()) {
       t.equal(patch.body.networking_type, 'unrestricted');
       const rename = await http.put(`/api/environments/${env.id}`, { token, body: { name: 'web' } });
       t.equal(rename.status, 422, 'cannot take the name of another environment');
+      t.same(rename.body.details, { name: ['is already used by another environment of this account'] });
+      const same = await http.put(`/api/environments/${env.id}`, { token, body: { name: 'upd', setup_script: 'x' } });
+      t.equal(same.body.setup_script, 'x', 'keeping its own name is no clash');
+    });
+
+    t.test("a vault may be renamed to its own name but not to another vault's: 422 naming name", async (t) => {
+      const a = (await http.post('/api/vaults', { token, body: { name: 'clash-a' } })).body;
+      await http.post('/api/vaults', { token, body: { name: 'clash-b' } });
+      const same = await http.put(`/api/vaults/${a.id}`, { token, body: { name: 'clash-a' } });
+      t.equal(same.status, 200);
+      const taken = await http.put(`/api/vaults/${a.id}`, { token, body: { name: 'clash-b' } });
+      t.equal(taken.status, 422);
+      t.same(taken.body.details, { name: ['is already used by another vault of this account'] });
+      t.equal((await http.get(`/api/vaults/${a.id}`, { token })).body.name, 'clash-a', 'nothing changed');
     });
 
     t.test('environment secrets are write-only, upserted by key, and counted', async (t) => {
@@ -199,7 +213,8 @@ for (const backend of backends()) {
       for (const [method, path, body] of calls) {
         const res = await http.call(method, path, { token, ...(body ? { body } : {}) });
         t.equal(res.status, 404, `${method} ${path}`);
-        t.equal(res.body.error, 'not_found');
+        const message = path.startsWith('/api/vaults') ? 'Vault not found.' : 'Environment not found.';
+        t.same(res.body, { error: 'not_found', message }, `${method} ${path}`);
       }
       const still = await http.get(`/api/environments/${env.id}`, { token: other.key });
       t.equal(still.body.setup_script, '', 'nothing changed');

@@ -383,6 +383,42 @@ for (const backend of backends()) {
       t.equal(capped[0], 's24', 'never above the copy mark: what is above it stays, however much');
       t.equal(capped.length, 27);
     });
+
+    t.test('a tenant whose copy fails is retried by the next pass; the others are copied meanwhile', async (t) => {
+      const { accountId: broken } = await signUp(svc);
+      const { accountId: fine } = await signUp(svc);
+      await haveConversations(sql, broken, 'x');
+      await haveConversations(sql, fine, 'y');
+      await log.append({ tenant: broken, producer: 'p', seq: 1, events: [out('x', 'kept for later')] });
+      await log.append({ tenant: fine, producer: 'p', seq: 1, events: [out('y', 'copied now')] });
+      // The hot log refuses the first read of one tenant, as an unreachable Redis would.
+      let refuse = true;
+      const flaky = new Proxy(log, {
+        get(target, key) {
+          if (key === 'read') {
+            return async (ten: string, o: Parameters<EventLog['read']>[1]) => {
+              if (ten === broken && refuse) {
+                refuse = false;
+                throw new Error('hot log unreachable');
+              }
+              return target.read(ten, o);
+            };
+          }
+          const value = Reflect.get(target, key, target);
+          return typeof value === 'function' ? value.bind(target) : value;
+        },
+      });
+      const stored = async (ten: string) =>
+        (await sql<{ data: string }[]>`SELECT data FROM log_events WHERE account_id = ${ten}`).map((r) => r.data);
+      const copier = new LogCopier({ sql, log: flaky, logger }, { intervalMs: 60_000, batch: 10, keepHot: 1000 });
+      copier.track(broken);
+      copier.track(fine);
+      await copier.pass();
+      t.same(await stored(fine), ['copied now'], 'the failure did not stop the pass');
+      t.same(await stored(broken), [], 'the failed tenant has nothing copied yet');
+      await copier.pass();
+      t.same(await stored(broken), ['kept for later'], 'the next pass copies it');
+    });
   });
 }
 

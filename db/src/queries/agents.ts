@@ -1,5 +1,6 @@
 import type postgres from 'postgres';
 import type { Sql } from '../connect.ts';
+import { deleteOwned, nameTakenByAnother } from './owned.ts';
 
 export interface AgentValues {
   name: string;
@@ -91,8 +92,7 @@ export async function updateAgent(
   id: string,
   v: AgentValues,
 ): Promise<AgentRow | undefined | 'conflict'> {
-  const clash = await sql`SELECT 1 FROM agents WHERE account_id = ${accountId} AND name = ${v.name} AND id <> ${id}`;
-  if (clash.length) return 'conflict';
+  if (await nameTakenByAnother(sql, 'agents', accountId, v.name, id)) return 'conflict';
   const rows = await sql`
     UPDATE agents SET name = ${v.name}, description = ${v.description}, system = ${v.system}, runtime = ${v.runtime},
       model = ${v.model}, environment_id = ${v.environment_id}, skills = ${json(sql, v.skills)},
@@ -106,8 +106,7 @@ export async function updateAgent(
 }
 
 export async function deleteAgent(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows = await sql`DELETE FROM agents WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
-  return rows.length === 1;
+  return deleteOwned(sql, 'agents', accountId, id);
 }
 
 /** The ids among `ids` that are environments of the account. */

@@ -1,5 +1,6 @@
 import type postgres from 'postgres';
 import type { Sql } from '../connect.ts';
+import { deleteOwned, nameTakenByAnother } from './owned.ts';
 
 export interface EnvironmentValues {
   name: string;
@@ -54,9 +55,7 @@ export async function updateEnvironment(
   id: string,
   v: EnvironmentValues,
 ): Promise<EnvironmentRow | undefined | 'conflict'> {
-  const clash =
-    await sql`SELECT 1 FROM environments WHERE account_id = ${accountId} AND name = ${v.name} AND id <> ${id}`;
-  if (clash.length) return 'conflict';
+  if (await nameTakenByAnother(sql, 'environments', accountId, v.name, id)) return 'conflict';
   const rows = await sql`
     UPDATE environments SET name = ${v.name}, packages = ${json(sql, v.packages)}, env_vars = ${json(sql, v.env_vars)},
       repositories = ${json(sql, v.repositories)}, setup_script = ${v.setup_script},
@@ -91,6 +90,5 @@ export async function listEnvironments(sql: Sql, accountId: string): Promise<Env
 export async function deleteEnvironment(sql: Sql, accountId: string, id: string): Promise<boolean | 'in_use'> {
   const used = await sql`SELECT 1 FROM agents WHERE account_id = ${accountId} AND environment_id = ${id} LIMIT 1`;
   if (used.length) return 'in_use';
-  const rows = await sql`DELETE FROM environments WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
-  return rows.length === 1;
+  return deleteOwned(sql, 'environments', accountId, id);
 }

@@ -86,6 +86,9 @@ export interface EventColumns {
   duration_ms: number | null;
 }
 
+/** An event's fields as the log takes them, whichever table they were stored in. */
+export type EventFields = ReturnType<typeof eventFields>;
+
 /** Those columns as the event's fields. */
 export function eventFields(r: EventColumns) {
   return {

@@ -1,20 +1,13 @@
 import type { NewEvent } from '@svc/core';
 import type { Sql } from '../connect.ts';
-import { type EventColumns, eventFields } from './log-events.ts';
+import { type EventColumns, type EventFields, eventFields } from './log-events.ts';
 
 /** An event the service emits, as written beside the state change that causes it. */
 export type OutboxEvent = NewEvent;
 
-export interface OutboxRow {
+/** An outbox row: its number in the tenant's outbox and the event it holds. */
+export interface OutboxRow extends EventFields {
   seq: number;
-  conversationId: string | null;
-  turnId: string | null;
-  kind: string;
-  stream: string;
-  data: string | null;
-  stage: string | null;
-  state: string | null;
-  durationMs: number | null;
 }
 
 /** The producer name the relay appends the outbox under. */

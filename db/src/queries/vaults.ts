@@ -1,4 +1,5 @@
 import type { Sql } from '../connect.ts';
+import { deleteOwned, nameTakenByAnother } from './owned.ts';
 
 export interface VaultRow {
   id: string;
@@ -32,8 +33,7 @@ export async function renameVault(
   id: string,
   name: string,
 ): Promise<VaultRow | undefined | 'conflict'> {
-  const clash = await sql`SELECT 1 FROM vaults WHERE account_id = ${accountId} AND name = ${name} AND id <> ${id}`;
-  if (clash.length) return 'conflict';
+  if (await nameTakenByAnother(sql, 'vaults', accountId, name, id)) return 'conflict';
   const rows = await sql`UPDATE vaults SET name = ${name}, updated_at = now()
                          WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
   return rows.length ? getVault(sql, accountId, id) : undefined;
@@ -54,8 +54,7 @@ export async function listVaults(sql: Sql, accountId: string): Promise<VaultRow[
 }
 
 export async function deleteVault(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows = await sql`DELETE FROM vaults WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
-  return rows.length === 1;
+  return deleteOwned(sql, 'vaults', accountId, id);
 }
 
 /** The ids among `ids` that are vaults of the account. */

@@ -6,6 +6,7 @@ import {
   AVATAR_TYPES,
   modelProblem,
   newId,
+  orNotFound,
   type Runtime,
   sniffImage,
   validationFailed,
@@ -102,9 +103,7 @@ async function checkReferences(
 const nameTaken = () => validationFailed({ name: ['is already used by another agent of this account'] });
 
 export async function getAgent(sql: Sql, accountId: string, id: string) {
-  const row = await agents.getAgent(sql, accountId, id);
-  if (!row) throw new ApiError('not_found', 'Agent not found.');
-  return row;
+  return orNotFound(await agents.getAgent(sql, accountId, id), 'Agent');
 }
 
 export async function createAgent(sql: Sql, who: ActorRef, input: Create, providers: SandboxProviders) {
@@ -147,9 +146,8 @@ export async function updateAgent(
       })
     : { ...currentValues(current), ...definedOnly(patch) };
   await checkReferences(sql, deps.providers, who.accountId, values);
-  const row = await agents.updateAgent(sql, who.accountId, id, values);
+  const row = orNotFound(await agents.updateAgent(sql, who.accountId, id, values), 'Agent');
   if (row === 'conflict') throw nameTaken();
-  if (!row) throw new ApiError('not_found', 'Agent not found.');
   if (values.environment_id !== current.environment_id) {
     await retire({
       accountId: who.accountId,
@@ -169,7 +167,7 @@ function currentValues(row: agents.AgentRow): agents.AgentValues {
 
 export async function deleteAgent(sql: Sql, who: ActorRef, id: string) {
   const current = await getAgent(sql, who.accountId, id);
-  if (!(await agents.deleteAgent(sql, who.accountId, id))) throw new ApiError('not_found', 'Agent not found.');
+  orNotFound(await agents.deleteAgent(sql, who.accountId, id), 'Agent');
   await recordAudit(sql, who, 'agent.deleted', { type: 'agent', id }, { name: current.name });
 }
 

@@ -1,4 +1,4 @@
-import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId } from '@svc/core';
+import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId, orNotFound } from '@svc/core';
 import { conversations, credentials, type Sql } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -91,20 +91,19 @@ export async function listConversations(
 }
 
 export async function getConversation(sql: Sql, accountId: string, id: string) {
-  const row = await conversations.getConversation(sql, accountId, id);
-  if (!row) throw new ApiError('not_found', 'Conversation not found.');
-  return row;
+  return orNotFound(await conversations.getConversation(sql, accountId, id), 'Conversation');
 }
 
 export async function markRead(sql: Sql, who: ActorRef, id: string) {
-  if (!(await conversations.markRead(sql, who.accountId, id, [changed('conversations')])))
-    throw new ApiError('not_found', 'Conversation not found.');
+  orNotFound(await conversations.markRead(sql, who.accountId, id, [changed('conversations')]), 'Conversation');
   return getConversation(sql, who.accountId, id);
 }
 
 export async function deleteConversation(sql: Sql, who: ActorRef, id: string) {
-  if (!(await conversations.deleteConversation(sql, who.accountId, id, [changed('conversations')])))
-    throw new ApiError('not_found', 'Conversation not found.');
+  orNotFound(
+    await conversations.deleteConversation(sql, who.accountId, id, [changed('conversations')]),
+    'Conversation',
+  );
   await credentials.revokeSandboxTokens(sql, who.accountId, id);
   await recordAudit(sql, who, 'conversation.deleted', { type: 'conversation', id });
 }
@@ -120,9 +119,7 @@ export async function turnImage(
   accountId: string,
   p: { id: string; turn_id: string; position: number },
 ): Promise<{ media_type: string; data: Buffer }> {
-  const image = await conversations.turnImage(sql, accountId, p.id, p.turn_id, p.position);
-  if (!image) throw new ApiError('not_found', 'Image not found.');
-  return image;
+  return orNotFound(await conversations.turnImage(sql, accountId, p.id, p.turn_id, p.position), 'Image');
 }
 
 export async function spawnTree(sql: Sql, accountId: string, id: string) {

@@ -1,4 +1,4 @@
-import { ApiError, newId } from '@svc/core';
+import { ApiError, newId, orNotFound } from '@svc/core';
 import { credentials, type Sql, sessions } from '@svc/db';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
@@ -86,7 +86,7 @@ export async function listApiKeys(sql: Sql, accountId: string) {
 }
 
 export async function revokeApiKey(sql: Sql, p: Principal, id: string): Promise<void> {
-  if (!(await credentials.revokeKey(sql, p.accountId, id))) throw new ApiError('not_found', 'API key not found.');
+  orNotFound(await credentials.revokeKey(sql, p.accountId, id), 'API key');
   await recordAudit(sql, actorOf(p), 'api_key.revoked', { type: 'api_key', id });
 }
 

@@ -1,4 +1,11 @@
-import { ApiError, type EnvironmentCreate, type EnvironmentPatch, newId, validationFailed } from '@svc/core';
+import {
+  ApiError,
+  type EnvironmentCreate,
+  type EnvironmentPatch,
+  newId,
+  orNotFound,
+  validationFailed,
+} from '@svc/core';
 import { environments, type Sql } from '@svc/db';
 import type { z } from 'zod';
 import { recordAudit } from './audit.ts';
@@ -41,9 +48,7 @@ export function environmentValues(input: Create): environments.EnvironmentValues
 const nameTaken = () => validationFailed({ name: ['is already used by another environment of this account'] });
 
 export async function getEnvironment(sql: Sql, accountId: string, id: string) {
-  const row = await environments.getEnvironment(sql, accountId, id);
-  if (!row) throw new ApiError('not_found', 'Environment not found.');
-  return row;
+  return orNotFound(await environments.getEnvironment(sql, accountId, id), 'Environment');
 }
 
 export async function createEnvironment(sql: Sql, who: ActorRef, input: Create) {
@@ -68,9 +73,8 @@ export async function updateEnvironment(sql: Sql, who: ActorRef, id: string, pat
   if (!replace && patch.networking_config !== undefined && patch.networking_type === undefined) {
     values.networking_type = patch.networking_config ? 'limited' : 'unrestricted';
   }
-  const row = await environments.updateEnvironment(sql, who.accountId, id, values);
+  const row = orNotFound(await environments.updateEnvironment(sql, who.accountId, id, values), 'Environment');
   if (row === 'conflict') throw nameTaken();
-  if (!row) throw new ApiError('not_found', 'Environment not found.');
   await recordAudit(sql, who, 'environment.updated', { type: 'environment', id }, { fields: Object.keys(patch) });
   return row;
 }
@@ -82,9 +86,8 @@ export async function deleteEnvironment(sql: Sql, who: ActorRef, id: string, ret
     throw new ApiError('environment_in_use', undefined, { extra: { agent_count: current.agent_count } });
   }
   await retire({ accountId: who.accountId, environmentId: id, reason: 'environment_deleted' });
-  const deleted = await environments.deleteEnvironment(sql, who.accountId, id);
+  const deleted = orNotFound(await environments.deleteEnvironment(sql, who.accountId, id), 'Environment');
   if (deleted === 'in_use') throw new ApiError('environment_in_use');
-  if (!deleted) throw new ApiError('not_found', 'Environment not found.');
   await recordAudit(sql, who, 'environment.deleted', { type: 'environment', id }, { name: current.name });
 }
 

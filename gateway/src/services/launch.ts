@@ -1,4 +1,4 @@
-import { ApiError, newId, type Runtime, validationFailed } from '@svc/core';
+import { ApiError, newId, orNotFound, type Runtime, validationFailed } from '@svc/core';
 import { agents, conversations, credentials, environments, outbox, type Sql, sandboxes, vaults } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
@@ -88,20 +88,18 @@ export async function startConversation(
       throw new ApiError('forbidden', 'A sandbox token starts sub-conversations only under its own conversation.');
     }
   }
-  if (parentId !== null && !(await conversations.getConversation(sql, who.accountId, parentId))) {
-    throw new ApiError('not_found', 'Parent conversation not found.');
+  if (parentId !== null) {
+    orNotFound(await conversations.getConversation(sql, who.accountId, parentId), 'Parent conversation');
   }
-  const agent = await agents.getAgent(sql, who.accountId, input.agent_id);
-  if (!agent) throw new ApiError('not_found', 'Agent not found.');
+  const agent = orNotFound(await agents.getAgent(sql, who.accountId, input.agent_id), 'Agent');
   const environmentId = input.environment_id ?? agent.environment_id;
-  const environment = await environments.getEnvironment(sql, who.accountId, environmentId);
-  if (!environment) throw new ApiError('not_found', 'Environment not found.');
+  const environment = orNotFound(await environments.getEnvironment(sql, who.accountId, environmentId), 'Environment');
   if (environmentId !== agent.environment_id && !permits(agent.allowed_environment_ids, environmentId)) {
     throw validationFailed({ environment_id: ['is not among the agent’s allowed_environment_ids'] });
   }
   const vaultId = input.vault_id ?? null;
   if (vaultId !== null) {
-    if (!(await vaults.getVault(sql, who.accountId, vaultId))) throw new ApiError('not_found', 'Vault not found.');
+    orNotFound(await vaults.getVault(sql, who.accountId, vaultId), 'Vault');
     if (!permits(agent.allowed_vault_ids, vaultId)) {
       throw validationFailed({ vault_id: ['is not among the agent’s allowed_vault_ids'] });
     }

@@ -1,6 +1,7 @@
 import {
   ApiError,
   type NewEvent,
+  orNotFound,
   PERMISSION_REQUEST_STAGE,
   PermissionRequestDone,
   PermissionRequestStarted,
@@ -91,11 +92,15 @@ export async function answerPermissionRequest(
 ) {
   if (who.actor === 'sprite') throw new ApiError('sprite_may_not_answer');
   const { sql } = deps;
-  const conversation = await conversations.getConversation(sql, who.accountId, conversationId);
-  if (!conversation) throw new ApiError('not_found', 'Conversation not found.');
+  const conversation = orNotFound(
+    await conversations.getConversation(sql, who.accountId, conversationId),
+    'Conversation',
+  );
   if (conversation.status === 'terminated') throw new ApiError('conversation_terminated');
-  const request = await permissionRequests.getRequest(sql, who.accountId, conversationId, requestId);
-  if (!request) throw new ApiError('not_found', 'Permission request not found.');
+  const request = orNotFound(
+    await permissionRequests.getRequest(sql, who.accountId, conversationId, requestId),
+    'Permission request',
+  );
   if (request.status !== 'pending') throw resolved(request);
   if (!request.options.some((o) => o.optionId === optionId)) {
     const offered = request.options.map((o) => o.optionId);

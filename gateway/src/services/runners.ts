@@ -1,4 +1,4 @@
-import { ApiError, newId, RUNNER_CLOSE } from '@svc/core';
+import { newId, orNotFound, RUNNER_CLOSE } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
@@ -49,7 +49,7 @@ export async function deleteRunner(
   who: ActorRef,
   id: string,
 ) {
-  if (!(await runners.deleteRunner(sql, who.accountId, id))) throw new ApiError('not_found', 'Runner not found.');
+  orNotFound(await runners.deleteRunner(sql, who.accountId, id), 'Runner');
   await fabric.disconnectEverywhere({ runnerId: id }, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
   await recordAudit(sql, who, 'runner.deleted', { type: 'runner', id });
 }

@@ -1,4 +1,4 @@
-import { ApiError, newId, validationFailed } from '@svc/core';
+import { newId, orNotFound, validationFailed } from '@svc/core';
 import { type Sql, vaults } from '@svc/db';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
@@ -17,9 +17,7 @@ export function shapeVault(row: vaults.VaultRow) {
 const nameTaken = () => validationFailed({ name: ['is already used by another vault of this account'] });
 
 export async function getVault(sql: Sql, accountId: string, id: string) {
-  const row = await vaults.getVault(sql, accountId, id);
-  if (!row) throw new ApiError('not_found', 'Vault not found.');
-  return row;
+  return orNotFound(await vaults.getVault(sql, accountId, id), 'Vault');
 }
 
 export async function createVault(sql: Sql, who: ActorRef, name: string) {
@@ -30,9 +28,8 @@ export async function createVault(sql: Sql, who: ActorRef, name: string) {
 }
 
 export async function renameVault(sql: Sql, who: ActorRef, id: string, name: string) {
-  const row = await vaults.renameVault(sql, who.accountId, id, name);
+  const row = orNotFound(await vaults.renameVault(sql, who.accountId, id, name), 'Vault');
   if (row === 'conflict') throw nameTaken();
-  if (!row) throw new ApiError('not_found', 'Vault not found.');
   await recordAudit(sql, who, 'vault.updated', { type: 'vault', id }, { fields: ['name'] });
   return row;
 }
@@ -41,6 +38,6 @@ export async function renameVault(sql: Sql, who: ActorRef, id: string, name: str
 export async function deleteVault(sql: Sql, who: ActorRef, id: string, retire: RetireSandboxesBuiltOn) {
   const current = await getVault(sql, who.accountId, id);
   await retire({ accountId: who.accountId, vaultId: id, reason: 'vault_deleted' });
-  if (!(await vaults.deleteVault(sql, who.accountId, id))) throw new ApiError('not_found', 'Vault not found.');
+  orNotFound(await vaults.deleteVault(sql, who.accountId, id), 'Vault');
   await recordAudit(sql, who, 'vault.deleted', { type: 'vault', id }, { name: current.name });
 }

@@ -1,6 +1,7 @@
 import { logEvents, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { EventLog } from '../log/log.ts';
+import { workThroughDirty } from './dirty-tenants.ts';
 
 export type DurableListener = (tenant: string, marks: ReadonlyMap<string, number>) => void;
 
@@ -59,16 +60,13 @@ export class LogCopier {
     return run;
   }
 
-  private async copyDirty(): Promise<void> {
-    for (const tenant of [...this.dirty]) {
-      this.dirty.delete(tenant);
-      try {
-        await this.copyTenant(tenant);
-      } catch (err) {
-        this.dirty.add(tenant);
-        this.deps.logger.error({ err: { message: (err as Error).message }, tenant }, 'log copy failed; will retry');
-      }
-    }
+  private copyDirty(): Promise<void> {
+    return workThroughDirty(
+      this.dirty,
+      (tenant) => this.copyTenant(tenant),
+      this.deps.logger,
+      'log copy failed; will retry',
+    );
   }
 
   /**

@@ -1,6 +1,7 @@
 import { logEvents, outbox, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
+import { workThroughDirty } from './dirty-tenants.ts';
 
 /**
  * Appends the outbox to the log (DESIGN.md "Producers and durability"): each tenant's rows in
@@ -76,18 +77,12 @@ export class OutboxRelay {
     const run = (async () => {
       do {
         this.again = false;
-        for (const tenant of [...this.dirty]) {
-          this.dirty.delete(tenant);
-          try {
-            await this.relayTenant(tenant);
-          } catch (err) {
-            this.dirty.add(tenant);
-            this.deps.logger.error(
-              { err: { message: (err as Error).message }, tenant },
-              'outbox relay failed; will retry',
-            );
-          }
-        }
+        await workThroughDirty(
+          this.dirty,
+          (tenant) => this.relayTenant(tenant),
+          this.deps.logger,
+          'outbox relay failed; will retry',
+        );
       } while (this.again && this.dirty.size > 0);
     })().finally(() => {
       if (this.running === run) this.running = undefined;
