@@ -207,19 +207,43 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     w.res.cork(() => {
       ok = w.res.write(frames);
     });
-    if (!ok) {
-      w.backlog += typeof frames === 'string' ? Buffer.byteLength(frames) : frames.length;
-      if (w.backlog > options.maxBufferedBytes && !w.replaying) {
-        deps.logger.info('slow watcher cut off');
-        cut(w);
-        return;
-      }
-      w.res.onWritable(() => {
-        w.backlog = 0;
-        wakeDrained(w);
-        return true;
-      });
+    if (ok) {
+      // A write that went through first flushed whatever uWS still held for the socket.
+      if (w.backlog > 0) caughtUp(w);
+      return;
     }
+    w.backlog += typeof frames === 'string' ? Buffer.byteLength(frames) : frames.length;
+    if (w.backlog > options.maxBufferedBytes && !w.replaying) {
+      deps.logger.info('slow watcher cut off');
+      cut(w);
+      return;
+    }
+    w.res.onWritable(() => flush(w));
+  }
+
+  /**
+   * The socket can take more. uWS sends what it holds back for a socket only when something is
+   * written to it, and stops watching the socket once an onWritable handler returns without a
+   * failed write: a handler that wrote nothing left the tail of the last frames in uWS's buffer
+   * until the next write, an event or a heartbeat up to heartbeatMs later (a resumed watcher
+   * sat silent although its events were on the server). So the handler writes an empty comment
+   * line, which pushes the held bytes out first; when they do not all go, uWS keeps watching and
+   * calls again. Every write ends a frame, so the comment never lands inside one.
+   */
+  function flush(w: Watcher): boolean {
+    if (w.closed) return true;
+    let ok = true;
+    w.res.cork(() => {
+      ok = w.res.write(':\n\n');
+    });
+    if (ok) caughtUp(w);
+    return ok;
+  }
+
+  /** Everything written reached the socket: a replay waiting for it goes on. */
+  function caughtUp(w: Watcher): void {
+    w.backlog = 0;
+    wakeDrained(w);
   }
 
   /** Resolves once the watcher's socket took what was written (undefined when it has). */
@@ -260,6 +284,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     res.onAborted(() => {
       w.closed = true;
       w.stop?.();
+      // A replay waiting for the socket to drain stops now, and so lets go of its subscription.
+      wakeDrained(w);
       watchers.delete(w);
     });
   }
@@ -450,7 +476,7 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const feed = new MultiplexedFeed(w, route, tenant, streamsOf(query), query.get('blocks') === 'true');
         const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
           read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
-          paced: () => drained(w),
+          paced: () => feed.paced(),
           cancelled: () => w.closed,
         });
         feed.replaying = false;
@@ -473,6 +499,8 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
     /** Events wait here, in order, while the conversation of the first is looked up. */
     private readonly queue: LogEvent[] = [];
     private pumping = false;
+    /** Called once the pump has sent the queue (a replay waiting to go on). */
+    private onPumped: (() => void) | undefined;
     /** While history is read (follow() has not returned), events are this watcher's own. */
     replaying = true;
     constructor(
@@ -500,6 +528,19 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
           cut(w);
         });
       }
+    }
+
+    /**
+     * Resolves once what the feed was handed has been written and the socket took it (undefined
+     * when it has). History waits on its conversations' lookups before it is written: paced by
+     * the socket alone, a replay went live with pages still queued, which were then written as
+     * live events and cut the watcher off as too slow, and a long one queued without bound.
+     */
+    paced(): Promise<void> | undefined {
+      if (!this.pumping) return drained(this.w);
+      return new Promise<void>((resolve) => {
+        this.onPumped = resolve;
+      }).then(() => drained(this.w));
     }
 
     /** Sends what is queued, in order, up to the first event whose conversation is unknown. */
@@ -574,6 +615,9 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         }
       } finally {
         this.pumping = false;
+        const pumped = this.onPumped;
+        this.onPumped = undefined;
+        pumped?.();
       }
     }
   }
