@@ -207,6 +207,67 @@ for (const backend of backends()) {
       },
     );
 
+    t.test(
+      'a watcher is told its position right after `: connected`, so a drop before its first event loses nothing',
+      async (t) => {
+        for (const path of ['/api/events/stream', '/api/team/stream']) {
+          const position = await svc.eventLog.lastId(me.accountId);
+          const w = rawGet(svc, path, auth);
+          t.ok(await until(() => frames(w.text()).length >= 2), path);
+          t.same(frames(w.text()).slice(0, 2), [': connected', `id: ${position}`], `${path}: a bare id, no event`);
+          w.sock.destroy();
+        }
+        // Away before any event: what happens meanwhile comes on resuming from the bare id.
+        const w = rawGet(svc, '/api/events/stream', auth);
+        await until(() => frames(w.text()).length >= 2);
+        w.sock.destroy();
+        const told = parseFrame(frames(w.text())[1] as string).id as string;
+        await append(me.accountId, a.id, 'while away');
+        const back = rawGet(svc, '/api/events/stream', { ...auth, 'last-event-id': told });
+        t.teardown(() => back.sock.destroy());
+        t.ok(await until(() => messages(back.text()).length >= 1), 'resumed from the bare id');
+        t.same(
+          messages(back.text()).map((e) => e.data),
+          ['while away'],
+          'what happened while it was away, and nothing else',
+        );
+      },
+    );
+
+    t.test(
+      'the eventsource client takes the bare id of the opening: its first reconnect resumes from there',
+      async (t) => {
+        // Its own node, closing idle streams quickly, so the client reconnects within the test.
+        const quick = await startTestService(t, {
+          backend,
+          env: { SSE_HEARTBEAT_MS: '60000', SSE_IDLE_CLOSE_MS: '700' },
+        });
+        const you = await signUp(quick);
+        await createConversationRecord(
+          quick.db.sql,
+          { accountId: you.accountId, actor: 'api', ip: null },
+          { agentId: 'agt_q', title: 'q' },
+        );
+        t.ok(await until(async () => (await quick.eventLog.lastId(you.accountId)) > 0), 'the creation was relayed');
+        const position = await quick.eventLog.lastId(you.accountId);
+        const sent: (string | null)[] = [];
+        const es = new EventSource(`${quick.url}/api/events/stream`, {
+          fetch: (input, init) => {
+            const headers = new Headers(init?.headers as Record<string, string>);
+            sent.push(headers.get('last-event-id'));
+            headers.set('authorization', `Bearer ${you.key}`);
+            return fetch(input, { ...init, headers });
+          },
+        });
+        t.teardown(() => es.close());
+        const fired: string[] = [];
+        es.addEventListener('message', (m) => fired.push(m.data));
+        t.ok(await until(() => sent.length >= 2, 10_000), 'the client reconnected after the idle close');
+        t.same(sent.slice(0, 2), [null, String(position)], 'with the opening position as its Last-Event-ID');
+        t.same(fired, [], 'and no message fired for it');
+      },
+    );
+
     t.test('/api/team/stream: the team channel only, with agent_id; team and schedule changes', async (t) => {
       const mate = await createConversationRecord(sql, who, {
         agentId: 'agt_mate',

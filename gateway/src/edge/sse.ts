@@ -145,7 +145,9 @@ function cachedFrame(shape: string, e: LogEvent, build: () => string): CachedFra
  *   `agent_id`, and `team` / `schedule` `{reason: changed}`.
  *
  * Each replays after `Last-Event-ID` (header, or `last_event_id` in the query for clients
- * that cannot set headers) and then follows live without a gap (follow()). A heartbeat
+ * that cannot set headers) and then follows live without a gap (follow()). A multiplexed
+ * stream sends a bare `id: <position>` right after `: connected`, so a client that has seen no
+ * event yet still resumes from the moment it connected. A heartbeat
  * comment carries `id: <position>` when the watcher has been brought past the last id it was
  * told (its filters skipped events), so a reconnect does not start from far back. Another
  * tenant's conversation is 404 before any byte of stream.
@@ -472,6 +474,10 @@ export function registerSse(app: TemplatedApp, deps: SseDeps, admitFor: (ip: str
         const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
         w.position = Math.max(w.position, after);
         w.told = Math.max(w.told, after);
+        // A bare id moves the client's last event id without firing an event (WHATWG dispatch),
+        // so a client that drops before its first event resumes from the moment it connected
+        // instead of from now, losing what happened while it was away.
+        send(w, `id: ${after}\n\n`);
         const release = directory.acquire(tenant);
         const feed = new MultiplexedFeed(w, route, tenant, streamsOf(query), query.get('blocks') === 'true');
         const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
