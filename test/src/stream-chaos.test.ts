@@ -1,15 +1,17 @@
 import { request } from 'node:http';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
-import { backends, signUp, startTestService, type TestService } from './harness.ts';
-import { frames, rawGet } from './sse-client.ts';
+import { signUp, startTestService, type TestService, transportSetups } from './harness.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+// Three setups of a heavy scenario on a shared machine: more than the default file timeout.
+t.setTimeout(transportSetups().length * 150_000);
 
 const WATCHERS = 40;
 const CHUNKS = 3000;
 /** A chunk's text: large enough that a reader that pauses fills the socket's buffers. */
-const filler = 'x'.repeat(2000);
+const filler = 'x'.repeat(500);
 
 /**
  * A client that keeps its place as the WHATWG EventSource does: an `id:` field takes effect
@@ -99,14 +101,14 @@ function dispatch(received: Received, frame: string): boolean {
   return true;
 }
 
-for (const backend of backends()) {
+for (const { backend, edge } of transportSetups()) {
   t.test(
-    `${WATCHERS} watchers of /api/events/stream that drop and resume at random during a burst of ${CHUNKS} chunks each get every event once, in order, on ${backend}`,
+    `${WATCHERS} watchers of /api/events/stream that drop and resume at random during a burst of ${CHUNKS} chunks each get every event once, in order, on ${backend}, ${edge ? 'through the edge' : 'api role alone (EDGE=false)'}`,
     async (t) => {
       const svc = await startTestService(t, {
         backend,
         // No heartbeat within the test and no idle close: only events move a watcher on.
-        env: { SSE_HEARTBEAT_MS: '3600000', SSE_IDLE_CLOSE_MS: '0' },
+        env: { EDGE: String(edge), SSE_HEARTBEAT_MS: '3600000', SSE_IDLE_CLOSE_MS: '0' },
       });
       const me = await signUp(svc);
       const conv = await createConversationRecord(
@@ -142,7 +144,7 @@ for (const backend of backends()) {
       const all = await Promise.race([
         Promise.all(watchers.map((w) => w.finished)).then(() => true),
         new Promise<false>((resolve) => {
-          deadline = setTimeout(() => resolve(false), 60_000);
+          deadline = setTimeout(() => resolve(false), 120_000);
         }),
       ]);
       clearTimeout(deadline);
@@ -170,58 +172,6 @@ for (const backend of backends()) {
         watchers.every((w) => w.received.connections > 1),
         'every watcher dropped and resumed at least once',
       );
-    },
-  );
-}
-
-/**
- * A replay of one page (under 1000 events) far larger than the socket's buffers, written while
- * the client does not read; then the client reads. Nothing else is ever written to the watcher
- * (no heartbeat within the test, no idle close), so every byte must go out on its own.
- */
-for (const backend of backends()) {
-  t.test(
-    `a replay that outgrew the socket while the client paused arrives whole once it reads, on ${backend}`,
-    async (t) => {
-      const svc = await startTestService(t, {
-        backend,
-        env: { SSE_HEARTBEAT_MS: '3600000', SSE_IDLE_CLOSE_MS: '0' },
-      });
-      const me = await signUp(svc);
-      const conv = await createConversationRecord(
-        svc.db.sql,
-        { accountId: me.accountId, actor: 'api', ip: null },
-        { agentId: 'agt_slow', title: 'slow reader' },
-      );
-      const count = 500;
-      const big = 'y'.repeat(16 * 1024);
-      let last = 0;
-      for (let seq = 1; seq <= count; seq++) {
-        const r = await svc.appendEvents({
-          tenant: me.accountId,
-          producer: 'slow',
-          seq,
-          events: [{ conversationId: conv.id, kind: 'output', stream: 'stdout', data: `${seq} ${big}` }],
-        });
-        last = r.events.at(-1)?.id ?? last;
-      }
-      for (const path of [`/api/conversations/${conv.id}/stream?wait=true`, '/api/events/stream']) {
-        t.test(path, async (t) => {
-          const w = rawGet(svc, path, { authorization: `Bearer ${me.key}`, 'last-event-id': '1' }, { paused: true });
-          t.teardown(() => w.sock.destroy());
-          await sleep(500);
-          w.sock.resume();
-          const ids = () =>
-            frames(w.text())
-              // Events of the conversation; not the `conversations` change its creation made.
-              .filter((f) => f.startsWith('id: ') && !f.includes('\nevent: '))
-              .map((f) => Number(/^id: (\d+)/.exec(f)?.[1]));
-          for (let waited = 0; ids().length < count && waited < 10_000; waited += 50) await sleep(50);
-          t.equal(ids().length, count, 'every event of the replay arrived');
-          t.equal(ids().at(-1), last, 'up to the last one');
-          t.notMatch(w.text(), /^0\r\n\r\n/m, 'on a stream still open');
-        });
-      }
     },
   );
 }
