@@ -301,6 +301,21 @@ for (const { backend, edge } of transportSetups()) {
         t.same(JSON.parse(all[1]?.data as string), { reason: 'changed' });
       });
 
+      t.test('an unknown stream name is 400 invalid_request before any byte of stream, on every stream', async (t) => {
+        for (const path of [`/api/conversations/${a.id}/stream`, '/api/events/stream', '/api/team/stream']) {
+          const res = await fetch(`${svc.url}${path}?streams=stdout,bogus`, { headers: auth });
+          t.equal(res.status, 400, path);
+          t.same(await res.json(), {
+            error: 'invalid_request',
+            message: 'streams is a list of stdout, stderr, stage, acp.',
+          });
+        }
+        const all = rawGet(svc, '/api/events/stream?streams=', auth);
+        t.teardown(() => all.sock.destroy());
+        t.ok(await until(() => frames(all.text()).length >= 1));
+        t.match(all.text(), /^HTTP\/1\.1 200 OK/, 'an empty list is every stream');
+      });
+
       t.test(
         'sandbox tokens may not open the multiplexed streams; a session cookie may; no credential is 401',
         async (t) => {

@@ -1,4 +1,4 @@
-import { ApiError } from '@svc/core';
+import { ApiError, ConversationStreamQuery, streamList } from '@svc/core';
 import { conversations } from '@svc/db';
 import { follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
@@ -7,7 +7,7 @@ import { shapeEvent } from '../services/conversations.ts';
 import type { ConversationFeeds } from './conversation-feeds.ts';
 import { cachedFrame, frame } from './framing.ts';
 import type { Opening, StreamResponse } from './response.ts';
-import { type StreamDeps, streamsOf, type WatcherRegistry } from './watchers.ts';
+import type { StreamDeps, WatcherRegistry } from './watchers.ts';
 
 const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
 
@@ -29,10 +29,11 @@ export function serveConversationStream(
   registry.open(
     res,
     opening,
+    ConversationStreamQuery,
     async ({ w, principal, query, after }) => {
-      const wait = query.get('wait') === 'true';
-      const withBlocks = query.get('blocks') === 'true';
-      const streams = streamsOf(query);
+      const wait = query.wait === 'true';
+      const withBlocks = query.blocks === 'true';
+      const streams = streamList(query.streams);
       const tenant = principal.accountId;
       // Live: a turn's end closes a wait=false stream, the conversation's end closes any.
       let replaying = true;

@@ -1,4 +1,4 @@
-import type { TenantEventKind } from '@svc/core';
+import { MultiplexedStreamQuery, streamList, type TenantEventKind } from '@svc/core';
 import { follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -6,13 +6,7 @@ import { shapeEvent } from '../services/conversations.ts';
 import type { ConversationDirectory, ConversationInfo } from './directory.ts';
 import { cachedFrame, frame } from './framing.ts';
 import type { Opening, StreamResponse } from './response.ts';
-import {
-  CONVERSATIONS_EVENT_EVERY_MS,
-  type StreamDeps,
-  streamsOf,
-  type Watcher,
-  type WatcherRegistry,
-} from './watchers.ts';
+import { CONVERSATIONS_EVENT_EVERY_MS, type StreamDeps, type Watcher, type WatcherRegistry } from './watchers.ts';
 
 /** Events a multiplexed watcher may have waiting for conversation lookups before it is cut off. */
 const MAX_QUEUED_EVENTS = 10_000;
@@ -64,7 +58,7 @@ export function serveMultiplexed(
   opening: Opening,
 ): void {
   const { deps, registry, directory } = ctx;
-  registry.open(res, opening, async ({ w, principal, query, after: resumeAfter, resumed }) => {
+  registry.open(res, opening, MultiplexedStreamQuery, async ({ w, principal, query, after: resumeAfter, resumed }) => {
     const tenant = principal.accountId;
     const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
     w.position = Math.max(w.position, after);
@@ -74,7 +68,7 @@ export function serveMultiplexed(
     // instead of from now, losing what happened while it was away.
     registry.send(w, `id: ${after}\n\n`);
     const release = directory.acquire(tenant);
-    const feed = new MultiplexedFeed(ctx, w, route, tenant, streamsOf(query), query.get('blocks') === 'true');
+    const feed = new MultiplexedFeed(ctx, w, route, tenant, streamList(query.streams), query.blocks === 'true');
     const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
       read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
       paced: () => feed.paced(),

@@ -1,6 +1,7 @@
-import { ApiError, LOG_STREAMS } from '@svc/core';
+import { ApiError } from '@svc/core';
 import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
+import type { z } from 'zod';
 import type { EventLog } from '../log/log.ts';
 import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
 import type { Principal } from '../services/principal.ts';
@@ -57,10 +58,11 @@ export interface Watcher {
 }
 
 /** What a stream's body gets once its opening checks passed and `: connected` went out. */
-export interface Opened {
+export interface Opened<Q> {
   w: Watcher;
   principal: Principal;
-  query: URLSearchParams;
+  /** The query, parsed by the stream's schema. */
+  query: Q;
   /** The Last-Event-ID as a number (0 when none was given). */
   after: number;
   /** Whether the client gave a Last-Event-ID. */
@@ -71,13 +73,14 @@ export interface OpenChecks {
   /** The conversation a sandbox token may watch; without it, sandbox tokens are refused. */
   sandbox?: string;
   /** Checks that answer with an error before any byte of stream. */
-  prepare?: (principal: Principal, query: URLSearchParams) => Promise<void>;
+  prepare?: (principal: Principal) => Promise<void>;
 }
 
-/** The `streams` query as a list (undefined: every stream). */
-export function streamsOf(query: URLSearchParams): string[] | undefined {
-  const s = query.get('streams');
-  return s ? s.split(',').map((x) => x.trim()) : undefined;
+/** A query's parameters, each by its first value (as URLSearchParams.get reads it). */
+function firstValues(query: URLSearchParams): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of query) if (!(k in out)) out[k] = v;
+  return out;
 }
 
 /**
@@ -208,9 +211,14 @@ export class WatcherRegistry {
    * with an error before any byte of stream), then the stream's head and `: connected`, then
    * `run` (which sets `w.stop`).
    */
-  open(res: StreamResponse, o: Opening, run: (opened: Opened) => Promise<void>, checks: OpenChecks = {}): void {
+  open<Q extends { last_event_id?: string | undefined }>(
+    res: StreamResponse,
+    o: Opening,
+    schema: z.ZodType<Q>,
+    run: (opened: Opened<Q>) => Promise<void>,
+    checks: OpenChecks = {},
+  ): void {
     const { deps } = this;
-    const lastEventId = o.lastEventId || o.query.get('last_event_id') || '';
     const allowOrigin = o.origin && deps.corsOrigins.includes(o.origin) ? o.origin : undefined;
     const now = Date.now();
     const w: Watcher = {
@@ -234,6 +242,7 @@ export class WatcherRegistry {
       if (w.closed) return;
       if (refused) return void res.cork(() => res.error(refused));
       let principal: Principal | undefined;
+      let query: Q;
       try {
         principal = await authenticate(deps.sql, o.authorization, o.cookie, o.ip);
         if (w.closed) return;
@@ -244,16 +253,17 @@ export class WatcherRegistry {
         if (principal.actor === 'sprite' && principal.conversationId !== checks.sandbox) {
           throw new ApiError('not_found', 'Conversation not found.');
         }
-        if (streamsOf(o.query)?.some((s) => !(LOG_STREAMS as readonly string[]).includes(s))) {
-          throw new ApiError('invalid_request', `streams is a list of ${LOG_STREAMS.join(', ')}.`);
-        }
-        await checks.prepare?.(principal, o.query);
+        const parsed = schema.safeParse(firstValues(o.query));
+        if (!parsed.success) throw new ApiError('invalid_request', parsed.error.issues[0]?.message);
+        query = parsed.data;
+        await checks.prepare?.(principal);
       } catch (err) {
         if (!w.closed) res.cork(() => res.error(err instanceof ApiError ? err : new ApiError('internal_error')));
         if (!(err instanceof ApiError)) deps.logger.error({ err }, 'stream refused');
         return;
       }
       if (w.closed) return;
+      const lastEventId = o.lastEventId || query.last_event_id || '';
       const resumed = /^\d+$/.test(lastEventId);
       const after = resumed ? Number(lastEventId) : 0;
       w.position = after;
@@ -268,7 +278,7 @@ export class WatcherRegistry {
         res.write(': connected\n\n');
       });
       this.watchers.add(w);
-      await run({ w, principal, query: o.query, after, resumed });
+      await run({ w, principal, query, after, resumed });
     })().catch((err) => {
       deps.logger.error({ err }, 'stream failed');
       if (!w.closed) this.cut(w);
