@@ -17,4 +17,5 @@ export * from './schemas/environments.ts';
 export * from './schemas/permissions.ts';
 export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
+export * from './schemas/streams.ts';
 export * from './schemas/vaults.ts';

@@ -20,6 +20,7 @@ import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
+import { admission } from './ratelimit/admission.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
 import { redisRateLimiter } from './ratelimit/ratelimit.redis.ts';
 import type { RateLimiter } from './ratelimit/ratelimit.ts';
@@ -31,6 +32,7 @@ import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { StreamServer } from './streams/streams.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
@@ -330,8 +332,36 @@ export async function startService(
       },
     };
 
-    const { app: api, routeTable } = await buildApi(deps, { behindEdge: config.EDGE });
-    cleanups.push(() => api.close());
+    // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
+    const streams = new StreamServer({
+      sql: db.sql,
+      log: eventLog,
+      logger: log.child({ role: config.EDGE ? 'edge' : 'api' }),
+      corsOrigins: config.API_CORS_ORIGINS,
+      options: {
+        heartbeatMs: config.SSE_HEARTBEAT_MS,
+        idleCloseMs: config.SSE_IDLE_CLOSE_MS,
+        maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
+      },
+    });
+    const { app: api, routeTable } = await buildApi(deps, {
+      behindEdge: config.EDGE,
+      alone: config.EDGE
+        ? undefined
+        : { admitFor: admission(limiter, config.RATE_LIMIT_EXEMPT, log.child({ role: 'api' })), streams },
+    });
+    cleanups.push(async () => {
+      // A close waits for the responses under way; one to a client that stopped reading never
+      // finishes, so what is left after the grace is cut, as the edge cuts its sockets.
+      const cut = setTimeout(() => api.server.closeAllConnections(), config.SHUTDOWN_GRACE_MS);
+      try {
+        await api.close();
+      } finally {
+        clearTimeout(cut);
+      }
+    });
+    // Open streams end before the listener closes.
+    cleanups.push(async () => streams.close());
     if (!config.EDGE) {
       await api.listen({ host: config.HOST, port: config.PORT });
       const addr = api.server.address();
@@ -354,16 +384,7 @@ export async function startService(
         forwarder,
         log: log.child({ role: 'edge' }),
         fabric,
-        sse: {
-          sql: db.sql,
-          log: eventLog,
-          corsOrigins: config.API_CORS_ORIGINS,
-          options: {
-            heartbeatMs: config.SSE_HEARTBEAT_MS,
-            idleCloseMs: config.SSE_IDLE_CLOSE_MS,
-            maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
-          },
-        },
+        streams,
       });
       cleanups.push(() => edge.close(config.SHUTDOWN_GRACE_MS));
       boundPort = edge.port;

@@ -1,7 +1,7 @@
 import t from 'tap';
-import { ConversationFeeds } from '../../gateway/src/edge/conversation-feeds.ts';
 import { memoryEventLog } from '../../gateway/src/log/log.memory.ts';
 import type { EventLog, LiveBatch } from '../../gateway/src/log/log.ts';
+import { ConversationFeeds } from '../../gateway/src/streams/conversation-feeds.ts';
 
 /** The memory log, counting the subscriptions the node makes to it. */
 function countedLog(): { log: EventLog; subscriptions: () => number } {

@@ -1,5 +1,7 @@
 import { Validator } from '@seriousme/openapi-schema-validator';
+import { ConversationStreamQuery, MultiplexedStreamQuery } from '@svc/core';
 import t from 'tap';
+import { z } from 'zod';
 import { startTestService } from './harness.ts';
 
 t.test('the machine-readable description', async (t) => {
@@ -31,6 +33,21 @@ t.test('the machine-readable description', async (t) => {
       t.ok(entries.has(`${r.method} ${templated}`), `${r.method} ${r.url} is described`);
     }
     t.ok(entries.has('GET /api/docs'), 'the docs viewer is described');
+  });
+
+  t.test("the streams' query is described from the schemas the streams read it with", async (t) => {
+    const described = (path: string) =>
+      (doc.paths[path].get.parameters as { name: string; in: string; description?: string }[])
+        .filter((p) => p.in === 'query')
+        .map((p) => [p.name, p.description]);
+    const fromSchema = (schema: z.ZodObject) =>
+      Object.entries(
+        (z.toJSONSchema(schema, { io: 'input' }) as { properties: Record<string, { description?: string }> })
+          .properties,
+      ).map(([name, s]) => [name, s.description]);
+    t.same(described('/api/conversations/{id}/stream'), fromSchema(ConversationStreamQuery));
+    t.same(described('/api/events/stream'), fromSchema(MultiplexedStreamQuery));
+    t.same(described('/api/team/stream'), fromSchema(MultiplexedStreamQuery));
   });
 
   t.test('documented resources have concrete schemas', async (t) => {

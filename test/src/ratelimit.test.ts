@@ -13,19 +13,32 @@ t.test('redis rate limiter contract', { skip: !process.env.TEST_REDIS_URL && 'no
   rateLimiterContract(t, (o) => redisRateLimiter(redis, o, 'contract:'));
 });
 
-t.test('the edge limits every /api request per client IP, authenticated or not', async (t) => {
-  // Burst 5: the harness reads /api/openapi.json once at start, leaving 4.
-  const svc = await startTestService(t, { backend: 'embedded', env: { RATE_LIMIT_PER_MINUTE: '5' } });
-  const statuses: number[] = [];
-  for (let i = 0; i < 4; i++) statuses.push((await fetch(`${svc.url}/api/auth/me`)).status);
-  t.same(statuses, [401, 401, 401, 401], 'the burst passes (unauthenticated requests count)');
-  const limited = await fetch(`${svc.url}/api/auth/me`, { headers: { authorization: 'Bearer svc_whatever' } });
-  t.equal(limited.status, 429);
-  t.ok(Number(limited.headers.get('retry-after')) >= 1, `Retry-After: ${limited.headers.get('retry-after')}`);
-  t.same(await limited.json(), { error: 'rate_limited', message: 'Too many requests; retry later.' });
-  const outside = await fetch(`${svc.url}/llms.txt`);
-  t.equal(outside.status, 200, 'paths outside /api are not limited');
-});
+for (const edge of [true, false]) {
+  t.test(
+    `${edge ? 'the edge' : 'the api role alone (EDGE=false)'} limits every /api request per client IP, authenticated or not, streams included`,
+    async (t) => {
+      // Burst 5: the harness reads /api/openapi.json once at start, leaving 4.
+      const svc = await startTestService(t, {
+        backend: 'embedded',
+        env: { RATE_LIMIT_PER_MINUTE: '5', EDGE: String(edge) },
+      });
+      const statuses: number[] = [];
+      for (let i = 0; i < 3; i++) statuses.push((await fetch(`${svc.url}/api/auth/me`)).status);
+      const stream = await fetch(`${svc.url}/api/events/stream`);
+      statuses.push(stream.status);
+      t.same(statuses, [401, 401, 401, 401], 'the burst passes (unauthenticated requests and stream openings count)');
+      const limited = await fetch(`${svc.url}/api/auth/me`, { headers: { authorization: 'Bearer svc_whatever' } });
+      t.equal(limited.status, 429);
+      t.ok(Number(limited.headers.get('retry-after')) >= 1, `Retry-After: ${limited.headers.get('retry-after')}`);
+      t.same(await limited.json(), { error: 'rate_limited', message: 'Too many requests; retry later.' });
+      const limitedStream = await fetch(`${svc.url}/api/team/stream`);
+      t.equal(limitedStream.status, 429, 'a stream opening beyond the burst is refused too');
+      t.same(await limitedStream.json(), { error: 'rate_limited', message: 'Too many requests; retry later.' });
+      const outside = await fetch(`${svc.url}/llms.txt`);
+      t.equal(outside.status, 200, 'paths outside /api are not limited');
+    },
+  );
+}
 
 t.test('RATE_LIMIT_EXEMPT lets listed networks through', async (t) => {
   const svc = await startTestService(t, {

@@ -6,6 +6,8 @@ import { ApiError, ErrorBody } from '@svc/core';
 import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController, type RouteOptions } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
+import type { AdmitFor } from '../ratelimit/admission.ts';
+import type { StreamServer } from '../streams/streams.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
 import { sendApiError, toApiError } from './errors.ts';
@@ -25,12 +27,18 @@ import { permissionRoutes } from './routes/permissions.ts';
 import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
+import { streamRoutes } from './routes/streams.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
 
 export interface ApiOptions {
   /** True when requests arrive through our edge, which sets `x-svc-client-ip`. */
   behindEdge: boolean;
+  /**
+   * Serving alone (not behind the edge), the api role takes on the edge's other duties: the
+   * rate limit of every `/api` path, and the streams.
+   */
+  alone?: { admitFor: AdmitFor; streams: StreamServer };
 }
 
 /**
@@ -118,6 +126,15 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     transformObject: jsonSchemaTransformObject,
   });
 
+  const alone = options.behindEdge ? undefined : options.alone;
+  if (alone) {
+    // Before authentication, as at the edge: a refused request costs no credential lookup.
+    app.addHook('onRequest', async (request) => {
+      const refused = await alone.admitFor(request.ip, request.url)();
+      if (refused) throw refused;
+    });
+  }
+
   registerAuth(app, {
     sql: deps.sql,
     ownOrigin: () => new URL(deps.publicUrl()).origin,
@@ -150,6 +167,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   runnerRoutes(app, deps);
   // Behind the edge, runners connect to the edge; alone, the api role takes them itself.
   if (!options.behindEdge) await runnerSocketRoute(app, deps);
+  if (alone) streamRoutes(app, alone.streams);
   await agentRoutes(app, deps);
   catalogRoutes(app, deps);
   applyRoutes(app, deps);

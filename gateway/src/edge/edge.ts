@@ -1,12 +1,13 @@
 import uWS from 'uWebSockets.js';
-import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import { admission } from '../ratelimit/admission.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
-import { canonicalIp, exemptList, isExempt } from './client-ip.ts';
-import type { Admission, Forwarder } from './forward.ts';
+import type { StreamServer } from '../streams/streams.ts';
+import { canonicalIp } from './client-ip.ts';
+import type { Forwarder } from './forward.ts';
 import { registerRunnerSocket } from './runners.ts';
-import { registerSse, type SseDeps } from './sse.ts';
+import { registerSse } from './sse.ts';
 
 export interface EdgeOptions {
   host: string;
@@ -16,7 +17,7 @@ export interface EdgeOptions {
   forwarder: Forwarder;
   log: Logger;
   /** Streams the edge serves itself; without it every request is forwarded. */
-  sse?: Omit<SseDeps, 'logger'>;
+  streams?: StreamServer;
   /** The runner fabric, whose WebSocket transport the edge serves. */
   fabric?: RunnerFabric;
 }
@@ -34,28 +35,12 @@ export interface Edge {
  */
 export async function startEdge(options: EdgeOptions): Promise<Edge> {
   const { limiter, forwarder, log } = options;
-  const exempt = exemptList(options.rateLimitExempt);
 
-  const admitFor = (ip: string, path: string) => (): Admission => {
-    if (!limiter || !path.startsWith('/api') || isExempt(exempt, ip)) return undefined;
-    const refuse = (d: { allowed: boolean; retryAfterS: number }) =>
-      d.allowed ? undefined : new ApiError('rate_limited', undefined, { retryAfter: d.retryAfterS });
-    try {
-      const decision = limiter.take(ip);
-      if (!(decision instanceof Promise)) return refuse(decision);
-      return decision.then(refuse, (err: Error) => {
-        // A limiter outage must not take the API down with it: let the request through.
-        log.warn({ err: { message: err.message } }, 'rate limiter unavailable; request admitted');
-        return undefined;
-      });
-    } catch (err) {
-      log.warn({ err: { message: (err as Error).message } }, 'rate limiter failed; request admitted');
-      return undefined;
-    }
-  };
+  const admitFor = admission(limiter, options.rateLimitExempt, log);
 
   const app = uWS.App();
-  const streams = options.sse ? registerSse(app, { ...options.sse, logger: log }, admitFor) : undefined;
+  const { streams } = options;
+  if (streams) registerSse(app, streams, admitFor);
   if (options.fabric) registerRunnerSocket(app, options.fabric, admitFor, log);
   app.any('/*', (res, req) => {
     const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());

@@ -5,6 +5,7 @@ import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
 import { type Dispatcher, Pool } from 'undici';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
+import type { Admission } from '../ratelimit/admission.ts';
 import { writeError } from './respond.ts';
 
 /**
@@ -31,8 +32,6 @@ const NOT_FORWARDED = new Set([
 
 /** The largest answer held back while a client is still uploading (error bodies are small). */
 const EARLY_ANSWER_MAX = 1024 * 1024;
-
-export type Admission = ApiError | undefined | Promise<ApiError | undefined>;
 
 export interface Forwarder {
   /**

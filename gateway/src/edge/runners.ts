@@ -3,8 +3,8 @@ import { ApiError, RUNNER_CONNECT_PATH } from '@svc/core';
 import type { runners } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric, RunnerSession } from '../fabric/fabric.ts';
+import type { AdmitFor } from '../ratelimit/admission.ts';
 import { canonicalIp } from './client-ip.ts';
-import type { Admission } from './forward.ts';
 import { writeError } from './respond.ts';
 
 interface SocketData {
@@ -25,7 +25,7 @@ const MAX_FRAME_BYTES = 16 * 1024 * 1024;
 export function registerRunnerSocket(
   app: TemplatedApp,
   fabric: RunnerFabric,
-  admitFor: (ip: string, path: string) => () => Admission,
+  admitFor: AdmitFor,
   logger: Logger,
 ): void {
   app.ws<SocketData>(RUNNER_CONNECT_PATH, {

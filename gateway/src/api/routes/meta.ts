@@ -1,5 +1,5 @@
 import fastifySwaggerUi from '@fastify/swagger-ui';
-import { AVATAR_TYPES } from '@svc/core';
+import { AVATAR_TYPES, ConversationStreamQuery, MultiplexedStreamQuery } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
@@ -115,36 +115,40 @@ function describeBinaryBodies(d: OpenApiDoc): void {
   }
 }
 
-/** Routes the edge serves itself (Server-Sent Events) are described here, beside the rest. */
+/**
+ * A query schema as OpenAPI query parameters: the schema the route reads its query with is
+ * the one described.
+ */
+function queryParameters(schema: z.ZodObject): object[] {
+  const json = z.toJSONSchema(schema, { io: 'input' }) as {
+    properties: Record<string, { description?: string }>;
+    required?: string[];
+  };
+  return Object.entries(json.properties).map(([name, { description, ...rest }]) => ({
+    name,
+    in: 'query',
+    schema: rest,
+    ...(description ? { description } : {}),
+    ...(json.required?.includes(name) ? { required: true } : {}),
+  }));
+}
+
+/**
+ * The streams and the runner WebSocket are served outside Fastify's schema-described routes
+ * (by the edge, or by hidden routes when the api role serves alone), so they are described
+ * here, beside the rest.
+ */
 function describeEdgeRoutes(d: OpenApiDoc): void {
   const error = { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } };
   d.paths['/api/conversations/{id}/stream'] = {
     get: {
       tags: ['conversations'],
-      summary: "The conversation's log as Server-Sent Events (served by the edge)",
+      summary: "The conversation's log as Server-Sent Events",
       description:
         'Starts with a `: connected` comment, replays events after `Last-Event-ID` (header, or `last_event_id` in the query), then follows live; each event is `id: <event id>` and `data: <log event JSON>`. `wait=false` (default) ends the response once the conversation has no running turn (after the history, or at the end of the running turn); `wait=true` stays open across turns until the conversation terminates. A `: heartbeat` comment every 15 s (SSE_HEARTBEAT_MS); the stream closes after 60 s without events (SSE_IDLE_CLOSE_MS) and the client reconnects with Last-Event-ID. A client that falls more than SSE_MAX_BUFFER_BYTES behind is disconnected and resumes the same way.',
       parameters: [
         { name: 'id', in: 'path', required: true, schema: { type: 'string' } },
-        {
-          name: 'streams',
-          in: 'query',
-          schema: { type: 'string' },
-          description: 'Comma-separated: stdout, stderr, stage, acp.',
-        },
-        { name: 'wait', in: 'query', schema: { type: 'string', enum: ['true', 'false'], default: 'false' } },
-        {
-          name: 'blocks',
-          in: 'query',
-          schema: { type: 'string', enum: ['true', 'false'] },
-          description: 'Add the parsed blocks to each event.',
-        },
-        {
-          name: 'last_event_id',
-          in: 'query',
-          schema: { type: 'string' },
-          description: 'For clients that cannot set Last-Event-ID.',
-        },
+        ...queryParameters(ConversationStreamQuery),
         { name: 'Last-Event-ID', in: 'header', schema: { type: 'string' } },
       ],
       responses: {
@@ -161,21 +165,9 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
       get: {
         tags: ['conversations'],
         summary,
-        description: `${description} Starts with a \`: connected\` comment. Without Last-Event-ID (header, or \`last_event_id\` in the query) it starts live: list first, then watch; with it, it replays every event after that id, once, in order, then follows live. A \`: heartbeat\` comment every 15 s carries \`id: <position>\` when filters skipped events, so a reconnect resumes from there. Closes after 60 s without events; a client that falls too far behind is disconnected; both resume with Last-Event-ID. Sandbox tokens may not open it (403).`,
+        description: `${description} Starts with a \`: connected\` comment, then a bare \`id: <position>\` line (it sets the client's last event id without firing an event), so a client that drops before its first event resumes from the moment it connected. Without Last-Event-ID (header, or \`last_event_id\` in the query) it starts live: list first, then watch; with it, it replays every event after that id, once, in order, then follows live. A \`: heartbeat\` comment every 15 s carries \`id: <position>\` when filters skipped events, so a reconnect resumes from there. Closes after 60 s without events; a client that falls too far behind is disconnected; both resume with Last-Event-ID. Sandbox tokens may not open it (403).`,
         parameters: [
-          {
-            name: 'streams',
-            in: 'query',
-            schema: { type: 'string' },
-            description: 'Comma-separated: stdout, stderr, stage, acp (change events always pass).',
-          },
-          {
-            name: 'blocks',
-            in: 'query',
-            schema: { type: 'string', enum: ['true', 'false'] },
-            description: 'Add the parsed blocks to each event.',
-          },
-          { name: 'last_event_id', in: 'query', schema: { type: 'string' } },
+          ...queryParameters(MultiplexedStreamQuery),
           { name: 'Last-Event-ID', in: 'header', schema: { type: 'string' } },
         ],
         responses: {
@@ -190,7 +182,7 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
   d.paths['/api/runners/connect'] = {
     get: {
       tags: ['runners'],
-      summary: 'The runner fabric: a WebSocket for svc-runner (served by the edge)',
+      summary: 'The runner fabric: a WebSocket for svc-runner',
       description:
         'Upgrade with `Authorization: Bearer <runner token>`. Binary frames, each one msgpack message of the runner protocol (schemas in core/src/runner-protocol.ts): the runner sends `hello` first (protocol version, runner-agent version, instance, hostname, root, capabilities, sandboxes held), the service answers `welcome` (runner id, connection epoch, heartbeat interval), then `heartbeat` at that interval. One live connection per runner: a newer one closes the older with 4001. Close codes: 4001 replaced, 4002 runner deleted, 4003 not a protocol message, 4004 unsupported protocol version, 4005 no hello in time, 1001 going away (reconnect).',
       responses: {
@@ -201,11 +193,11 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
     },
   } as never;
   d.paths['/api/events/stream'] = multiplexed(
-    'Every conversation of the caller as one Server-Sent Events stream (served by the edge)',
+    'Every conversation of the caller as one Server-Sent Events stream',
     'Each event is a conversation log event plus `conversation_id`; new conversations are followed on their own (and deleted ones vanish from replays). `event: conversations` with `{"reason":"changed"}` on create, title, read, delete or finish, at most once a second (a burst folds into one, whose id is the position reached).',
   );
   d.paths['/api/team/stream'] = multiplexed(
-    "The team channel's conversations as one Server-Sent Events stream (served by the edge)",
+    "The team channel's conversations as one Server-Sent Events stream",
     'Each event is a log event of a conversation on the team channel (`svc:team`) plus `conversation_id` and `agent_id`. `event: team` with `{"reason":"changed"}` when a teammate is added or removed, a fresh conversation opens for one, or a self-hosted runner connects or drops; `event: schedule` when a schedule is created, updated, deleted or fired.',
   );
 }

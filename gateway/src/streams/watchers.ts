@@ -1,0 +1,337 @@
+import { ApiError } from '@svc/core';
+import type { Sql } from '@svc/db';
+import type { Logger } from 'pino';
+import type { z } from 'zod';
+import type { EventLog } from '../log/log.ts';
+import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
+import type { Principal } from '../services/principal.ts';
+import { frame } from './framing.ts';
+import type { Opening, StreamResponse } from './response.ts';
+
+export interface SseOptions {
+  heartbeatMs: number;
+  /** Close after this long without an event (heartbeats do not count); 0 never. */
+  idleCloseMs: number;
+  /** A watcher whose unsent bytes exceed this is cut off; it resumes with Last-Event-ID. */
+  maxBufferedBytes: number;
+}
+
+export interface StreamDeps {
+  sql: Sql;
+  log: EventLog;
+  logger: Logger;
+  options: SseOptions;
+  /** API_CORS_ORIGINS: origins whose browsers may read streams (with a bearer key). */
+  corsOrigins: readonly string[];
+}
+
+/** SPEC: the `conversations` event is sent at most once a second per stream. */
+export const CONVERSATIONS_EVENT_EVERY_MS = 1000;
+
+/** One open stream. All watchers share one timer (no per-watcher timers). */
+export interface Watcher {
+  res: StreamResponse;
+  /** When the last event (or `conversations` event) was sent. */
+  lastEventAt: number;
+  /**
+   * When a heartbeat is due: heartbeatMs after the last event or heartbeat. A heartbeat fills
+   * a silence; a watcher sent events more often than that never gets one. The first is due at
+   * a random moment within heartbeatMs of the opening, so that watchers that opened together
+   * (a reconnect storm after a deploy) do not all beat in the same tick, every time.
+   */
+  beatAt: number;
+  /** Bytes handed to the transport while it reported backpressure. */
+  backlog: number;
+  closed: boolean;
+  /** The last tenant id this watcher has been brought up to (sent, or passed over by its filters). */
+  position: number;
+  /** The last id the client was told (`id:` line); a heartbeat tells it `position` when ahead. */
+  told: number;
+  /** When the last `conversations` event went out, and whether one waits for its turn. */
+  conversationsSentAt: number;
+  conversationsPending: boolean;
+  stop: (() => void) | undefined;
+  /** True while its history is sent: paced by the client (drained()), not cut off. */
+  replaying: boolean;
+  /** Called once the socket drained (a replay waiting for its next page). */
+  onDrained: (() => void) | undefined;
+}
+
+/** What a stream's body gets once its opening checks passed and `: connected` went out. */
+export interface Opened<Q> {
+  w: Watcher;
+  principal: Principal;
+  /** The query, parsed by the stream's schema. */
+  query: Q;
+  /** The Last-Event-ID as a number (0 when none was given). */
+  after: number;
+  /** Whether the client gave a Last-Event-ID. */
+  resumed: boolean;
+}
+
+export interface OpenChecks {
+  /** The conversation a sandbox token may watch; without it, sandbox tokens are refused. */
+  sandbox?: string;
+  /** Checks that answer with an error before any byte of stream. */
+  prepare?: (principal: Principal) => Promise<void>;
+}
+
+/** A query's parameters, each by its first value (as URLSearchParams.get reads it). */
+function firstValues(query: URLSearchParams): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of query) if (!(k in out)) out[k] = v;
+  return out;
+}
+
+/**
+ * The open streams of this node and what they share: one timer for heartbeats, idle closes
+ * and coalesced `conversations` events; writes corked and paced by backpressure, a watcher
+ * too far behind cut off rather than waited for; the common opening (rate limit,
+ * authentication, head). Knows nothing of the transport beyond StreamResponse.
+ */
+export class WatcherRegistry {
+  private readonly watchers = new Set<Watcher>();
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(private readonly deps: StreamDeps) {
+    const { options } = deps;
+    const tickMs = Math.max(
+      10,
+      Math.min(250, Math.floor(Math.min(options.heartbeatMs, options.idleCloseMs || options.heartbeatMs) / 4)),
+    );
+    this.timer = setInterval(() => this.tick(), tickMs);
+    this.timer.unref();
+  }
+
+  get size(): number {
+    return this.watchers.size;
+  }
+
+  private tick(): void {
+    const { options } = this.deps;
+    const now = Date.now();
+    for (const w of this.watchers) {
+      if (w.closed) continue;
+      if (w.conversationsPending && now - w.conversationsSentAt >= CONVERSATIONS_EVENT_EVERY_MS) {
+        this.sendConversationsEvent(w, now);
+      }
+      if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
+        this.end(w);
+      } else if (now >= w.beatAt) {
+        // (Beating every watcher on its own clock regardless of its events wrote to all of
+        // them in a few ticks when they had opened together, a stall of every live delivery.)
+        w.beatAt = now + options.heartbeatMs;
+        // A bare id line moves the client's last event id without firing an event.
+        const id = w.position > w.told ? `id: ${w.position}\n` : '';
+        w.told = Math.max(w.told, w.position);
+        this.send(w, `: heartbeat\n${id}\n`);
+      }
+    }
+  }
+
+  /** Ends every stream (the node stops) and the shared timer. */
+  close(): void {
+    clearInterval(this.timer);
+    for (const w of [...this.watchers]) this.end(w);
+  }
+
+  /** Ends a watcher gracefully: the client may reconnect. */
+  end(w: Watcher): void {
+    this.finish(w, 'end');
+  }
+
+  /** Cuts a watcher's connection (too slow, or broken). */
+  cut(w: Watcher): void {
+    this.finish(w, 'cut');
+  }
+
+  private finish(w: Watcher, how: 'end' | 'cut'): void {
+    if (w.closed) return;
+    w.closed = true;
+    w.stop?.();
+    wakeDrained(w);
+    this.watchers.delete(w);
+    if (how === 'end') w.res.cork(() => w.res.end());
+    else w.res.close();
+  }
+
+  /**
+   * Writes a frame corked. Live, a watcher that falls too far behind is cut off, never waited
+   * for (it resumes with Last-Event-ID). History is paced instead: the next page waits until
+   * the socket drained (drained()), so a replaying watcher holds at most one page, and a page
+   * larger than the limit does not cut off a client that reads.
+   */
+  send(w: Watcher, frames: string | Buffer): void {
+    if (w.closed) return;
+    let ok = true;
+    w.res.cork(() => {
+      ok = w.res.write(frames);
+    });
+    if (ok) {
+      // A write that went through means the transport holds nothing back any more.
+      if (w.backlog > 0) caughtUp(w);
+      return;
+    }
+    const first = w.backlog === 0;
+    w.backlog += typeof frames === 'string' ? Buffer.byteLength(frames) : frames.length;
+    if (w.backlog > this.deps.options.maxBufferedBytes && !w.replaying) {
+      this.deps.logger.info('slow watcher cut off');
+      this.cut(w);
+      return;
+    }
+    if (first) w.res.onDrain(() => caughtUp(w));
+  }
+
+  /** Resolves once the watcher's socket took what was written (undefined when it has). */
+  drained(w: Watcher): Promise<void> | undefined {
+    if (w.closed || w.backlog === 0) return undefined;
+    return new Promise<void>((resolve) => {
+      w.onDrained = resolve;
+    });
+  }
+
+  /** Sends events (frames with ids) and records what the client now knows. */
+  sendEvents(w: Watcher, frames: string | Buffer, lastId: number): void {
+    w.lastEventAt = Date.now();
+    w.beatAt = w.lastEventAt + this.deps.options.heartbeatMs;
+    w.told = Math.max(w.told, lastId);
+    this.send(w, frames);
+  }
+
+  /** The coalesced `conversations` event: its id is the position, so the client's id never goes back. */
+  sendConversationsEvent(w: Watcher, now: number): void {
+    w.conversationsPending = false;
+    w.conversationsSentAt = now;
+    this.sendEvents(w, frame(w.position, { reason: 'changed' }, 'conversations'), w.position);
+  }
+
+  /**
+   * Common opening of every stream: rate limit, authentication (bearer key or session cookie;
+   * a sandbox token only where `checks.sandbox` allows), the checks of `prepare` (which answer
+   * with an error before any byte of stream), then the stream's head and `: connected`, then
+   * `run` (which sets `w.stop`).
+   */
+  open<Q extends { last_event_id?: string | undefined }>(
+    res: StreamResponse,
+    o: Opening,
+    schema: z.ZodType<Q>,
+    run: (opened: Opened<Q>) => Promise<void>,
+    checks: OpenChecks = {},
+  ): void {
+    const { deps } = this;
+    const allowOrigin = o.origin && deps.corsOrigins.includes(o.origin) ? o.origin : undefined;
+    const now = Date.now();
+    const w: Watcher = {
+      res,
+      lastEventAt: now,
+      beatAt: now + Math.floor(Math.random() * deps.options.heartbeatMs),
+      backlog: 0,
+      closed: false,
+      position: 0,
+      told: 0,
+      conversationsSentAt: 0,
+      conversationsPending: false,
+      stop: undefined,
+      replaying: true,
+      onDrained: undefined,
+    };
+    this.whenAborted(res, w);
+
+    void (async () => {
+      const refused = await o.admit();
+      if (w.closed) return;
+      if (refused) return void res.cork(() => res.error(refused));
+      let principal: Principal | undefined;
+      let query: Q;
+      try {
+        principal = await authenticate(deps.sql, o.authorization, o.cookie, o.ip);
+        if (w.closed) return;
+        if (!principal) throw new ApiError('unauthorized');
+        if (principal.actor === 'sprite' && checks.sandbox === undefined) {
+          throw new ApiError('forbidden', 'A sandbox token may not use this stream.');
+        }
+        if (principal.actor === 'sprite' && principal.conversationId !== checks.sandbox) {
+          throw new ApiError('not_found', 'Conversation not found.');
+        }
+        const parsed = schema.safeParse(firstValues(o.query));
+        if (!parsed.success) throw new ApiError('invalid_request', parsed.error.issues[0]?.message);
+        query = parsed.data;
+        await checks.prepare?.(principal);
+      } catch (err) {
+        if (!w.closed) res.cork(() => res.error(err instanceof ApiError ? err : new ApiError('internal_error')));
+        if (!(err instanceof ApiError)) deps.logger.error({ err }, 'stream refused');
+        return;
+      }
+      if (w.closed) return;
+      const lastEventId = o.lastEventId || query.last_event_id || '';
+      const resumed = /^\d+$/.test(lastEventId);
+      const after = resumed ? Number(lastEventId) : 0;
+      w.position = after;
+      w.told = after;
+      res.cork(() => {
+        res.writeHead({
+          'content-type': 'text/event-stream; charset=utf-8',
+          'cache-control': 'no-cache, no-transform',
+          'x-accel-buffering': 'no',
+          ...(allowOrigin ? { 'access-control-allow-origin': allowOrigin, vary: 'Origin' } : {}),
+        });
+        res.write(': connected\n\n');
+      });
+      this.watchers.add(w);
+      await run({ w, principal, query, after, resumed });
+    })().catch((err) => {
+      deps.logger.error({ err }, 'stream failed');
+      if (!w.closed) this.cut(w);
+    });
+  }
+
+  /**
+   * Forgets a watcher whose client went away. A method of its own so the handler, which lives
+   * as long as the stream, keeps only the watcher alive and not everything the opening read
+   * (headers, query, the admission).
+   */
+  private whenAborted(res: StreamResponse, w: Watcher): void {
+    res.onAborted(() => {
+      if (w.closed) return;
+      w.closed = true;
+      w.stop?.();
+      // A replay waiting for the socket to drain stops now, and so lets go of its subscription.
+      wakeDrained(w);
+      this.watchers.delete(w);
+    });
+  }
+}
+
+/** Everything written reached the socket: a replay waiting for it goes on. */
+function caughtUp(w: Watcher): void {
+  w.backlog = 0;
+  wakeDrained(w);
+}
+
+function wakeDrained(w: Watcher): void {
+  const wake = w.onDrained;
+  w.onDrained = undefined;
+  wake?.();
+}
+
+function cookieValue(header: string, name: string): string | undefined {
+  for (const part of header.split(';')) {
+    const [k, ...v] = part.trim().split('=');
+    if (k === name) return v.join('=');
+  }
+  return undefined;
+}
+
+async function authenticate(
+  sql: Sql,
+  authorization: string,
+  cookie: string,
+  ip: string,
+): Promise<Principal | undefined> {
+  if (authorization) {
+    const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization);
+    return m?.[1] ? authenticateBearer(sql, m[1], ip) : undefined;
+  }
+  const session = cookie ? cookieValue(cookie, 'svc_session') : undefined;
+  return session ? authenticateSession(sql, session, ip) : undefined;
+}
