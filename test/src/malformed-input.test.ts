@@ -8,7 +8,7 @@
 import fc from 'fast-check';
 import t from 'tap';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 
 /** Property runs per operation; each run is one request. */
 const RUNS = Number(process.env.MALFORMED_RUNS ?? 12);
@@ -262,23 +262,7 @@ t.test('a NUL in a string field is 422 validation_failed naming the field, and n
   t.equal(param.body.error, 'invalid_request');
 
   t.test('a prompt is content: its NUL is kept as U+FFFD, as in the log', async (t) => {
-    const environment = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
-    const agent = (
-      await http.post('/api/agents', {
-        token,
-        body: {
-          name: 'coder',
-          runtime: 'claude',
-          model: 'anthropic/claude-sonnet-4-5',
-          environment_id: environment.id,
-        },
-      })
-    ).body;
-    const credential = await http.put('/api/account/inference-credentials/anthropic_api_key', {
-      token,
-      body: { value: 'sk-ant-test-credential-123456' },
-    });
-    t.equal(credential.status, 200);
+    const { agent } = await claudeAgent(t, http, token);
     const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'say\u0000hi' } });
     t.equal(res.status, 201, res.text);
     const turns = (await http.get(`/api/conversations/${res.body.id}/turns`, { token })).body.data;

@@ -57,30 +57,37 @@ export async function startRunnerProcess(
 }
 
 /**
- * What most runner tests start from: an environment `main`, an agent `coder` on runtime
- * `claude` and provider `runner`, an Anthropic credential, and a real svc-runner connected
- * with the account's runner token.
+ * An environment `main`, an agent `coder` on runtime `claude` (on `provider`, else the
+ * instance's default) and an Anthropic credential: what a launch needs besides a runner.
  */
-export async function claudeOnRunner(t: Test, svc: Pick<TestService, 'url' | 'http'>, token: string) {
-  const { http } = svc;
+export async function claudeAgent(t: Test, http: TestService['http'], token: string, provider?: 'runner') {
   const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'coder',
-        runtime: 'claude',
-        model: 'anthropic/claude-sonnet-4-5',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-      },
-    })
-  ).body;
+  const created = await http.post('/api/agents', {
+    token,
+    body: {
+      name: 'coder',
+      runtime: 'claude',
+      model: 'anthropic/claude-sonnet-4-5',
+      environment_id: env.id,
+      ...(provider ? { sandbox_provider: provider } : {}),
+    },
+  });
+  t.equal(created.status, 201, `the agent is saved: ${created.text}`);
   const credential = await http.put('/api/account/inference-credentials/anthropic_api_key', {
     token,
     body: { value: 'sk-ant-test-credential-123456' },
   });
   t.equal(credential.status, 200, 'the credential is stored');
+  return { env, agent: created.body };
+}
+
+/**
+ * What most runner tests start from: `claudeAgent` on provider `runner`, and a real
+ * svc-runner connected with the account's runner token.
+ */
+export async function claudeOnRunner(t: Test, svc: Pick<TestService, 'url' | 'http'>, token: string) {
+  const { http } = svc;
+  const { env, agent } = await claudeAgent(t, http, token, 'runner');
   const runnerRow = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
   const runner = await startRunnerProcess(t, svc.url, runnerRow.token);
   return { env, agent, runnerRow, runner };

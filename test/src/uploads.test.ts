@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import t from 'tap';
 import { bigPng } from '../fixtures/images.ts';
 import { signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 
 const MB = 1024 * 1024;
 const LIMIT = 3 * MB;
@@ -82,16 +82,16 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
   });
   const me = await signUp(svc);
   const token = me.key;
-  const auth = ['-H', `authorization: Bearer ${token}`];
   const port = Number(new URL(svc.url).port);
-  const env = (await svc.http.post('/api/environments', { token, body: { name: 'main' } })).body as { id: string };
-  const created = await svc.http.post('/api/agents', {
-    token,
-    body: { name: 'coder', runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', environment_id: env.id },
-  });
-  t.equal(created.status, 201, created.text);
-  const agent = created.body as { id: string };
+  const { agent } = await claudeAgent(t, svc.http, token);
   const avatarUrl = `${svc.url}/api/agents/${agent.id}/avatar`;
+  /** curl with its defaults sending `file` to `url` as `type`, chunked on request. */
+  const send = (method: string, url: string, type: string, file: string, chunked = false) =>
+    curl([
+      ...['-H', `authorization: Bearer ${token}`, '-X', method, '-H', `content-type: ${type}`],
+      ...(chunked ? ['-H', 'transfer-encoding: chunked'] : []),
+      ...['--data-binary', `@${file}`, url],
+    ]);
   const png = bigPng(2 * MB);
   const pngFile = join(svc.dataDir, 'avatar.png');
   await writeFile(pngFile, png);
@@ -101,16 +101,7 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
   };
 
   t.test('curl with its defaults: a 2 MB avatar is accepted after 100 Continue', async (t) => {
-    const res = await curl([
-      ...auth,
-      '-X',
-      'PUT',
-      '-H',
-      'content-type: image/png',
-      '--data-binary',
-      `@${pngFile}`,
-      avatarUrl,
-    ]);
+    const res = await send('PUT', avatarUrl, 'image/png', pngFile);
     t.same(
       res.statusLines,
       ['HTTP/1.1 100 Continue', 'HTTP/1.1 200 OK'],
@@ -123,18 +114,7 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
 
   t.test('curl, chunked: a 2 MB avatar is accepted', async (t) => {
     t.equal((await svc.http.delete(`/api/agents/${agent.id}/avatar`, { token })).status, 204);
-    const res = await curl([
-      ...auth,
-      '-X',
-      'PUT',
-      '-H',
-      'content-type: image/png',
-      '-H',
-      'transfer-encoding: chunked',
-      '--data-binary',
-      `@${pngFile}`,
-      avatarUrl,
-    ]);
+    const res = await send('PUT', avatarUrl, 'image/png', pngFile, true);
     t.equal(res.status, 200);
     t.same(await storedAvatar(), png);
   });
@@ -143,16 +123,7 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
     const before = await storedAvatar();
     const hugeFile = join(svc.dataDir, 'huge.png');
     await writeFile(hugeFile, bigPng(LIMIT + 1));
-    const res = await curl([
-      ...auth,
-      '-X',
-      'PUT',
-      '-H',
-      'content-type: image/png',
-      '--data-binary',
-      `@${hugeFile}`,
-      avatarUrl,
-    ]);
+    const res = await send('PUT', avatarUrl, 'image/png', hugeFile);
     t.equal(res.status, 413);
     t.same(JSON.parse(res.body), { error: 'payload_too_large', message: 'The request body is too large.' });
     t.equal(res.statusLines.at(-1), 'HTTP/1.1 413 Payload Too Large');
@@ -162,18 +133,7 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
   t.test('curl, chunked: a body over BODY_LIMIT_BYTES is 413 with the error body', async (t) => {
     const hugeFile = join(svc.dataDir, 'huge-chunked.png');
     await writeFile(hugeFile, bigPng(LIMIT + MB));
-    const res = await curl([
-      ...auth,
-      '-X',
-      'PUT',
-      '-H',
-      'content-type: image/png',
-      '-H',
-      'transfer-encoding: chunked',
-      '--data-binary',
-      `@${hugeFile}`,
-      avatarUrl,
-    ]);
+    const res = await send('PUT', avatarUrl, 'image/png', hugeFile, true);
     t.equal(res.status, 413);
     t.equal(JSON.parse(res.body).error, 'payload_too_large');
   });
@@ -206,11 +166,6 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
   });
 
   t.test('curl with its defaults: a prompt with a 2 MB image starts a turn that holds the image', async (t) => {
-    const credential = await svc.http.put('/api/account/inference-credentials/anthropic_api_key', {
-      token,
-      body: { value: 'sk-ant-test-credential-123456' },
-    });
-    t.equal(credential.status, 200);
     const image = bigPng(2 * MB);
     const bodyFile = join(svc.dataDir, 'prompt.json');
     await writeFile(
@@ -221,16 +176,7 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
         images: [{ data: image.toString('base64'), media_type: 'image/png' }],
       }),
     );
-    const res = await curl([
-      ...auth,
-      '-X',
-      'POST',
-      '-H',
-      'content-type: application/json',
-      '--data-binary',
-      `@${bodyFile}`,
-      `${svc.url}/api/conversations`,
-    ]);
+    const res = await send('POST', `${svc.url}/api/conversations`, 'application/json', bodyFile);
     t.equal(res.statusLines[0], 'HTTP/1.1 100 Continue');
     t.equal(res.status, 201, res.body.slice(0, 300));
     const conversation = JSON.parse(res.body) as { id: string };
