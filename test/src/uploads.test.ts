@@ -165,6 +165,27 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
     t.match(final, /"error":"payload_too_large"/);
   });
 
+  t.test(
+    'curl: a prompt whose images pass BODY_LIMIT_BYTES is 413, announced or chunked, and nothing starts',
+    async (t) => {
+      const bodyFile = join(svc.dataDir, 'too-big-prompt.json');
+      await writeFile(
+        bodyFile,
+        JSON.stringify({
+          agent_id: agent.id,
+          prompt: 'describe the picture',
+          images: [{ data: bigPng(LIMIT).toString('base64'), media_type: 'image/png' }],
+        }),
+      );
+      for (const chunked of [false, true]) {
+        const res = await send('POST', `${svc.url}/api/conversations`, 'application/json', bodyFile, chunked);
+        t.equal(res.status, 413, chunked ? 'chunked' : 'announced');
+        t.equal(JSON.parse(res.body).error, 'payload_too_large');
+      }
+      t.same((await svc.http.get('/api/conversations', { token })).body.data, [], 'no conversation was started');
+    },
+  );
+
   t.test('curl with its defaults: a prompt with a 2 MB image starts a turn that holds the image', async (t) => {
     const image = bigPng(2 * MB);
     const bodyFile = join(svc.dataDir, 'prompt.json');
