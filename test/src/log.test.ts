@@ -6,6 +6,17 @@ import { redisEventLog } from '../../gateway/src/log/log.redis.ts';
 
 t.test('in-memory event log contract', async (t) => eventLogContract(t, () => memoryEventLog()));
 
+t.test('in memory, an append in the millisecond of a drop still gets an id past the forgotten ones', async (t) => {
+  // A clock that stands still: every id comes from `last + 1`, as in a burst within one ms.
+  const log = memoryEventLog({ now: () => 1_000_000 });
+  const event = { conversationId: 'c1', kind: 'output' as const, stream: 'stdout' as const, data: 'x' };
+  const first = await log.append({ tenant: 'acc_a', producer: 'p', seq: 1, events: [event, event, event] });
+  const last = first.events.at(-1)?.id as number;
+  await log.dropTenant('acc_a');
+  const again = await log.append({ tenant: 'acc_a', producer: 'p', seq: 1, events: [event] });
+  t.ok((again.events[0]?.id as number) > last, `${again.events[0]?.id} comes after ${last}`);
+});
+
 t.test('redis event log contract', { skip: !process.env.TEST_REDIS_URL && 'no TEST_REDIS_URL' }, async (t) => {
   const url = process.env.TEST_REDIS_URL as string;
   const clients: Redis[] = [];

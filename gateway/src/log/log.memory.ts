@@ -30,6 +30,9 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
     { last: number; floor: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }
   >();
   const marks = new Map<string, number>(); // `${tenant}\0${producer}` -> high-water mark
+  // The last id of each dropped tenant: this clock counts milliseconds, so an append in the
+  // millisecond of a drop would otherwise reuse a forgotten id. One number per deleted account.
+  const dropped = new Map<string, number>();
 
   const tenantOf = (tenant: string) => {
     let t = tenants.get(tenant);
@@ -57,7 +60,7 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
       const t = tenantOf(input.tenant);
       const prev = t.last;
       const ts = new Date().toISOString();
-      const floor = now();
+      const floor = Math.max(now(), (dropped.get(input.tenant) ?? 0) + 1);
       const appended: LogEvent[] = [];
       input.events.forEach((e, i) => {
         const seq = seqs[i] as number;
@@ -118,6 +121,8 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
     },
 
     async dropTenant(tenant: string) {
+      const last = tenants.get(tenant)?.last ?? 0;
+      if (last > (dropped.get(tenant) ?? 0)) dropped.set(tenant, last);
       tenants.delete(tenant);
       for (const key of marks.keys()) if (key.startsWith(`${tenant}\0`)) marks.delete(key);
     },
