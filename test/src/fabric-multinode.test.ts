@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import type { Test } from 'tap';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
-import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { claudeAgent, claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -44,23 +44,7 @@ t.test(
     const { a, b } = await twoNodes(t, timing);
     const me = await signUp(a);
     const token = me.key;
-    const env = (await b.http.post('/api/environments', { token, body: { name: 'main' } })).body;
-    const agent = (
-      await b.http.post('/api/agents', {
-        token,
-        body: {
-          name: 'coder',
-          runtime: 'claude',
-          model: 'anthropic/claude-sonnet-4-5',
-          environment_id: env.id,
-          sandbox_provider: 'runner',
-        },
-      })
-    ).body;
-    await b.http.put('/api/account/inference-credentials/anthropic_api_key', {
-      token,
-      body: { value: 'sk-ant-test-credential-123456' },
-    });
+    const { agent } = await claudeAgent(t, b.http, token, 'runner');
     const runnerRow = (await a.http.post('/api/runners', { token, body: { name: 'box' } })).body;
     await startRunnerProcess(t, a.url, runnerRow.token);
     t.ok(a.fabric.isLive(runnerRow.id) && !b.fabric.isLive(runnerRow.id), 'node A holds the runner');
