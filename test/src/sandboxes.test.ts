@@ -8,6 +8,14 @@ import t, { type Test } from 'tap';
 import { type Backend, backends, signUp, startTestService, type TestService } from './harness.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** A promise and the function that resolves it. */
+function latch(): [Promise<void>, () => void] {
+  let open!: () => void;
+  const p = new Promise<void>((r) => {
+    open = r;
+  });
+  return [p, open];
+}
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
 const TSX = import.meta.resolve('tsx');
@@ -255,14 +263,8 @@ async function lifecycle(t: Test, backend: Backend) {
   if (backend === 'postgres+redis') {
     // Two connections are needed to race (the embedded database runs one at a time).
     await t.test('a turn starting while a reset runs: the reset waits for it, then answers 409', async (t) => {
-      let release!: () => void;
-      const gate = new Promise<void>((r) => {
-        release = r;
-      });
-      let begun!: () => void;
-      const started = new Promise<void>((r) => {
-        begun = r;
-      });
+      const [gate, release] = latch();
+      const [started, begun] = latch();
       const turnId = `trn_race${Date.now()}`;
       const turn = svc.db.sql.begin(async (tx) => {
         await conversations.startTurn(tx as unknown as Sql, {
@@ -298,14 +300,8 @@ async function lifecycle(t: Test, backend: Backend) {
     await t.test('a prompt whose machine another request starts building meanwhile is 503 provisioning', async (t) => {
       // The reset left the sandbox ready without a machine, so the prompt builds one; another
       // request (here, this transaction) starts that build first and holds the row meanwhile.
-      let release!: () => void;
-      const gate = new Promise<void>((r) => {
-        release = r;
-      });
-      let begun!: () => void;
-      const started = new Promise<void>((r) => {
-        begun = r;
-      });
+      const [gate, release] = latch();
+      const [started, begun] = latch();
       const rival = svc.db.sql.begin(async (tx) => {
         await tx`UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1 WHERE id = ${ready}`;
         begun();

@@ -1,6 +1,6 @@
 import { outbox } from '@svc/db';
 import { EventSource } from 'eventsource';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { changed } from '../../gateway/src/services/tenant-events.ts';
@@ -18,6 +18,26 @@ const messages = (text: string) =>
   eventsOf(text)
     .filter((e) => e.event === undefined)
     .map((e) => ({ id: Number(e.id), ...JSON.parse(e.data as string) }));
+
+/**
+ * The W3C `eventsource` client on `url` with a bearer key: `sent` records the Last-Event-ID of
+ * each (re)connection (null on the first), `fired` the data of each message event.
+ */
+function watchWithEventSource(t: Test, url: string, key: string) {
+  const sent: (string | null)[] = [];
+  const es = new EventSource(url, {
+    fetch: (input, init) => {
+      const headers = new Headers(init?.headers as Record<string, string>);
+      sent.push(headers.get('last-event-id'));
+      headers.set('authorization', `Bearer ${key}`);
+      return fetch(input, { ...init, headers });
+    },
+  });
+  t.teardown(() => es.close());
+  const fired: string[] = [];
+  es.addEventListener('message', (m) => fired.push(m.data));
+  return { es, sent, fired };
+}
 
 async function until(check: () => boolean | Promise<boolean>, ms = 5000): Promise<boolean> {
   for (let waited = 0; waited < ms; waited += 25) {
@@ -180,18 +200,7 @@ for (const { backend, edge } of transportSetups()) {
           const relayed = async () =>
             (await quick.eventLog.read(you.accountId, { after: 0, limit: 10 })).some((e) => e.kind === 'conversations');
           t.ok(await until(relayed));
-          const sent: (string | null)[] = [];
-          const es = new EventSource(`${quick.url}/api/events/stream?streams=stage`, {
-            fetch: (input, init) => {
-              const headers = new Headers(init?.headers as Record<string, string>);
-              sent.push(headers.get('last-event-id'));
-              headers.set('authorization', `Bearer ${you.key}`);
-              return fetch(input, { ...init, headers });
-            },
-          });
-          t.teardown(() => es.close());
-          const fired: string[] = [];
-          es.addEventListener('message', (m) => fired.push(m.data));
+          const { es, sent, fired } = watchWithEventSource(t, `${quick.url}/api/events/stream?streams=stage`, you.key);
           t.ok(await until(() => es.readyState === EventSource.OPEN));
           let last = 0;
           for (let i = 0; i < 3; i++) {
@@ -252,18 +261,7 @@ for (const { backend, edge } of transportSetups()) {
           );
           t.ok(await until(async () => (await quick.eventLog.lastId(you.accountId)) > 0), 'the creation was relayed');
           const position = await quick.eventLog.lastId(you.accountId);
-          const sent: (string | null)[] = [];
-          const es = new EventSource(`${quick.url}/api/events/stream`, {
-            fetch: (input, init) => {
-              const headers = new Headers(init?.headers as Record<string, string>);
-              sent.push(headers.get('last-event-id'));
-              headers.set('authorization', `Bearer ${you.key}`);
-              return fetch(input, { ...init, headers });
-            },
-          });
-          t.teardown(() => es.close());
-          const fired: string[] = [];
-          es.addEventListener('message', (m) => fired.push(m.data));
+          const { sent, fired } = watchWithEventSource(t, `${quick.url}/api/events/stream`, you.key);
           t.ok(await until(() => sent.length >= 2, 10_000), 'the client reconnected after the idle close');
           t.same(sent.slice(0, 2), [null, String(position)], 'with the opening position as its Last-Event-ID');
           t.same(fired, [], 'and no message fired for it');
