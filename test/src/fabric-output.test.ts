@@ -109,7 +109,7 @@ for (const backend of backends()) {
         tracked.emit(sandboxId, 0, { conversation_id: conv.id, kind: 'output', stream: 'stdout', data: `line ${i}\n` });
         if (i === 150) {
           await sleep(0);
-          svc.fabric.disconnect(runnerId, RUNNER_CLOSE.going_away, 'cut mid-output');
+          svc.fabric.disconnectHere({ runnerId }, RUNNER_CLOSE.going_away, 'cut mid-output');
         }
         if (i % 50 === 0) await sleep(5);
       }

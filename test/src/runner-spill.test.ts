@@ -99,7 +99,7 @@ for (const backend of backends()) {
     /** Cuts the runner off; with a long backoff it stays away until stopped. */
     async function cutOff(seen: AgentEvent[]) {
       const before = seen.filter((e) => e.type === 'disconnected').length;
-      svc.fabric.disconnect(runnerId, RUNNER_CLOSE.going_away, 'cut off for the test');
+      svc.fabric.disconnectHere({ runnerId }, RUNNER_CLOSE.going_away, 'cut off for the test');
       await until(() => seen.filter((e) => e.type === 'disconnected').length > before);
     }
 

@@ -98,7 +98,7 @@ for (const { backend, edge } of transportSetups()) {
     });
 
     t.test('the server cuts the connection: the runner reconnects with backoff, as a new epoch', async (t) => {
-      t.ok(svc.fabric.disconnect(id, RUNNER_CLOSE.going_away, 'test cut'));
+      t.ok(svc.fabric.disconnectHere({ runnerId: id }, RUNNER_CLOSE.going_away, 'test cut'));
       t.ok(await first.saw(/connection lost \(1001: test cut\); trying again in/));
       t.ok(await first.saw(/reconnected as runner rnr_\w+ \(connection 2\)/), first.out());
       const [r] = (await svc.http.get('/api/runners', { token: me.key })).body.data;

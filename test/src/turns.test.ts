@@ -161,7 +161,10 @@ for (const backend of backends()) {
         // The runner reconnects after a random backoff (and a hello that writes to the database):
         // the second cut waits until it is back rather than guess how long that takes.
         for (let i = 0; i < 200 && !svc.fabric.isLive(runnerRow.id); i++) await sleep(25);
-        t.ok(svc.fabric.disconnect(runnerRow.id, RUNNER_CLOSE.going_away, 'test cut'), `cut\n${runner.output}`);
+        t.ok(
+          svc.fabric.disconnectHere({ runnerId: runnerRow.id }, RUNNER_CLOSE.going_away, 'test cut'),
+          `cut\n${runner.output}`,
+        );
       }
       const turn = await settled(id, res.body.number);
       t.equal(turn.state, 'done');

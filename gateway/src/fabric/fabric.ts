@@ -551,14 +551,6 @@ export class RunnerFabric {
     }
   }
 
-  /** Closes the runner's live connection on this node, if any. */
-  disconnect(runnerId: string, code: number, reason: string): boolean {
-    const s = this.live.get(runnerId);
-    if (!s) return false;
-    this.close(s, code, reason);
-    return true;
-  }
-
   /**
    * Closes the connections `who` selects wherever they are (the runner or its account was
    * deleted): this node's at once, and through the router every other node's with the same
