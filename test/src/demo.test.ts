@@ -2,6 +2,7 @@
 // own data directory, the real Claude Code agent answering through the local stand-in model.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -160,3 +161,33 @@ t.test(
     t.ok(existsSync(join(dataDir, 'pglite')), 'the data stayed in the data directory it was given');
   },
 );
+
+t.test('npm run demo on a port that is taken says so and starts nothing', async (t) => {
+  const holder = createServer();
+  await new Promise<void>((r) => holder.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => holder.close(() => r())));
+  const port = (holder.address() as AddressInfo).port;
+  const dataDir = mkdtempSync(join(tmpdir(), 'svc-demo-'));
+  t.teardown(() => rmSync(dataDir, { recursive: true, force: true }));
+  const child = spawn(process.execPath, [DEMO], {
+    env: { ...process.env, PORT: String(port), DEMO_DATA_DIR: dataDir },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout?.on('data', (d) => {
+    out += d;
+  });
+  child.stderr?.on('data', (d) => {
+    err += d;
+  });
+  const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
+  t.equal(code, 1, err);
+  t.equal(
+    err,
+    `Port ${port} on 127.0.0.1 is taken (is \`npm start\` or another demo running?).\n` +
+      'Stop it, or run the demo on another port: PORT=8081 npm run demo\n',
+  );
+  t.equal(out, '', 'nothing started');
+  t.same(readdirSync(dataDir), [], 'and nothing was written');
+});

@@ -9,7 +9,7 @@
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { loadConfig } from '../../../gateway/src/config.ts';
+import { type Config, ConfigError, loadConfig } from '../../../gateway/src/config.ts';
 import { createLogger, type Service, startService } from '../../../gateway/src/main.ts';
 import { startStandInModel } from './stand-in.ts';
 import { StepFailed, walkthrough } from './walkthrough.ts';
@@ -27,28 +27,39 @@ function portTaken(host: string, port: number): Promise<boolean> {
   });
 }
 
+/** Prints why the demo cannot go on and exits with `code`. */
+function refuse(message: string, code: number): never {
+  process.stderr.write(`${message}\n`);
+  process.exit(code);
+}
+
 export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
-  const port = env.PORT ?? '8080';
-  const host = env.HOST ?? '127.0.0.1';
   const dataDir = env.DEMO_DATA_DIR ?? join('.data', 'demo');
-  if (Number(port) !== 0 && (await portTaken(host, Number(port)))) {
-    process.stderr.write(
+  // Only what the demo chooses: a DATABASE_URL or REDIS_URL exported for `npm start` is ignored.
+  let chosen: Config;
+  try {
+    chosen = loadConfig({
+      PORT: env.PORT ?? '8080',
+      HOST: env.HOST ?? '127.0.0.1',
+      DATA_DIR: dataDir,
+      LOG_LEVEL: env.LOG_LEVEL ?? 'warn',
+      RUNTIME_CLAUDE_COMMAND: `${process.execPath} ${CLAUDE_ACP}`,
+    });
+  } catch (err) {
+    if (err instanceof ConfigError) refuse(err.message, 78);
+    throw err;
+  }
+  const { HOST: host, PORT: port } = chosen;
+  if (port !== 0 && (await portTaken(host, port))) {
+    refuse(
       `Port ${port} on ${host} is taken (is \`npm start\` or another demo running?).\n` +
-        `Stop it, or run the demo on another port: PORT=8081 npm run demo\n`,
+        'Stop it, or run the demo on another port: PORT=8081 npm run demo',
+      1,
     );
-    process.exit(1);
   }
 
   const standIn = await startStandInModel((line) => print(`  (stand-in model API: ${line})\n`));
-  // Only what the demo chooses: a DATABASE_URL or REDIS_URL exported for `npm start` is ignored.
-  const config = loadConfig({
-    PORT: port,
-    HOST: host,
-    DATA_DIR: dataDir,
-    LOG_LEVEL: env.LOG_LEVEL ?? 'warn',
-    ANTHROPIC_BASE_URL: standIn.url,
-    RUNTIME_CLAUDE_COMMAND: `${process.execPath} ${CLAUDE_ACP}`,
-  });
+  const config: Config = { ...chosen, ANTHROPIC_BASE_URL: standIn.url };
   let service: Service | undefined;
   let stopping = false;
   const stop = async (code: number) => {
@@ -61,7 +72,12 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
   process.on('SIGINT', () => void stop(0));
   process.on('SIGTERM', () => void stop(0));
 
-  service = await startService(config, createLogger(config.LOG_LEVEL));
+  try {
+    service = await startService(config, createLogger(config.LOG_LEVEL));
+  } catch (err) {
+    process.stderr.write(`The service could not start: ${(err as Error).message}\n`);
+    return stop(1);
+  }
   const base = service.url;
   print(
     [
@@ -93,8 +109,8 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
       ].join('\n'),
     );
   } catch (err) {
-    if (!(err instanceof StepFailed)) throw err;
-    process.stderr.write(`\nThe demo stopped: ${err.message}\n`);
+    const why = err instanceof StepFailed ? err.message : ((err as Error).stack ?? String(err));
+    process.stderr.write(`\nThe demo stopped: ${why}\n`);
     await stop(1);
   }
 }

@@ -176,7 +176,7 @@ function followFirstTurn(url: string, key: string, print: (text: string) => void
           print(b.body);
           midLine = true;
         } else if (b.kind === 'tool_use') line(`  tool call: ${b.summary ?? b.name}`);
-        else if (b.kind === 'tool_result') line(`  tool result: ${short(unfenced(b.body ?? ''))}`);
+        else if (b.kind === 'tool_result') line(`  tool result: ${short(unfenced(b.body ?? ''), 200)}`);
       }
     });
   });
