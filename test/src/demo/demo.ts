@@ -91,7 +91,6 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
     const { key, conversationId, turn } = await walkthrough({
       base,
       mailDir: join(dataDir, 'mail'),
-      modelUrl: standIn.url,
       print,
     });
     const auth = `-H 'authorization: Bearer ${key}'`;

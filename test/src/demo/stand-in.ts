@@ -54,7 +54,6 @@ export function startStandInModel(onCall: (line: string) => void): Promise<FakeA
         onCall('POST /v1/messages -> tool_use Bash {"command":"pwd"}');
         return {
           content: [
-            { type: 'text', text: 'Let me look around first.' },
             { type: 'tool_use', name: 'Bash', input: { command: 'pwd', description: 'Show the working directory' } },
           ],
         };

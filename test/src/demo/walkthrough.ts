@@ -7,7 +7,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { EventSource } from 'eventsource';
-import { claudeCodeEnv } from '../fakes/anthropic-messages.ts';
+import { CLAUDE_CODE_OFFLINE } from '../fakes/anthropic-messages.ts';
 import { DEMO_KEY, DEMO_MODEL } from './stand-in.ts';
 
 export const DEMO_PROMPT = 'Hello! What are you, and where do you run?';
@@ -51,14 +51,14 @@ export interface Walkthrough {
 
 /**
  * Registers an account, verifies it from the mail file, takes a key, stores the stand-in's
- * key as the inference credential (checked against `modelUrl`), makes an environment and a
- * `claude` agent, starts a conversation and follows its stream to the end of the first turn.
+ * key as the inference credential (the service checks it against the stand-in), makes an
+ * environment and a `claude` agent, starts a conversation and follows its stream to the end
+ * of the first turn.
  * Throws StepFailed when the service answers a step with an unexpected status.
  */
 export async function walkthrough(o: {
   base: string;
   mailDir: string;
-  modelUrl: string;
   print: (text: string) => void;
 }): Promise<Walkthrough> {
   const { base, print } = o;
@@ -98,13 +98,10 @@ export async function walkthrough(o: {
   print('\nAn agent (the inference credential is a demo key only the stand-in accepts):\n');
   await call('PUT', '/api/account/inference-credentials/anthropic_api_key', { value: DEMO_KEY, validate: true }, 200);
   result(200, 'stored, after the stand-in accepted it (GET /v1/models)');
-  const environment = await call(
-    'POST',
-    '/api/environments',
-    { name: 'demo', env_vars: claudeCodeEnv(o.modelUrl) },
-    201,
-  );
-  result(201, `environment ${environment.id} (its env_vars keep Claude Code offline but for the stand-in)`);
+  // The instance's ANTHROPIC_BASE_URL already sends the runtime to the stand-in; the
+  // environment only keeps Claude Code from calling anything else.
+  const environment = await call('POST', '/api/environments', { name: 'demo', env_vars: CLAUDE_CODE_OFFLINE }, 201);
+  result(201, `environment ${environment.id} (its env_vars keep Claude Code off the internet)`);
   const agent = await call(
     'POST',
     '/api/agents',
