@@ -50,9 +50,9 @@ function alive(pid: number): boolean {
   }
 }
 
-/** Waits until the output matches `done` or the process exits (or 150 s pass). */
+/** Waits until the output matches `done` or the process exits (or 100 s pass, within the file's timeout). */
 async function outputUntil(child: ChildProcess, output: () => string, done: RegExp) {
-  for (let i = 0; i < 3000 && !done.test(output()) && child.exitCode === null; i++) await sleep(50);
+  for (let i = 0; i < 2000 && !done.test(output()) && child.exitCode === null; i++) await sleep(50);
 }
 
 t.test(
@@ -111,10 +111,14 @@ t.test(
     t.match(out, `$ cat ${join(dataDir, 'mail')}/`, 'the verification token read from the mail file');
     t.match(out, /^< 201 \{"key":"svc_/m, 'the key');
     t.match(out, /^< 200 turn trn_\w+ done, usage \d+ in \/ \d+ out$/m, 'the finished turn, with its usage');
-    t.match(out, 'tool call: ', 'the tool call, as it arrived');
+    t.match(out, /^ {2}tool call: /m, 'the tool call, as it arrived');
     t.match(out, `tool result: ${join(dataDir, 'local-sandboxes')}/`, "and its result: the sandbox's directory");
-    t.match(out, '(stand-in model API: POST /v1/messages', "the stand-in's Messages calls");
-    t.match(out, `agent: Hello! I am not a real model`, "the agent's answer, as it arrived");
+    t.equal(
+      out.match(/^ {2}\(stand-in model API: POST \/v1\/messages/gm)?.length,
+      2,
+      "the stand-in's two Messages calls, each on a line of its own",
+    );
+    t.match(out, /^ {2}agent: Hello! I am not a real model/m, "the agent's answer, as it arrived");
     t.match(out, `You said: "${DEMO_PROMPT}"`, 'echoing the prompt');
 
     // The conversation stays there to look at, with the printed key.

@@ -12,11 +12,11 @@ import { fileURLToPath } from 'node:url';
 import { type Config, ConfigError, loadConfig } from '../../../gateway/src/config.ts';
 import { createLogger, type Service, startService } from '../../../gateway/src/main.ts';
 import { startStandInModel } from './stand-in.ts';
-import { StepFailed, walkthrough } from './walkthrough.ts';
+import { Lines, StepFailed, walkthrough } from './walkthrough.ts';
 
 const CLAUDE_ACP = fileURLToPath(import.meta.resolve('@zed-industries/claude-agent-acp/dist/index.js'));
 
-const print = (text: string) => process.stdout.write(text);
+const out = new Lines((text) => process.stdout.write(text));
 
 /** Whether something already listens on host:port (checked before anything starts). */
 function portTaken(host: string, port: number): Promise<boolean> {
@@ -58,7 +58,7 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
     );
   }
 
-  const standIn = await startStandInModel((line) => print(`  (stand-in model API: ${line})\n`));
+  const standIn = await startStandInModel((line) => out.line(`  (stand-in model API: ${line})`));
   const config: Config = { ...chosen, ANTHROPIC_BASE_URL: standIn.url };
   let service: Service | undefined;
   let stopping = false;
@@ -79,22 +79,21 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
     return stop(1);
   }
   const base = service.url;
-  print(
+  out.line(
     [
       `svc demo: the service on ${base} (embedded defaults, data in ${dataDir}),`,
       `a stand-in for the Anthropic Messages API on ${standIn.url},`,
       'and the real Claude Code agent, run by a local runner-agent.',
-      '',
     ].join('\n'),
   );
   try {
     const { key, conversationId, turn } = await walkthrough({
       base,
       mailDir: join(dataDir, 'mail'),
-      print,
+      out,
     });
     const auth = `-H 'authorization: Bearer ${key}'`;
-    print(
+    out.line(
       [
         '',
         turn.state === 'done' ? 'The agent answered.' : `The turn ended ${turn.state}.`,
@@ -104,7 +103,6 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
         `  curl -X POST ${base}/api/conversations/${conversationId}/prompts ${auth} \\`,
         `    -H 'content-type: application/json' -d '{"prompt":"And now?"}'`,
         `API reference: ${base}/api/docs`,
-        '',
       ].join('\n'),
     );
   } catch (err) {

@@ -19,7 +19,6 @@ export class StepFailed extends Error {}
 interface Turn {
   id: string;
   state: string;
-  reply: string | null;
   usage: { input: number; output: number } | null;
   error: { code: string; message: string } | null;
 }
@@ -29,6 +28,7 @@ interface StreamEvent {
   kind: string;
   stage: string | null;
   state: string | null;
+  data: string | null;
   blocks?: { kind: string; body?: string; summary?: string; name?: string }[];
 }
 
@@ -43,6 +43,26 @@ const unfenced = (text: string) =>
     .trim();
 const short = (text: string, max = 100) => (text.length > max ? `${text.slice(0, max - 3)}...` : text);
 
+/**
+ * The demo's output, kept in whole lines: a line printed while the agent's text is streaming
+ * (a stand-in call, a stage) starts on a line of its own.
+ */
+export class Lines {
+  private midLine = false;
+  constructor(private readonly write: (text: string) => void) {}
+
+  line(text: string): void {
+    this.write(`${this.midLine ? '\n' : ''}${text}\n`);
+    this.midLine = false;
+  }
+
+  /** Text as it streams in, after `label` when it starts a line. */
+  stream(label: string, text: string): void {
+    this.write(this.midLine ? text : `${label}${text}`);
+    this.midLine = true;
+  }
+}
+
 export interface Walkthrough {
   key: string;
   conversationId: string;
@@ -56,16 +76,12 @@ export interface Walkthrough {
  * of the first turn.
  * Throws StepFailed when the service answers a step with an unexpected status.
  */
-export async function walkthrough(o: {
-  base: string;
-  mailDir: string;
-  print: (text: string) => void;
-}): Promise<Walkthrough> {
-  const { base, print } = o;
+export async function walkthrough(o: { base: string; mailDir: string; out: Lines }): Promise<Walkthrough> {
+  const { base, out } = o;
   let key: string | undefined;
 
   async function call(method: string, path: string, body: unknown, expected: number) {
-    print(`> ${method} ${path}${body === undefined ? '' : ` ${JSON.stringify(body)}`}\n`);
+    out.line(`> ${method} ${path}${body === undefined ? '' : ` ${JSON.stringify(body)}`}`);
     const res = await fetch(`${base}${path}`, {
       method,
       headers: {
@@ -78,24 +94,24 @@ export async function walkthrough(o: {
     if (res.status !== expected) throw new StepFailed(`${method} ${path} answered ${res.status}: ${short(text, 300)}`);
     return text ? JSON.parse(text) : {};
   }
-  const result = (status: number, text: string) => print(`< ${status} ${text}\n`);
+  const result = (status: number, text: string) => out.line(`< ${status} ${text}`);
 
   const email = `newcomer-${Date.now().toString(36)}@example.com`;
-  print('\nAn account:\n');
+  out.line('\nAn account:');
   const account = await call('POST', '/api/auth/register', { email, password: PASSWORD }, 201);
   result(201, `account ${account.id ?? email}; a verification mail went to the mail folder`);
   const mail = await mailTo(o.mailDir, email);
-  print(`$ cat ${mail.file}\n`);
+  out.line(`$ cat ${mail.file}`);
   const token = /token=([A-Za-z0-9_-]+)/.exec(mail.text)?.[1];
   if (!token) throw new StepFailed(`the verification mail carries no token: ${short(mail.text, 300)}`);
-  print(`  "${mail.subject}": the link carries token=${token}\n`);
+  out.line(`  "${mail.subject}": the link carries token=${token}`);
   await call('POST', '/api/auth/verify', { token }, 200);
   result(200, 'verified');
   const issued = await call('POST', '/api/auth/token', { email, password: PASSWORD }, 201);
   key = issued.key as string;
   result(201, `{"key":"${key}"} (the calls below send "authorization: Bearer <key>")`);
 
-  print('\nAn agent (the inference credential is a demo key only the stand-in accepts):\n');
+  out.line('\nAn agent (the inference credential is a demo key only the stand-in accepts):');
   await call('PUT', '/api/account/inference-credentials/anthropic_api_key', { value: DEMO_KEY, validate: true }, 200);
   result(200, 'stored, after the stand-in accepted it (GET /v1/models)');
   // The instance's ANTHROPIC_BASE_URL already sends the runtime to the stand-in; the
@@ -110,16 +126,16 @@ export async function walkthrough(o: {
   );
   result(201, `agent ${agent.id}, runtime claude (Claude Code through claude-agent-acp)`);
 
-  print('\nA conversation:\n');
+  out.line('\nA conversation:');
   const conversation = await call('POST', '/api/conversations', { agent_id: agent.id, prompt: DEMO_PROMPT }, 201);
   const conversationId = conversation.id as string;
   result(201, `conversation ${conversationId} on sandbox ${conversation.sandbox_id}`);
   const streamPath = `/api/conversations/${conversationId}/stream?blocks=true&wait=true`;
-  print(`> GET ${streamPath} (SSE)\n`);
-  await followFirstTurn(`${base}${streamPath}`, key, print);
+  out.line(`> GET ${streamPath} (SSE)`);
+  await followFirstTurn(`${base}${streamPath}`, key, out);
 
+  out.line(`> GET /api/conversations/${conversationId}/turns`);
   const turns = await settledTurns(base, conversationId, key);
-  print(`> GET /api/conversations/${conversationId}/turns\n`);
   const turn = turns[0] as Turn;
   const usage = turn.usage ? `, usage ${turn.usage.input} in / ${turn.usage.output} out` : '';
   const error = turn.error ? `: ${turn.error.message}` : '';
@@ -146,13 +162,9 @@ async function mailTo(dir: string, to: string) {
  * arrives, each tool call and result on its own line. EventSource reconnects with
  * Last-Event-ID should the connection drop, so nothing is printed twice or missed.
  */
-function followFirstTurn(url: string, key: string, print: (text: string) => void): Promise<void> {
-  return new Promise((resolve) => {
-    let midLine = false;
-    const line = (text: string) => {
-      print(`${midLine ? '\n' : ''}${text}\n`);
-      midLine = false;
-    };
+function followFirstTurn(url: string, key: string, out: Lines): Promise<void> {
+  const line = (text: string) => out.line(text);
+  return new Promise((resolve, reject) => {
     const es = new EventSource(url, {
       fetch: (input, init) =>
         fetch(input, { ...init, headers: { ...(init?.headers ?? {}), authorization: `Bearer ${key}` } }),
@@ -160,7 +172,8 @@ function followFirstTurn(url: string, key: string, print: (text: string) => void
     es.addEventListener('message', (m) => {
       const event = JSON.parse(m.data) as StreamEvent;
       if (event.kind === 'stage') {
-        if (event.state === 'started' || event.stage === 'turn') line(`< stage ${event.stage} ${event.state}`);
+        if (event.state === 'failed') line(`< stage ${event.stage} failed: ${short(event.data ?? '', 300)}`);
+        else if (event.state === 'started' || event.stage === 'turn') line(`< stage ${event.stage} ${event.state}`);
         if (event.stage === 'turn' && TURN_ENDS.has(event.state ?? '')) {
           es.close();
           resolve();
@@ -168,13 +181,15 @@ function followFirstTurn(url: string, key: string, print: (text: string) => void
         return;
       }
       for (const b of event.blocks ?? []) {
-        if (b.kind === 'text' && b.body) {
-          if (!midLine) print('  agent: ');
-          print(b.body);
-          midLine = true;
-        } else if (b.kind === 'tool_use') line(`  tool call: ${b.summary ?? b.name}`);
+        if (b.kind === 'text' && b.body) out.stream('  agent: ', b.body);
+        else if (b.kind === 'tool_use') line(`  tool call: ${b.summary ?? b.name}`);
         else if (b.kind === 'tool_result') line(`  tool result: ${short(unfenced(b.body ?? ''), 200)}`);
       }
+    });
+    // A refused stream (not 200) is closed for good; a dropped one is retried by EventSource.
+    es.addEventListener('error', (e) => {
+      if (es.readyState !== EventSource.CLOSED) return;
+      reject(new StepFailed(`the stream was refused: ${e.code ?? ''} ${e.message ?? ''}`.trim()));
     });
   });
 }
