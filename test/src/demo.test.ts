@@ -157,6 +157,7 @@ t.test(
     );
     child.kill('SIGTERM');
     t.equal(await exited, 0, said());
+    t.match(out, /\nStopping the service, its runner-agent and the stand-in\.\n$/, 'saying so');
     t.same(
       below.filter((p) => alive(p.pid)),
       [],

@@ -62,9 +62,13 @@ export async function runDemo(env: NodeJS.ProcessEnv): Promise<void> {
   const config: Config = { ...chosen, ANTHROPIC_BASE_URL: standIn.url };
   let service: Service | undefined;
   let stopping = false;
+  // As `npm start` does: requests under way get SHUTDOWN_GRACE_MS, and a shutdown that hangs
+  // past it (and a few seconds for the runner-agent and its runtimes) exits 1.
   const stop = async (code: number) => {
     if (stopping) return;
     stopping = true;
+    out.line('\nStopping the service, its runner-agent and the stand-in.');
+    setTimeout(() => process.exit(1), config.SHUTDOWN_GRACE_MS + 5000).unref();
     await service?.close().catch((err: Error) => process.stderr.write(`shutdown: ${err.message}\n`));
     await standIn.close();
     process.exit(code);
