@@ -12,6 +12,7 @@ import { blockText } from './real-runtime.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const DEMO = fileURLToPath(new URL('../demo.mjs', import.meta.url));
+const ROOT_PACKAGE = fileURLToPath(new URL('../../package.json', import.meta.url));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Every process below `pid` now, from /proc: each with its command line. */
@@ -77,6 +78,11 @@ t.test(
       rmSync(dataDir, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
     });
 
+    t.equal(
+      JSON.parse(readFileSync(ROOT_PACKAGE, 'utf8')).scripts.demo,
+      'node test/demo.mjs',
+      'what npm run demo runs',
+    );
     await outputUntil(child, () => out, /API reference: /);
     const said = () => `stdout:\n${out}\nstderr:\n${err}`;
     t.match(out, /API reference: /, said());
