@@ -3,7 +3,7 @@ import type { TestService } from './harness.ts';
 
 /** A raw HTTP client: sends the request, collects every byte until the server closes. */
 export function rawGet(
-  svc: TestService,
+  svc: Pick<TestService, 'url'>,
   path: string,
   headers: Record<string, string>,
   opts: { paused?: boolean } = {},

@@ -197,18 +197,20 @@ export async function startFakeAnthropic(options: {
 }
 
 /**
- * The environment that points Claude Code (and so claude-agent-acp) at a fake at `url` and
- * keeps it off the internet: no telemetry, error reports, auto-update, release notes or other
- * non-essential calls. Checked under strace with no network: with these set, the only outside
- * name it still looks up is raw.githubusercontent.com (its plugin blocklist), and that lookup
- * failing changes nothing.
+ * The variables that keep Claude Code (and so claude-agent-acp) off the internet but for its
+ * model API: no telemetry, error reports, auto-update, release notes or other non-essential
+ * calls. Checked under strace with no network: with these set, the only outside name it still
+ * looks up is raw.githubusercontent.com (its plugin blocklist), and that lookup failing
+ * changes nothing.
  */
+export const CLAUDE_CODE_OFFLINE: Readonly<Record<string, string>> = {
+  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+  DISABLE_TELEMETRY: '1',
+  DISABLE_ERROR_REPORTING: '1',
+  DISABLE_AUTOUPDATER: '1',
+};
+
+/** The environment that points Claude Code at a fake at `url` and keeps it off the internet. */
 export function claudeCodeEnv(url: string): Record<string, string> {
-  return {
-    ANTHROPIC_BASE_URL: url,
-    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
-    DISABLE_TELEMETRY: '1',
-    DISABLE_ERROR_REPORTING: '1',
-    DISABLE_AUTOUPDATER: '1',
-  };
+  return { ANTHROPIC_BASE_URL: url, ...CLAUDE_CODE_OFFLINE };
 }
