@@ -57,6 +57,26 @@ function fail(code: number, line: string): never {
   process.exit(code);
 }
 
+/**
+ * The token in a token file: its first line, without surrounding blanks. A file open to other
+ * users is used, with a warning: the token lets anyone act as this runner.
+ */
+function readToken(file: string | undefined): string | undefined {
+  if (!file) return undefined;
+  try {
+    const text = readFileSync(file, 'utf8');
+    const mode = statSync(file).mode & 0o777;
+    if (mode & 0o077) {
+      process.stderr.write(
+        `svc-runner: warning: ${file} is open to other users (mode ${mode.toString(8)}); chmod 600 it\n`,
+      );
+    }
+    return text.split('\n')[0]?.trim() || fail(EXIT.usage, `--token-file: ${file} is empty`);
+  } catch (err) {
+    fail(EXIT.usage, `--token-file: cannot read ${file}: ${(err as Error).message}`);
+  }
+}
+
 const { values } = (() => {
   try {
     return parseArgs({
@@ -117,23 +137,6 @@ try {
   mkdirSync(rootDir, { recursive: true, mode: 0o700 });
 } catch (err) {
   fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
-}
-
-/**
- * The token in a token file: its first line, without surrounding blanks. A file others may
- * read is used, with a warning: the token lets anyone act as this runner.
- */
-function readToken(file: string | undefined): string | undefined {
-  if (!file) return undefined;
-  try {
-    const text = readFileSync(file, 'utf8');
-    if (statSync(file).mode & 0o077) {
-      process.stderr.write(`svc-runner: warning: ${file} can be read by other users; chmod 600 it\n`);
-    }
-    return text.split('\n')[0]?.trim() || fail(EXIT.usage, `--token-file: ${file} is empty`);
-  } catch (err) {
-    fail(EXIT.usage, `--token-file: cannot read ${file}: ${(err as Error).message}`);
-  }
 }
 
 const runtimeCommands = runtimeCommandsFrom(process.env);

@@ -1,5 +1,5 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { type ChildProcess, execFileSync, spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -64,7 +64,7 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
   );
 
   const machine = join(scratch, 'machine');
-  execFileSync('mkdir', ['-p', machine]);
+  mkdirSync(machine);
   writeFileSync(join(machine, 'package.json'), '{"name": "runner-machine", "private": true}\n');
   execFileSync('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', tarball], {
     cwd: machine,
@@ -81,6 +81,29 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
     'no native module is installed with it',
   );
 
+  const installed = (args: string[]) =>
+    spawnSync(join(machine, 'node_modules', '.bin', 'svc-runner'), args, { env: machineEnv(), encoding: 'utf8' });
+  t.match(
+    installed(['--help']).stdout,
+    /--token-file.*\n.*sees it in `ps`/,
+    '--help says where the token is best kept',
+  );
+  const root = join(scratch, 'root');
+  const noFile = installed(['--url', 'http://127.0.0.1:9', '--token-file', join(scratch, 'missing'), '--root', root]);
+  t.match(
+    { status: noFile.status, stderr: noFile.stderr },
+    { status: 2, stderr: /svc-runner: error: --token-file: cannot read .*missing/ },
+    'an unreadable token file is a usage error (exit 2)',
+  );
+  const openFile = join(scratch, 'open-token');
+  writeFileSync(openFile, 'svcr_not_a_real_token\n', { mode: 0o644 });
+  const open = installed(['--url', 'http://127.0.0.1:9', '--token-file', openFile, '--root', root]);
+  t.match(
+    { status: open.status, stderr: open.stderr },
+    { status: 4, stderr: /warning: .*open-token is open to other users \(mode 644\); chmod 600 it/ },
+    'a token file others can read is used, with a warning (here the service is unreachable: exit 4)',
+  );
+
   const svc = await startTestService(t, { env: { RUNTIME_CLAUDE_COMMAND: 'svc-test-no-such-agent-acp' } });
   const { http } = svc;
   const { key: token } = await signUp(svc);
@@ -92,7 +115,7 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
   // In its own process group, so the teardown stops npx and the runner it started together.
   const runner: ChildProcess = spawn(
     'npx',
-    ['svc-runner', '--url', svc.url, '--token-file', tokenFile, '--root', join(scratch, 'root')],
+    ['svc-runner', '--url', svc.url, '--token-file', tokenFile, '--root', root],
     {
       cwd: machine,
       env: machineEnv({ RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND }),
