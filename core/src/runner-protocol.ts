@@ -1,6 +1,5 @@
 import { Packr } from 'msgpackr';
 import { z } from 'zod';
-import { RUNTIMES } from './catalog.ts';
 
 /**
  * The runner fabric's wire protocol (DESIGN.md "The runner fabric"): binary WebSocket frames,
@@ -192,8 +191,10 @@ export const TurnStart = z.object({
      * service's command line (RUNTIME_<NAME>_COMMAND). A runner whose own environment sets
      * that variable starts its own command line followed by `settings_args` instead of
      * `command` and `args`. Optional: a runner one release older runs `command` and `args`.
+     * A string, not the list of runtimes, so a runtime added later does not make an older
+     * runner refuse the whole command.
      */
-    name: z.enum(RUNTIMES).optional(),
+    name: z.string().min(1).max(64).optional(),
     settings_args: z.array(z.string()).optional(),
     env: z.record(z.string(), z.string()),
     /**

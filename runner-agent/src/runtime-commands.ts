@@ -23,7 +23,8 @@ export function runtimeCommandsFrom(env: NodeJS.ProcessEnv): RuntimeCommands {
  * the service sent. A service one release older names no runtime: its command is run as sent.
  */
 export function withLocalRuntimeCommand(turn: TurnStartCommand, commands: RuntimeCommands): TurnStartCommand {
-  const line = turn.runtime.name && commands[turn.runtime.name];
+  const name = turn.runtime.name;
+  const line = name && (RUNTIMES as readonly string[]).includes(name) ? commands[name as Runtime] : undefined;
   if (!line) return turn;
   const { command, args } = commandLine(line);
   return { ...turn, runtime: { ...turn.runtime, command, args: [...args, ...(turn.runtime.settings_args ?? [])] } };

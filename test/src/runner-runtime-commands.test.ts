@@ -1,4 +1,4 @@
-import type { TurnStartCommand } from '@svc/core';
+import { TurnStart, type TurnStartCommand } from '@svc/core';
 import { runtimeCommandsFrom, withLocalRuntimeCommand } from 'svc-runner';
 import t from 'tap';
 
@@ -39,5 +39,8 @@ t.test(
       { ...turn, runtime: older },
       'a turn from a service that names no runtime runs as sent',
     );
+    const later = { ...turn, runtime: { ...turn.runtime, name: 'constructor' } };
+    t.ok(TurnStart.safeParse(later).success, 'a runtime this runner does not know still makes a valid turn.start');
+    t.same(withLocalRuntimeCommand(later, commands), later, 'and it runs as sent');
   },
 );
