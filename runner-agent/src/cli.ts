@@ -71,9 +71,9 @@ function readToken(file: string | undefined): string | undefined {
         `svc-runner: warning: ${file} is open to other users (mode ${mode.toString(8)}); chmod 600 it\n`,
       );
     }
-    return text.split('\n')[0]?.trim() || fail(EXIT.usage, `--token-file: ${file} is empty`);
+    return text.split('\n')[0]?.trim() || fail(EXIT.usage, `the token file ${file} is empty`);
   } catch (err) {
-    fail(EXIT.usage, `--token-file: cannot read ${file}: ${(err as Error).message}`);
+    fail(EXIT.usage, `cannot read the token file ${file}: ${(err as Error).message}`);
   }
 }
 
@@ -107,8 +107,12 @@ if (values.version) {
 }
 const url = values.url ?? process.env.SVC_RUNNER_URL;
 if (values.token && values['token-file']) fail(EXIT.usage, `give --token or --token-file, not both\n${USAGE}`);
-const tokenFile = values.token ? undefined : (values['token-file'] ?? process.env.SVC_RUNNER_TOKEN_FILE);
-const token = values.token ?? (values['token-file'] ? undefined : process.env.SVC_RUNNER_TOKEN) ?? readToken(tokenFile);
+// The command line before the environment; in each, the token itself before a token file.
+const token =
+  values.token ??
+  readToken(values['token-file']) ??
+  process.env.SVC_RUNNER_TOKEN ??
+  readToken(process.env.SVC_RUNNER_TOKEN_FILE);
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
 const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;

@@ -43,8 +43,9 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
   const scratch = mkdtempSync(join(tmpdir(), 'svc-runner-package-'));
   t.teardown(() => rmSync(scratch, { recursive: true, force: true }));
 
-  // npm pack builds the package first (its prepack script).
-  const packed = execFileSync('npm', ['pack', '--silent', '--pack-destination', scratch], {
+  // Built here rather than by npm pack's prepack script, which an npm set to ignore scripts skips.
+  execFileSync(process.execPath, ['build.mjs'], { cwd: PACKAGE_DIR, stdio: 'pipe' });
+  const packed = execFileSync('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', scratch], {
     cwd: PACKAGE_DIR,
     encoding: 'utf8',
     env: { ...process.env, npm_config_loglevel: 'error' },
@@ -92,7 +93,7 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
   const noFile = installed(['--url', 'http://127.0.0.1:9', '--token-file', join(scratch, 'missing'), '--root', root]);
   t.match(
     { status: noFile.status, stderr: noFile.stderr },
-    { status: 2, stderr: /svc-runner: error: --token-file: cannot read .*missing/ },
+    { status: 2, stderr: /svc-runner: error: cannot read the token file .*missing/ },
     'an unreadable token file is a usage error (exit 2)',
   );
   const openFile = join(scratch, 'open-token');
