@@ -22,14 +22,15 @@ const SIZE_GOAL_MB = 15;
 
 /**
  * An environment that knows nothing of this repository: no `npm_*` settings from the `npm test`
- * that runs us (one of them names this repository as npm's project), and no PATH entry inside it.
+ * that runs us (one of them names this repository as npm's project), and no PATH entry inside it;
+ * npm does not look for a newer npm.
  */
 function machineEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   const path = (process.env.PATH ?? '')
     .split(delimiter)
     .filter((dir) => dir && !dir.startsWith(REPO))
     .join(delimiter);
-  return { PATH: path, HOME: process.env.HOME ?? tmpdir(), ...extra };
+  return { PATH: path, HOME: process.env.HOME ?? tmpdir(), npm_config_update_notifier: 'false', ...extra };
 }
 
 /** Every file under `dir` whose name matches `pattern`. */
