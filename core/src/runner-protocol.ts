@@ -167,6 +167,15 @@ export const SandboxDestroy = z.object({
  * notifications come back as `acp` events, its stderr as `stderr`, and the turn ends with a
  * `turn` stage event whose state is the result and whose data is `{"usage": ...}`.
  */
+/**
+ * A RUNTIME_<NAME>_COMMAND line split into its command and arguments: words separated by
+ * spaces, quotes ("..." or '...') grouping words. The service and a runner read it alike.
+ */
+export function commandLine(line: string): { command: string; args: string[] } {
+  const words = [...line.matchAll(/"([^"]*)"|'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2] ?? m[3] ?? '');
+  return { command: words[0] ?? '', args: words.slice(1) };
+}
+
 export const TurnStart = z.object({
   kind: z.literal('turn.start'),
   sandbox: z.string().min(1).max(64),
@@ -177,6 +186,16 @@ export const TurnStart = z.object({
   runtime: z.object({
     command: z.string().min(1),
     args: z.array(z.string()),
+    /**
+     * Which runtime this is, and the tail of `args` that the agent's settings add after the
+     * service's command line (RUNTIME_<NAME>_COMMAND). A runner whose own environment sets
+     * that variable starts its own command line followed by `settings_args` instead of
+     * `command` and `args`. Optional: a runner one release older runs `command` and `args`.
+     * A string, not the list of runtimes, so a runtime added later does not make an older
+     * runner refuse the whole command.
+     */
+    name: z.string().min(1).max(64).optional(),
+    settings_args: z.array(z.string()).optional(),
     env: z.record(z.string(), z.string()),
     /**
      * The agent's model as its runtime names it (`claude-sonnet-4-5` for `claude`), selected in

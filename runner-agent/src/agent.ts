@@ -18,9 +18,10 @@ import WebSocket from 'ws';
 import type { EgressGrant } from './egress-proxy.ts';
 import { type RunAs, RunnerEgress } from './network.ts';
 import { OutputLog, type OutputLogOptions } from './output.ts';
+import { type RuntimeCommands, withLocalRuntimeCommand } from './runtime-commands.ts';
 import { buildSandbox, type Sandbox, sandboxDir } from './sandbox.ts';
 import { recoverSpool } from './spool.ts';
-import { Turns } from './turns.ts';
+import { type TurnReport, Turns } from './turns.ts';
 
 export const AGENT_VERSION = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -44,6 +45,8 @@ export interface AgentOptions {
    * events are read back from the spool under `<root>/spool/<token key>` as they are sent.
    */
   outputMemory?: { bytes?: number; events?: number };
+  /** Runtime command lines set on this machine; they replace the service's (runtime-commands.ts). */
+  runtimeCommands?: RuntimeCommands;
 }
 
 /** What the agent reports as it goes; the CLI prints these in plain words. */
@@ -52,6 +55,7 @@ export type AgentEvent =
   | { type: 'connected'; runnerId: string; epoch: number; reconnected: boolean }
   | { type: 'disconnected'; code: number; reason: string; retryInMs: number }
   | { type: 'sandbox'; id: string; state: 'ready' | 'failed' | 'destroyed'; message?: string }
+  | ({ type: 'turn' } & TurnReport)
   /** The spool held output a previous process had not seen made durable; it is sent again. */
   | { type: 'recovered'; incarnations: number; events: number; cutBytes: number }
   /** An event could not be written to the spool (a full disk): it is lost, numbering goes on. */
@@ -117,7 +121,10 @@ export class RunnerAgent {
   private readonly building = new Map<string, Promise<Sandbox>>();
   /** Destroys under way: a stop waits for them (up to DESTROY_WAIT_MS), so a told destroy is done. */
   private readonly destroying = new Set<Promise<void>>();
-  private readonly turns = new Turns((sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e));
+  private readonly turns = new Turns(
+    (sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e),
+    (report) => this.report({ type: 'turn', ...report }),
+  );
   private readonly egress: RunnerEgress;
   /** Refusals already reported, per conversation, turn and host: one line each. */
   private readonly refusals = new Set<string>();
@@ -404,7 +411,7 @@ export class RunnerAgent {
       }
       case 'turn.start': {
         const build = this.building.get(command.sandbox) ?? Promise.reject(new Error('no such sandbox on this runner'));
-        void this.turns.start(command, build);
+        void this.turns.start(withLocalRuntimeCommand(command, this.options.runtimeCommands ?? {}), build);
         break;
       }
       case 'turn.interrupt':

@@ -1,11 +1,15 @@
 /**
  * `svc-runner`: connects this machine to the service as a self-hosted runner.
  *
- *   svc-runner --url https://svc.example.com --token svcr_... --root /srv/svc-runner [--name box1]
- *              [--output-memory-mb 8] [--run-as sandbox-user] [--allow-apt]
+ *   svc-runner --url https://svc.example.com --token-file /etc/svc-runner/token --root /srv/svc-runner
+ *              [--name box1] [--output-memory-mb 8] [--run-as sandbox-user] [--allow-apt]
  *
- * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME,
- * SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1. `--run-as` (root only)
+ * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN (or SVC_RUNNER_TOKEN_FILE), SVC_RUNNER_ROOT,
+ * SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1. The
+ * token is best given by file or environment: `--token` shows in `ps` to every user of the
+ * machine. RUNTIME_<NAME>_COMMAND in its environment replaces the service's command line for
+ * that runtime on this machine (runtime-commands.ts). It prints one line when a turn starts
+ * and one when it ends, with the conversation's id. `--run-as` (root only)
  * runs runtimes and setup scripts as that unprivileged user, and lets the runner fence that
  * user's traffic into its egress proxy with a firewall rule (see network.ts). `--allow-apt` lets
  * builds install environments' apt packages on this machine (as root, or through passwordless
@@ -13,11 +17,12 @@
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import type { RunAs } from './network.ts';
+import { runtimeCommandsFrom } from './runtime-commands.ts';
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {
@@ -31,10 +36,14 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
   refused: 8,
 };
 
-const USAGE = `usage: svc-runner --url <service base URL> --token <runner token> --root <directory> [--name <name>]
+const USAGE = `usage: svc-runner --url <service base URL> --token-file <file> --root <directory> [--name <name>]
                   [--output-memory-mb <MiB>] [--run-as <unprivileged user>] [--allow-apt]
-  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB,
+  (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN_FILE, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB,
    SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1)
+--token-file: a file holding the runner token (svcr_...); or the token itself in SVC_RUNNER_TOKEN.
+  --token <runner token> works too, but every user of this machine sees it in \`ps\`.
+RUNTIME_CLAUDE_COMMAND, RUNTIME_CODEX_COMMAND, RUNTIME_GEMINI_COMMAND, RUNTIME_OPENCODE_COMMAND:
+  the command line that starts that runtime's ACP agent on this machine, instead of the service's.
 --output-memory-mb: output not yet stored by the service kept in memory per sandbox (default 8);
   the rest waits on disk under <root>/spool.
 --allow-apt: environments' apt packages may be installed on this machine (as root or with passwordless sudo)
@@ -48,12 +57,33 @@ function fail(code: number, line: string): never {
   process.exit(code);
 }
 
+/**
+ * The token in a token file: its first line, without surrounding blanks. A file open to other
+ * users is used, with a warning: the token lets anyone act as this runner.
+ */
+function readToken(file: string | undefined): string | undefined {
+  if (!file) return undefined;
+  try {
+    const text = readFileSync(file, 'utf8');
+    const mode = statSync(file).mode & 0o777;
+    if (mode & 0o077) {
+      process.stderr.write(
+        `svc-runner: warning: ${file} is open to other users (mode ${mode.toString(8)}); chmod 600 it\n`,
+      );
+    }
+    return text.split('\n')[0]?.trim() || fail(EXIT.usage, `the token file ${file} is empty`);
+  } catch (err) {
+    fail(EXIT.usage, `cannot read the token file ${file}: ${(err as Error).message}`);
+  }
+}
+
 const { values } = (() => {
   try {
     return parseArgs({
       options: {
         url: { type: 'string' },
         token: { type: 'string' },
+        'token-file': { type: 'string' },
         root: { type: 'string' },
         name: { type: 'string' },
         'output-memory-mb': { type: 'string' },
@@ -76,14 +106,20 @@ if (values.version) {
   process.exit(0);
 }
 const url = values.url ?? process.env.SVC_RUNNER_URL;
-const token = values.token ?? process.env.SVC_RUNNER_TOKEN;
+if (values.token && values['token-file']) fail(EXIT.usage, `give --token or --token-file, not both\n${USAGE}`);
+// The command line before the environment; in each, the token itself before a token file.
+const token =
+  values.token ??
+  readToken(values['token-file']) ??
+  process.env.SVC_RUNNER_TOKEN ??
+  readToken(process.env.SVC_RUNNER_TOKEN_FILE);
 const root = values.root ?? process.env.SVC_RUNNER_ROOT;
 const name = values.name ?? process.env.SVC_RUNNER_NAME;
 const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;
 const runAsName = values['run-as'] ?? process.env.SVC_RUNNER_RUN_AS;
 const allowApt = values['allow-apt'] ?? process.env.SVC_RUNNER_ALLOW_APT === '1';
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
-if (!token) fail(EXIT.usage, `--token is required\n${USAGE}`);
+if (!token) fail(EXIT.usage, `--token-file (or SVC_RUNNER_TOKEN) is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
 if (!token.startsWith('svcr_')) {
   fail(EXIT.bad_token, 'that is not a runner token (they start with svcr_); create one with POST /api/runners');
@@ -107,6 +143,8 @@ try {
   fail(EXIT.usage, `cannot use ${rootDir} as the sandbox root: ${(err as Error).message}`);
 }
 
+const runtimeCommands = runtimeCommandsFrom(process.env);
+
 let runAs: RunAs | undefined;
 if (runAsName) {
   if (process.getuid?.() !== 0)
@@ -123,11 +161,13 @@ if (runAsName) {
 say(
   `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}${allowApt ? '; apt packages allowed' : ''}`,
 );
+for (const [runtime, line] of Object.entries(runtimeCommands)) say(`runtime ${runtime}: ${line} (set on this machine)`);
 const options = {
   url,
   token,
   root: rootDir,
   allowApt,
+  runtimeCommands,
   ...(name ? { hostname: name } : {}),
   ...(outputMemory ? { outputMemory } : {}),
   ...(runAs ? { runAs } : {}),
@@ -149,6 +189,13 @@ const agent = new RunnerAgent(options, (e) => {
       break;
     case 'sandbox':
       say(`sandbox ${e.id} ${e.state}${e.message ? `: ${e.message}` : ''}`);
+      break;
+    case 'turn':
+      if (e.state === 'started') say(`turn ${e.turnId} of conversation ${e.conversationId} started`);
+      else
+        say(
+          `turn ${e.turnId} of conversation ${e.conversationId} ended: ${e.state} after ${(e.durationMs / 1000).toFixed(1)} s${e.error ? ` (${e.error})` : ''}`,
+        );
       break;
     case 'recovered':
       say(
@@ -176,7 +223,7 @@ if (reason === 'closed') {
   process.exit(0);
 }
 const advice: Partial<Record<AgentStop, string>> = {
-  bad_token: 'check --token; a deleted runner’s token stops working',
+  bad_token: 'check the token; a deleted runner’s token stops working',
   revoked: 'the owner deleted this runner; create a new one to connect again',
   replaced: 'another svc-runner started with this token; one token serves one machine',
   unreachable: 'check --url and that the service is running',

@@ -23,3 +23,4 @@ export {
   type PromptResult,
   type TurnUsage,
 } from './runtime.ts';
+export { type RuntimeCommands, runtimeCommandsFrom, withLocalRuntimeCommand } from './runtime-commands.ts';

@@ -6,6 +6,18 @@ import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
 
+/** A turn starting or ending on this runner, for the operator's terminal. */
+export type TurnReport =
+  | { conversationId: string; turnId: string; state: 'started' }
+  | {
+      conversationId: string;
+      turnId: string;
+      state: 'done' | 'interrupted' | 'timeout' | 'failed';
+      durationMs: number;
+      /** Why it failed or was interrupted, when something says so. */
+      error?: string;
+    };
+
 /** How long a closing conversation's turn has to answer its cancel before the runtime stops. */
 const CLOSE_GRACE_MS = 3000;
 
@@ -38,7 +50,11 @@ interface Session {
 export class Turns {
   private readonly sessions = new Map<string, Session>();
 
-  constructor(private readonly emitFor: (sandbox: string, incarnation: number) => Emit) {}
+  constructor(
+    private readonly emitFor: (sandbox: string, incarnation: number) => Emit,
+    /** Told when each turn starts and ends (after its `turn` stage event is emitted). */
+    private readonly onTurn: (report: TurnReport) => void = () => {},
+  ) {}
 
   /** The turn `conversationId` is running now, if any. */
   runningTurn(conversationId: string): string | null {
@@ -51,19 +67,30 @@ export class Turns {
     const stage = (name: string, state: string, extra: Partial<RunnerEvent> = {}) =>
       emit({ ...at, kind: 'stage', stream: 'stage', stage: name, state, ...extra });
     let started = Date.now();
-    const end = (state: 'done' | 'interrupted' | 'timeout' | 'failed', data: object) =>
-      stage('turn', state, { duration_ms: Date.now() - started, data: JSON.stringify(data) });
+    const ids = { conversationId: command.conversation_id, turnId: command.turn_id };
+    const start = () => {
+      stage('turn', 'started');
+      this.onTurn({ ...ids, state: 'started' });
+    };
+    const end = (
+      state: 'done' | 'interrupted' | 'timeout' | 'failed',
+      data: { usage: unknown; error?: string; stop_reason?: string },
+    ) => {
+      const durationMs = Date.now() - started;
+      stage('turn', state, { duration_ms: durationMs, data: JSON.stringify(data) });
+      this.onTurn({ ...ids, state, durationMs, ...(data.error ? { error: data.error } : {}) });
+    };
 
     // The turn starts once its sandbox is built (the build's stages come first).
     let built: Sandbox;
     try {
       built = await sandbox;
     } catch (err) {
-      stage('turn', 'started');
+      start();
       return end('failed', { usage: null, error: `the sandbox could not be built: ${(err as Error).message}` });
     }
     started = Date.now();
-    stage('turn', 'started');
+    start();
     let session = this.sessions.get(command.conversation_id);
     if (session?.turnId) {
       return end('failed', { usage: null, error: 'another turn of this conversation is still running' });

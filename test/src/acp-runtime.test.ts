@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type Block, blocksOf } from '@svc/core';
-import { AcpRuntime, type PermissionAnswer } from '@svc/runner-agent';
+import { AcpRuntime, type PermissionAnswer } from 'svc-runner';
 import t, { type Test } from 'tap';
 
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));

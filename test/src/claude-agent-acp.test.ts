@@ -4,7 +4,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { AcpRuntime, type PermissionAnswer } from '@svc/runner-agent';
+import { AcpRuntime, type PermissionAnswer } from 'svc-runner';
 import t from 'tap';
 import {
   claudeCodeEnv,

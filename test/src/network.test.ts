@@ -2,6 +2,7 @@ import { execFileSync, spawn } from 'node:child_process';
 import { createServer, get, type IncomingHttpHeaders, request, type Server } from 'node:http';
 import { type AddressInfo, connect, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
+import fc from 'fast-check';
 import {
   type EgressGrant,
   EgressProxy,
@@ -9,8 +10,7 @@ import {
   installCommands,
   removeCommands,
   removeFirewall,
-} from '@svc/runner-agent';
-import fc from 'fast-check';
+} from 'svc-runner';
 import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';

@@ -5,8 +5,8 @@ import {
   PermissionRequestStarted,
   type RunnerEvent,
 } from '@svc/core';
-import { ConversationPermissions, denyAnswer, offeredOptions, policyAsks } from '@svc/runner-agent';
 import fc from 'fast-check';
+import { ConversationPermissions, denyAnswer, offeredOptions, policyAsks } from 'svc-runner';
 import t from 'tap';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -1,4 +1,4 @@
-import type { Runtime } from '@svc/core';
+import { commandLine, type Runtime } from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
 import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
@@ -19,12 +19,6 @@ import { failTurnStart } from './turns.ts';
  * (`turn.start`) over the runner fabric, in the background. Whatever fails after the answer is
  * said in the conversation's log and ends the turn (turns.ts), never left running.
  */
-
-/** Splits a configured command line on spaces (quotes group words). */
-export function commandLine(line: string): { command: string; args: string[] } {
-  const words = [...line.matchAll(/"([^"]*)"|'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2] ?? m[3] ?? '');
-  return { command: words[0] ?? '', args: words.slice(1) };
-}
 
 /** What runs a turn on a sandbox once the records are written (in the background). */
 interface TurnPlan {
@@ -180,6 +174,8 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         runtime: {
           command,
           args: [...args, ...plan.turn.args],
+          name: plan.turn.runtime,
+          settings_args: plan.turn.args,
           env: plan.turn.env,
           ...(plan.turn.model ? { model: plan.turn.model } : {}),
           ...(plan.turn.sessionMeta ? { session_meta: plan.turn.sessionMeta } : {}),
