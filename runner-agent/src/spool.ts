@@ -10,6 +10,7 @@ import {
   writevSync,
 } from 'node:fs';
 import { join } from 'node:path';
+import * as zlib from 'node:zlib';
 
 /**
  * The spool: a sandbox incarnation's output on disk (DESIGN.md "The runner fabric"), as
@@ -29,25 +30,13 @@ export const RECORD_HEADER_BYTES = 16;
 export const MAX_RECORD_BYTES = 64 * 1024 * 1024;
 const READ_CHUNK = 64 * 1024;
 
-const CRC_TABLE = (() => {
-  const table = new Uint32Array(256);
-  for (let n = 0; n < 256; n++) {
-    let c = n;
-    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-    table[n] = c >>> 0;
-  }
-  return table;
-})();
-
-/**
- * CRC-32 (IEEE 802.3, the one zlib and PNG use), table-driven. Node 20 has no `zlib.crc32`
- * (it arrived in 22.2) and the runner-agent takes no native dependency for eight lines.
- */
-export function crc32(bytes: Uint8Array): number {
-  let c = 0xffffffff;
-  for (let i = 0; i < bytes.length; i++) c = (CRC_TABLE[(c ^ (bytes[i] as number)) & 0xff] as number) ^ (c >>> 8);
-  return (c ^ 0xffffffff) >>> 0;
+// zlib's CRC-32 (IEEE 802.3, the one PNG uses) is built into Node from 20.15 (hence the
+// engines field): no table of our own and no native module. An older Node is told so here
+// rather than failing on a missing export.
+if (typeof zlib.crc32 !== 'function') {
+  throw new Error(`the runner needs Node.js 20.15 or newer (for zlib.crc32); this is ${process.version}`);
 }
+const { crc32 } = zlib;
 
 /** A record's header and payload, to be written together. */
 export function frameRecord(seq: number, payload: Uint8Array): [Buffer, Uint8Array] {

@@ -1,11 +1,28 @@
-import { mkdtempSync, readdirSync, readFileSync, readlinkSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  statSync,
+  truncateSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { RunnerEvent, RunnerOutput } from '@svc/core';
 import fc from 'fast-check';
 import t from 'tap';
 import { OutputLog, type OutputLogOptions } from '../../runner-agent/src/output.ts';
-import { crc32, RECORD_HEADER_BYTES, recoverSpool } from '../../runner-agent/src/spool.ts';
+import {
+  frameRecord,
+  RECORD_HEADER_BYTES,
+  RecordReader,
+  recoverSpool,
+  segmentPath,
+} from '../../runner-agent/src/spool.ts';
 
 const spoolDir = () => join(mkdtempSync(join(tmpdir(), 'svc-spool-')), 'spool');
 const line = (i: number, pad = 60): RunnerEvent => ({
@@ -57,10 +74,36 @@ function recordStarts(path: string): number[] {
   return [...starts, bytes.length];
 }
 
-t.test('crc32 is the IEEE CRC-32 (zlib, PNG)', async (t) => {
-  t.equal(crc32(Buffer.from('123456789')), 0xcbf43926);
-  t.equal(crc32(Buffer.alloc(0)), 0);
-  t.equal(crc32(Buffer.from('The quick brown fox jumps over the lazy dog')), 0x414fa339);
+t.test('the on-disk format does not change: records written by an earlier release read back whole', async (t) => {
+  // Two records (seq 7 and 8) exactly as the runner wrote them before it used zlib's CRC-32.
+  const earlier = Buffer.from(
+    '000000000000000700000035262fb46c7b226b696e64223a226f7574707574222c2273747265616d223a22' +
+      '7374646f7574222c2264617461223a2268c3a96c6c6f5c6e227d0000000000000008000000057e62d4c800ff01fe80',
+    'hex',
+  );
+  const payloads = [
+    Buffer.from('{"kind":"output","stream":"stdout","data":"héllo\\n"}'),
+    Buffer.from([0, 255, 1, 254, 0x80]),
+  ];
+  t.same(
+    Buffer.concat([...frameRecord(7, payloads[0] as Buffer), ...frameRecord(8, payloads[1] as Buffer)]),
+    earlier,
+    'written alike',
+  );
+
+  const dir = spoolDir();
+  mkdirSync(dir, { recursive: true });
+  const path = segmentPath(dir, 'sbx_a', 2, 7);
+  writeFileSync(path, earlier);
+  const [spool] = recoverSpool(dir);
+  t.same(spool && { records: spool.records, cutBytes: spool.cutBytes }, { records: 2, cutBytes: 0 }, 'nothing cut');
+  const fd = openSync(path, 'r');
+  t.teardown(() => closeSync(fd));
+  const reader = new RecordReader(fd, 0, () => earlier.length);
+  t.same(
+    [reader.next(), reader.next(), reader.next()],
+    [{ seq: 7, payload: payloads[0] }, { seq: 8, payload: payloads[1] }, 'end'],
+  );
 });
 
 t.test(

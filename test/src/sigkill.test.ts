@@ -10,7 +10,6 @@
  * node to share.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { connect } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { logEvents } from '@svc/db';
@@ -20,7 +19,8 @@ import t from 'tap';
 import { logKeys } from '../../gateway/src/log/log.redis.ts';
 import type { AppendResult } from '../../gateway/src/log/log.ts';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
-import { signUp, startTestService, type TestService } from './harness.ts';
+import { signUp, startTestService } from './harness.ts';
+import { frames, parseFrame, rawGet } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const here = dirname(fileURLToPath(import.meta.url));
@@ -41,45 +41,15 @@ interface Ack {
   hwm: number;
 }
 
-/** A raw HTTP client: sends the request and collects every byte until the socket closes. */
-function rawGet(svc: TestService, path: string, headers: Record<string, string>) {
-  const url = new URL(svc.url);
-  const sock = connect(Number(url.port), url.hostname);
-  let received = '';
-  const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
-  sock.on('error', () => {});
-  sock.on('data', (d) => {
-    received += d.toString();
-  });
-  const head = Object.entries({ host: url.host, connection: 'close', ...headers })
-    .map(([k, v]) => `${k}: ${v}\r\n`)
-    .join('');
-  sock.write(`GET ${path} HTTP/1.1\r\n${head}\r\n`);
-  return { sock, closed, text: () => received };
-}
-
-/** The events of the complete SSE frames so far in a chunked response (a partial frame is left out). */
+/** The events of the complete SSE frames so far (a frame still arriving is left out), checked against their id lines. */
 function sseEvents(raw: string): { id: number; data: string }[] {
-  const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
-  let text = '';
-  let i = 0;
-  while (i < body.length) {
-    const eol = body.indexOf('\r\n', i);
-    if (eol < 0) break;
-    const size = Number.parseInt(body.slice(i, eol), 16);
-    if (!size || body.length < eol + 2 + size) break;
-    text += body.slice(eol + 2, eol + 2 + size);
-    i = eol + 2 + size + 2;
-  }
-  return text
-    .split('\n\n')
-    .slice(0, -1)
-    .filter((f) => f.startsWith('id: '))
-    .map((f) => {
-      const m = /^id: (\d+)\ndata: (\{.*\})$/.exec(f);
-      if (!m) throw new Error(`not an event frame: ${JSON.stringify(f)}`);
-      const payload = JSON.parse(m[2] as string) as { id: number; data: string };
-      if (payload.id !== Number(m[1])) throw new Error(`id line ${m[1]} but payload id ${payload.id}`);
+  return frames(raw)
+    .map(parseFrame)
+    .filter((e) => e.data !== undefined)
+    .map((e) => {
+      const payload = JSON.parse(e.data as string) as { id: number; data: string };
+      if (e.event !== undefined || payload.id !== Number(e.id))
+        throw new Error(`not an event frame: ${JSON.stringify(e)}`);
       return { id: payload.id, data: payload.data };
     });
 }

@@ -1,4 +1,5 @@
 import { connect } from 'node:net';
+import { createParser } from 'eventsource-parser';
 import type { TestService } from './harness.ts';
 
 /** A raw HTTP client: sends the request, collects every byte until the server closes. */
@@ -27,7 +28,11 @@ export function rawGet(
   return { sock, closed, text: () => received };
 }
 
-/** The SSE frames of a chunked response body (`raw` as rawGet keeps it: a char per byte). */
+/**
+ * The complete SSE frames of a chunked response body (`raw` as rawGet keeps it: a char per
+ * byte), as text without the blank line that ends each. A chunk or a frame still arriving is
+ * left out, so a test polling a live stream never reads half an event.
+ */
 export function frames(raw: string): string[] {
   const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
   let text = '';
@@ -36,11 +41,12 @@ export function frames(raw: string): string[] {
     const eol = body.indexOf('\r\n', i);
     if (eol < 0) break;
     const size = Number.parseInt(body.slice(i, eol), 16);
-    if (!size) break;
+    if (!size || body.length < eol + 2 + size) break;
     text += body.slice(eol + 2, eol + 2 + size);
     i = eol + 2 + size + 2;
   }
-  return Buffer.from(text, 'latin1').toString('utf8').split('\n\n').filter(Boolean);
+  // What follows the last blank line is a frame not yet ended.
+  return Buffer.from(text, 'latin1').toString('utf8').split('\n\n').slice(0, -1).filter(Boolean);
 }
 
 /** An SSE event parsed from a frame: its fields as the WHATWG parser reads them. */
@@ -51,16 +57,26 @@ export interface SseEvent {
   comment?: string;
 }
 
+/**
+ * One frame's fields, read by eventsource-parser (the parser the `eventsource` client uses):
+ * `data` only when the frame carries data (lines joined with a newline, as a browser joins
+ * them), `id` also for a frame that carries nothing else, `comment` trimmed.
+ */
 export function parseFrame(frame: string): SseEvent {
   const out: SseEvent = {};
-  for (const line of frame.split('\n')) {
-    if (line.startsWith(':')) out.comment = line.slice(1).trim();
-    else {
-      const i = line.indexOf(':');
-      const field = line.slice(0, i) as 'id' | 'event' | 'data';
-      out[field] = line.slice(i + 1).replace(/^ /, '');
-    }
-  }
+  const parser = createParser({
+    onEvent: (e) => {
+      out.data = e.data;
+      if (e.event !== undefined) out.event = e.event;
+    },
+    onId: (id) => {
+      out.id = id;
+    },
+    onComment: (comment) => {
+      out.comment = comment.trim();
+    },
+  });
+  parser.feed(`${frame}\n\n`);
   return out;
 }
 

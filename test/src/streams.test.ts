@@ -335,6 +335,15 @@ for (const { backend, edge } of transportSetups()) {
             t.match(browser.text(), /^HTTP\/1\.1 200 OK/);
             browser.sock.destroy();
           }
+          // Spaces around the pair are tolerated by browsers and by the API; a stream reads the header alike.
+          const spaced = `theme=dark;  svc_session = ${cookie.slice('svc_session='.length)} `;
+          const api = await fetch(`${svc.url}/api/auth/me`, { headers: { cookie: spaced } });
+          t.equal(api.status, 200, 'the API reads the spaced session');
+          t.equal(((await api.json()) as { email: string }).email, me.email);
+          const spacedStream = rawGet(svc, '/api/events/stream', { cookie: spaced });
+          t.ok(await until(() => frames(spacedStream.text()).length >= 1), 'a stream reads it too');
+          t.match(spacedStream.text(), /^HTTP\/1\.1 200 OK/);
+          spacedStream.sock.destroy();
           const own = rawGet(svc, `/api/conversations/${a.id}/stream`, { authorization: `Bearer ${sandbox.key}` });
           await own.closed;
           t.match(own.text(), /^HTTP\/1\.1 200 OK/, 'its own conversation stream it may');

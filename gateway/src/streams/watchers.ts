@@ -1,5 +1,6 @@
 import { ApiError } from '@svc/core';
 import type { Sql } from '@svc/db';
+import { parseCookie } from 'cookie';
 import type { Logger } from 'pino';
 import type { z } from 'zod';
 import type { EventLog } from '../log/log.ts';
@@ -314,14 +315,6 @@ function wakeDrained(w: Watcher): void {
   wake?.();
 }
 
-function cookieValue(header: string, name: string): string | undefined {
-  for (const part of header.split(';')) {
-    const [k, ...v] = part.trim().split('=');
-    if (k === name) return v.join('=');
-  }
-  return undefined;
-}
-
 async function authenticate(
   sql: Sql,
   authorization: string,
@@ -332,6 +325,7 @@ async function authenticate(
     const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization);
     return m?.[1] ? authenticateBearer(sql, m[1], ip) : undefined;
   }
-  const session = cookie ? cookieValue(cookie, 'svc_session') : undefined;
+  // Parsed as @fastify/cookie parses it for the API, so a browser's session works on both.
+  const session = cookie ? parseCookie(cookie).svc_session : undefined;
   return session ? authenticateSession(sql, session, ip) : undefined;
 }
