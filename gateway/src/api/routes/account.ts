@@ -51,6 +51,7 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'Providers: anthropic_api_key, claude_code_oauth_token, openai_api_key, gemini_api_key. 422 `invalid` when the provider rejects it (`provider_status`), the value is blank or the provider unknown; 502 `network`; 504 `timeout`.',
       params: ProviderParam,
       body: InferenceCredentialPut,
+      errors: ['invalid', 'network', 'timeout'],
       response: {
         200: InferenceCredentialStatus,
         400: ErrorBody,
@@ -76,6 +77,7 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Clear an inference credential',
       params: ProviderParam,
+      errors: ['invalid'],
       response: { 204: z.null(), 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) => {

@@ -27,6 +27,7 @@ export function catalogRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags: ['agents'],
       summary: "Generate an avatar with the tenant's own OpenAI credential",
       body: AvatarGenerate,
+      errors: ['no_openai_key', 'provider_error', 'network', 'timeout'],
       response: { 200: AvatarImage, 422: ErrorBody, 424: ErrorBody, 502: ErrorBody, 504: ErrorBody },
     },
     handler: async (req) =>

@@ -41,6 +41,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'Filters combine with roots_only. A status outside idle, running, terminated is 400 `invalid_status`.',
       querystring: ConversationQuery,
+      errors: ['invalid_status'],
       response: { 200: listOf(Conversation), 400: ErrorBody },
     },
     handler: async (req) => ({
@@ -65,6 +66,19 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         }),
       }),
       body: ConversationCreate,
+      errors: [
+        'not_found',
+        'sandbox_not_found',
+        'no_runner_online',
+        'sandbox_not_attachable',
+        'unsupported_media_type',
+        'sandbox_identity_mismatch',
+        'missing_credential',
+        'sandbox_quota_exceeded',
+        'fleet_full',
+        'provisioning',
+        'runner_offline',
+      ],
       response: {
         201: Conversation,
         403: ErrorBody,
@@ -134,6 +148,16 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs; 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
       params: IdParam,
       body: PromptCreate,
+      errors: [
+        'conversation_busy',
+        'not_found',
+        'sandbox_at_capacity',
+        'conversation_terminated',
+        'unsupported_media_type',
+        'missing_credential',
+        'provisioning',
+        'runner_offline',
+      ],
       response: {
         201: Turn,
         400: ErrorBody,
@@ -160,6 +184,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'The turn ends `interrupted` (its `turn` stage event follows in the log as the runtime stops). With no turn running there is nothing to stop and the conversation is answered as it is. When the runner is not connected the turn is ended here. 410 `conversation_terminated` after terminate.',
       params: IdParam,
+      errors: ['conversation_terminated'],
       response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
     },
     handler: async (req) =>
@@ -174,6 +199,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'A running turn ends `interrupted`, the runtime stops, and the sandbox is destroyed unless it is persistent or another live conversation shares it. The conversation stays listed with status `terminated`; later prompts, interrupts and terminates answer 410 `conversation_terminated`.',
       params: IdParam,
+      errors: ['conversation_terminated'],
       response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
     },
     handler: async (req) =>

@@ -72,6 +72,7 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
       summary: 'Delete an environment; retires persistent sandboxes built on it',
       description: '409 `environment_in_use` while agents use it.',
       params: IdParam,
+      errors: ['not_found', 'environment_in_use'],
       response: { 204: z.null(), 404: ErrorBody, 409: ErrorBody },
     },
     handler: async (req, reply) => {

@@ -189,6 +189,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
       security: [],
       consumes: ['application/x-www-form-urlencoded', 'application/json'],
       body: TokenRequest,
+      errors: ['invalid_grant', 'unsupported_grant_type'],
       response: { 200: TokenResponse, 400: OAuthError },
     },
     handler: async (req, reply) => {
@@ -208,6 +209,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
       body: z
         .object({ token: z.string().max(300).optional(), token_type_hint: z.string().max(50).optional() })
         .optional(),
+      errors: ['unauthorized', 'forbidden'],
       response: { 200: z.object({ revoked: z.literal(true) }), 400: OAuthError, 401: ErrorBody },
     },
     handler: async (req) => {
