@@ -58,6 +58,14 @@ t.test('the machine-readable description', async (t) => {
       Object.entries(ops).map(([method, op]) => ({ name: `${method.toUpperCase()} ${path}`, op })),
     );
 
+  t.test('every operation has a summary and a description', async (t) => {
+    for (const { name, op } of operations()) {
+      t.ok(op.summary?.trim(), `${name} has a summary`);
+      t.ok(op.description?.trim(), `${name} has a description`);
+      t.not(op.description, op.summary, `${name}'s description says more than its summary`);
+    }
+  });
+
   t.test('every operation has a unique camelCase operationId', async (t) => {
     const seen = new Map<string, string>();
     for (const { name, op } of operations()) {

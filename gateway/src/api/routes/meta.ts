@@ -24,6 +24,8 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
       get: {
         operationId: 'getApiDocs',
         summary: 'Interactive viewer over this description (assets served locally)',
+        description:
+          'Public. Swagger UI over /api/openapi.json; its scripts and styles are served by this instance, so it works offline.',
         tags: ['meta'],
         security: [],
         responses: { '200': { description: 'HTML page' } },
@@ -41,6 +43,9 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
     schema: {
       tags: ['meta'],
       summary: 'This OpenAPI 3.1 description, generated from the code',
+      description:
+        'Public. The document this reference is built from: every route with its operationId, bodies, error codes and examples. Feed it to a client generator (openapi-typescript, @hey-api/openapi-ts).',
+      operationId: 'getOpenApiDocument',
       security: [],
       response: { 200: z.object({ openapi: z.string() }).catchall(z.unknown()) },
     },
@@ -52,6 +57,8 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
     schema: {
       tags: ['meta'],
       summary: 'Liveness: answers while the api role can serve requests',
+      description: 'Public and cheap: 200 `{status: "ok"}` while the process serves requests; it checks no dependency.',
+      operationId: 'getHealth',
       security: [],
       response: { 200: z.object({ status: z.literal('ok') }) },
     },

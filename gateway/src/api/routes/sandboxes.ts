@@ -37,6 +37,9 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'One sandbox, with its conversations and whether each is mid-turn',
+      description:
+        "Its status, provider, mode and identity (agent, environment, vault), and for each conversation on it whether a turn is running. 404 `sandbox_not_found` for an unknown sandbox or another account's.",
+      operationId: 'getSandbox',
       params: IdParam,
       errors: ['sandbox_not_found'],
       response: { 200: Sandbox, 404: ErrorBody },
@@ -54,6 +57,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Reset a persistent sandbox: its machine is destroyed, its conversations kept',
+      operationId: 'resetSandbox',
       description:
         'The next prompt on any of its conversations builds a clean machine for the same agent, environment and vault (the sandbox stays `ready`). 422 `sandbox_not_resettable` for an ephemeral, terminated or failed sandbox; 409 `sandbox_mid_turn` while a conversation on it runs a turn (its `conversations` names them); 503 `provisioning` while its first machine is being built; 503 `runner_offline` while its runner is away.',
       params: IdParam,
