@@ -5,19 +5,22 @@ import { join } from 'node:path';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { ConversationStreamQuery, errorCatalogue, MultiplexedStreamQuery } from '@svc/core';
 import { createLogger, loadConfig, startService } from '@svc/gateway';
+import Ajv2020 from 'ajv/dist/2020.js';
+import addFormats from 'ajv-formats';
 import t from 'tap';
 import { z } from 'zod';
-import { startTestService } from './harness.ts';
+import { signUp, startTestService } from './harness.ts';
 
 interface Operation {
   operationId: string;
   summary?: string;
   description?: string;
+  requestBody?: { content?: Record<string, { schema?: unknown; example?: unknown }> };
   responses: Record<
     string,
     {
       description: string;
-      content?: Record<string, { schema?: unknown; examples?: Record<string, { value: unknown }> }>;
+      content?: Record<string, { schema?: unknown; example?: unknown; examples?: Record<string, { value: unknown }> }>;
     }
   >;
 }
@@ -129,6 +132,62 @@ t.test('the machine-readable description', async (t) => {
     }
     t.notOk(schemas.AgentInput, 'no AgentInput beside Agent');
     t.match(text, /"#\/components\/schemas\/PermissionPolicy"/, 'the policy a request sends is PermissionPolicy');
+  });
+
+  t.test('the main bodies have examples, and every example fits its schema', async (t) => {
+    const ajv = new Ajv2020.default({ strict: false, allErrors: true, validateFormats: true });
+    addFormats.default(ajv);
+    ajv.addSchema({ $id: 'openapi.json', components: doc.components });
+    const fits = (schema: unknown, example: unknown, what: string) => {
+      const validate = ajv.compile(
+        JSON.parse(JSON.stringify(schema).replaceAll('"#/components/', '"openapi.json#/components/')),
+      );
+      t.ok(validate(example), `${what} fits its schema ${validate.errors ? JSON.stringify(validate.errors) : ''}`);
+    };
+    const schemas = doc.components.schemas as Record<string, { examples?: unknown[] }>;
+    for (const name of ['Agent', 'Environment', 'Vault', 'Conversation', 'Turn', 'Runner']) {
+      t.ok(schemas[name]?.examples?.length, `${name} has an example`);
+    }
+    for (const [name, schema] of Object.entries(schemas)) {
+      for (const example of schema.examples ?? []) fits({ ...schema, examples: undefined }, example, name);
+    }
+    const requests: Record<string, unknown> = {};
+    for (const { name, op } of operations()) {
+      const request = op.requestBody?.content?.['application/json'];
+      if (request?.example !== undefined) {
+        requests[op.operationId] = request.example;
+        fits(request.schema, request.example, `${name} request`);
+      }
+      for (const [status, response] of Object.entries(op.responses)) {
+        const media = response.content?.['application/json'];
+        if (media?.example !== undefined) fits(media.schema, media.example, `${name} ${status}`);
+        for (const [code, e] of Object.entries(media?.examples ?? {})) fits(media?.schema, e.value, `${name} ${code}`);
+      }
+    }
+    t.same(Object.keys(requests).sort(), [
+      'createAgent',
+      'createConversation',
+      'createEnvironment',
+      'createRunner',
+      'createVault',
+      'putAgent',
+      'putEnvironment',
+      'renameVault',
+      'sendPrompt',
+      'updateAgent',
+      'updateEnvironment',
+    ]);
+
+    // The service itself takes the request examples.
+    const { key } = await signUp(svc);
+    const env = await svc.http.post('/api/environments', { token: key, body: requests.createEnvironment });
+    t.equal(env.status, 201, 'the environment example is accepted');
+    const agentExample = { ...(requests.createAgent as object), environment_id: env.body.id };
+    const agent = await svc.http.post('/api/agents', { token: key, body: agentExample });
+    t.equal(agent.status, 201, 'the agent example is accepted');
+    t.match(agent.body, agentExample, 'and stored as given (in its own environment)');
+    const vault = await svc.http.post('/api/vaults', { token: key, body: requests.createVault });
+    t.equal(vault.status, 201, 'the vault example is accepted');
   });
 
   t.test("the streams' query is described from the schemas the streams read it with", async (t) => {

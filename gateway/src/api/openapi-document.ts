@@ -1,15 +1,18 @@
 import type { OpenApiDoc } from './discovery.ts';
+import { addExamples } from './openapi-examples.ts';
 import { errorResponse } from './route-docs.ts';
 import type { RouteTable } from './route-table.ts';
 
 /**
  * The last touches on the generated document that need all of it at once: where the API is
- * served (`servers`), the codes each error answer can carry, and one component per schema.
+ * served (`servers`), the codes each error answer can carry, one component per schema, and
+ * examples of the main bodies.
  */
 export function finishDocument(d: OpenApiDoc, routes: RouteTable, publicUrl: string): void {
   d.servers = [{ url: publicUrl, description: 'This instance (PUBLIC_URL)' }];
   describeErrorCodes(d, routes);
   foldSchemaCopies(d);
+  addExamples(d);
 }
 
 /** Every error status of every route lists the codes it can carry, with an example of each. */
