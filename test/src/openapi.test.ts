@@ -113,6 +113,9 @@ t.test('the machine-readable description', async (t) => {
       'api_unavailable',
     ]);
     t.same(examples('/api/agents/{id}', 'get', '404'), ['not_found']);
+    t.same(examples('/api/auth/token', 'post', '403'), ['email_not_verified', 'account_suspended']);
+    const register = Object.keys(doc.paths['/api/auth/register'].post.responses);
+    t.notOk(register.includes('401') || register.includes('403'), 'a public route asks no credential');
   });
 
   t.test('each resource is one schema, not a read and a written copy', async (t) => {

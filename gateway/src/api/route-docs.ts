@@ -28,7 +28,7 @@ type DescribedSchema = {
  * Describes one route as it is registered, so no route can be left out: sets its
  * `operationId` (derived from method and path unless the route names one) and adds the shared
  * Error schema under every error status the route can answer. Returns the codes per status
- * (undefined for a route hidden from the document), for `errorResponses` to list.
+ * (undefined for a route hidden from the document), for `errorResponse` to list.
  */
 export function describeRoute(route: RouteOptions): ErrorCodes | undefined {
   const schema = route.schema as DescribedSchema | undefined;

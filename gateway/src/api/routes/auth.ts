@@ -28,7 +28,6 @@ import { requirePrincipal, SESSION_COOKIE } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
 
 const tags = ['auth'];
-const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 422: ErrorBody, 429: ErrorBody };
 
 export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
@@ -42,7 +41,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'register',
       description: 'Answers the same whether or not the address is already registered.',
       body: Registration,
-      response: { 201: Accepted, ...errors },
+      response: { 201: Accepted },
     },
     handler: async (req, reply) => reply.code(201).send(await accounts.register(deps.accounts, req.body, req.clientIp)),
   });
@@ -56,7 +55,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'Public. Answers the same whether or not the address is registered or already verified, so it reveals nothing; a link is mailed only to an unverified account.',
       operationId: 'resendVerification',
       body: ResendBody,
-      response: { 200: Accepted, ...errors },
+      response: { 200: Accepted },
     },
     handler: async (req) => accounts.resendVerification(deps.accounts, req.body.email),
   });
@@ -71,7 +70,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'verifyEmail',
       body: TokenBody,
       errors: ['invalid_token', 'expired'],
-      response: { 200: z.object({ verified: z.literal(true), email: z.string() }), ...errors },
+      response: { 200: z.object({ verified: z.literal(true), email: z.string() }) },
     },
     handler: async (req) => accounts.verifyEmail(deps.accounts, req.body.token, req.clientIp),
   });
@@ -86,7 +85,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'createToken',
       body: Credentials,
       errors: ['unauthorized', 'email_not_verified', 'account_suspended'],
-      response: { 201: ApiKeyWithSecret, ...errors },
+      response: { 201: ApiKeyWithSecret },
     },
     handler: async (req, reply) =>
       reply
@@ -104,7 +103,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'login',
       body: Credentials,
       errors: ['unauthorized', 'email_not_verified', 'account_suspended'],
-      response: { 200: z.object({ expires_at: z.string() }), ...errors },
+      response: { 200: z.object({ expires_at: z.string() }) },
     },
     handler: async (req, reply) => {
       const s = await accounts.login(deps.accounts, req.body.email, req.body.password, req.clientIp);
@@ -172,7 +171,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'A standard-scope caller can create standard-scope keys only; a full-scope key needs a full-scope caller.',
       body: ApiKeyCreate.optional(),
-      response: { 201: ApiKeyWithSecret, ...errors },
+      response: { 201: ApiKeyWithSecret },
     },
     handler: async (req, reply) => {
       const p = requirePrincipal(req);
@@ -228,7 +227,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'resetPassword',
       body: ResetBody,
       errors: ['invalid_token', 'expired'],
-      response: { 200: z.object({ reset: z.literal(true) }), ...errors },
+      response: { 200: z.object({ reset: z.literal(true) }) },
     },
     handler: async (req) => accounts.resetPassword(deps.accounts, req.body.token, req.body.password, req.clientIp),
   });
@@ -242,7 +241,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'Needs a full-scope credential and the current password (422 `validation_failed` on `current_password` when it is wrong).',
       operationId: 'changePassword',
       body: PasswordChange,
-      response: { 200: PasswordChanged, ...errors },
+      response: { 200: PasswordChanged },
     },
     handler: async (req) =>
       accounts.changePassword(deps.accounts, requirePrincipal(req), req.body.current_password, req.body.new_password),
@@ -256,7 +255,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'changeEmail',
       description: 'Answers identically whether the address is free or not.',
       body: EmailChange,
-      response: { 200: Accepted, ...errors },
+      response: { 200: Accepted },
     },
     handler: async (req) =>
       accounts.requestEmailChange(deps.accounts, requirePrincipal(req), req.body.new_email, req.body.current_password),
@@ -272,7 +271,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       operationId: 'confirmEmailChange',
       body: TokenBody,
       errors: ['invalid_token', 'expired'],
-      response: { 200: z.object({ email: z.string() }), ...errors },
+      response: { 200: z.object({ email: z.string() }) },
     },
     handler: async (req) => accounts.confirmEmailChange(deps.accounts, req.body.token, req.clientIp),
   });
