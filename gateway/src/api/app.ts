@@ -2,8 +2,8 @@ import fastifyCookie from '@fastify/cookie';
 import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
-import { ApiError, ErrorBody } from '@svc/core';
-import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController, type RouteOptions } from 'fastify';
+import { ApiError } from '@svc/core';
+import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
@@ -11,6 +11,7 @@ import type { StreamServer } from '../streams/streams.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
 import { sendApiError, toApiError } from './errors.ts';
+import { describeRoute } from './route-docs.ts';
 import { RouteTable } from './route-table.ts';
 import { accountRoutes } from './routes/account.ts';
 import { agentRoutes } from './routes/agents.ts';
@@ -41,32 +42,6 @@ export interface ApiOptions {
   alone?: { admitFor: AdmitFor; streams: StreamServer };
 }
 
-/**
- * Answers every route can give are described on every route: 401 and 403 where it needs
- * credentials, 400 where it takes input, 413 and 422 where it takes a body, 429 everywhere (the
- * edge's rate limit).
- */
-function documentCommonErrors(route: RouteOptions): void {
-  const schema = route.schema as { response?: Record<string, unknown>; hide?: boolean } | undefined;
-  if (!schema || schema.hide) return;
-  schema.response ??= {};
-  const add = (code: number) => {
-    schema.response![code] ??= ErrorBody;
-  };
-  const auth = (route.config as { auth?: string } | undefined)?.auth;
-  if (auth && auth !== 'public') {
-    add(401);
-    add(403);
-  }
-  const s = route.schema as { body?: unknown; querystring?: unknown; params?: unknown };
-  if (s.body || s.querystring || s.params) add(400);
-  if (s.body) {
-    add(413);
-    add(422);
-  }
-  add(429);
-}
-
 /** Builds the api role: every non-streaming route, validated and described by zod schemas. */
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
@@ -83,8 +58,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
 
   const routeTable = new RouteTable();
   app.addHook('onRoute', (route) => {
-    documentCommonErrors(route);
-    routeTable.add(route);
+    routeTable.add(route, describeRoute(route));
   });
 
   // An empty body with a JSON content type is "no body", so a bare POST works from any client.

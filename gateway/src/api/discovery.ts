@@ -4,6 +4,7 @@
  */
 
 interface Operation {
+  operationId?: string;
   summary?: string;
   description?: string;
   tags?: string[];
@@ -24,6 +25,7 @@ interface JsonSchema {
 }
 export interface OpenApiDoc {
   info: { title: string; description?: string; version: string };
+  servers?: { url: string; description?: string }[];
   paths: Record<string, Record<string, Operation>>;
   components?: { schemas?: Record<string, JsonSchema> };
 }

@@ -22,13 +22,25 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/account/onboarding', {
     config: { auth: 'user' },
-    schema: { tags, summary: 'Onboarding state', response: { 200: Onboarding, 401: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Onboarding state',
+      description: "Where the account is in the console's first-run steps, and whether they are completed.",
+      operationId: 'getOnboarding',
+      response: { 200: Onboarding, 401: ErrorBody },
+    },
     handler: async (req) => accounts.onboarding(deps.sql, requirePrincipal(req)),
   });
 
   r.post('/api/account/onboarding/complete', {
     config: { auth: 'user' },
-    schema: { tags, summary: 'Mark onboarding complete; idempotent', response: { 200: Onboarding, 401: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Mark onboarding complete; idempotent',
+      description: 'Sets `completed` and `completed_at` once; repeating it changes nothing.',
+      operationId: 'completeOnboarding',
+      response: { 200: Onboarding, 401: ErrorBody },
+    },
     handler: async (req) => accounts.completeOnboarding(deps.sql, requirePrincipal(req)),
   });
 
@@ -37,6 +49,9 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Which inference credentials are set (values are never returned)',
+      description:
+        'One entry per provider (anthropic_api_key, claude_code_oauth_token, openai_api_key, gemini_api_key) saying whether it is set. Needs a full-scope credential.',
+      operationId: 'listInferenceCredentials',
       response: { 200: listOf(InferenceCredentialStatus), 401: ErrorBody, 403: ErrorBody },
     },
     handler: async (req) => ({ data: await inference.listCredentials(deps.sql, requirePrincipal(req).accountId) }),
@@ -47,10 +62,12 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Store an inference credential, optionally pinging the provider first',
+      operationId: 'setInferenceCredential',
       description:
         'Providers: anthropic_api_key, claude_code_oauth_token, openai_api_key, gemini_api_key. 422 `invalid` when the provider rejects it (`provider_status`), the value is blank or the provider unknown; 502 `network`; 504 `timeout`.',
       params: ProviderParam,
       body: InferenceCredentialPut,
+      errors: ['invalid', 'network', 'timeout'],
       response: {
         200: InferenceCredentialStatus,
         400: ErrorBody,
@@ -75,7 +92,11 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Clear an inference credential',
+      description:
+        'Idempotent: clearing a provider that has no credential is also 204. 422 `invalid` for an unknown provider. Needs a full-scope credential.',
+      operationId: 'deleteInferenceCredential',
       params: ProviderParam,
+      errors: ['invalid'],
       response: { 204: z.null(), 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) => {

@@ -26,7 +26,15 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
 
   r.get('/api/agents', {
     config,
-    schema: { tags, summary: 'List agents', querystring: AgentQuery, response: { 200: listOf(Agent) } },
+    schema: {
+      tags,
+      summary: 'List agents',
+      description:
+        'Filters combine: `search` matches name and description, `runtime` and `environment_id` match exactly, `has_skills` and `has_mcp` take true or false.',
+      operationId: 'listAgents',
+      querystring: AgentQuery,
+      response: { 200: listOf(Agent) },
+    },
     handler: async (req) => ({
       data: (await agents.listAgents(deps.sql, requirePrincipal(req).accountId, req.query)).map(agents.shapeAgent),
     }),
@@ -54,7 +62,14 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
 
   r.get('/api/agents/:id', {
     config,
-    schema: { tags, summary: 'One agent', params: IdParam, response: { 200: Agent, 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'One agent',
+      description: "404 for an unknown agent or another account's.",
+      operationId: 'getAgent',
+      params: IdParam,
+      response: { 200: Agent, 404: ErrorBody },
+    },
     handler: async (req) =>
       agents.shapeAgent(await agents.getAgent(deps.sql, requirePrincipal(req).accountId, req.params.id)),
   });
@@ -67,6 +82,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       schema: {
         tags,
         summary: 'Update an agent (the fields present)',
+        operationId: method === 'PATCH' ? 'updateAgent' : 'putAgent',
         description:
           'A new `environment_id` retires the sandboxes built for the agent on the old environment. The merged agent is checked as on create (a `sandbox_provider` this instance does not offer is 422).',
         params: IdParam,
@@ -85,7 +101,15 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
 
   r.delete('/api/agents/:id', {
     config,
-    schema: { tags, summary: 'Delete an agent', params: IdParam, response: { 204: z.null(), 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Delete an agent',
+      description:
+        "Its conversations stay listed and readable; a prompt to one of them answers 404. 404 for an unknown agent or another account's.",
+      operationId: 'deleteAgent',
+      params: IdParam,
+      response: { 204: z.null(), 404: ErrorBody },
+    },
     handler: async (req, reply) => {
       await agents.deleteAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
       return reply.code(204).send(null);
@@ -97,6 +121,8 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
     schema: {
       tags,
       summary: 'The avatar image bytes, served with nosniff and a sandboxing CSP',
+      description: 'The stored image with its media type (png, jpeg, gif or webp). 404 when the agent has no avatar.',
+      operationId: 'getAgentAvatar',
       params: IdParam,
       response: { 404: ErrorBody },
     },
@@ -124,6 +150,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       schema: {
         tags,
         summary: 'Set the avatar: raw bytes with an image content type, or JSON {data: base64, media_type}',
+        operationId: 'setAgentAvatar',
         description:
           'png, jpeg, gif or webp, judged by the bytes; at most 5 MB. 415 for another type, 413 when larger.',
         params: IdParam,
@@ -153,7 +180,14 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
 
   r.delete('/api/agents/:id/avatar', {
     config,
-    schema: { tags, summary: 'Remove the avatar', params: IdParam, response: { 204: z.null(), 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Remove the avatar',
+      description: 'Idempotent: an agent without an avatar also answers 204.',
+      operationId: 'deleteAgentAvatar',
+      params: IdParam,
+      response: { 204: z.null(), 404: ErrorBody },
+    },
     handler: async (req, reply) => {
       await agents.deleteAvatar(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
       return reply.code(204).send(null);

@@ -12,6 +12,7 @@ export function applyRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags: ['apply'],
       summary: 'Upsert environments, vaults and agents by name from one manifest',
+      operationId: 'applyManifest',
       description:
         'Applied in the order environments, vaults, agents; each resource best-effort in its own transaction. Environment spec: environment fields plus `secrets` (map). Vault spec: `secrets` (map of key to value or {value, expires_at}). Agent spec: agent fields with `environment` naming an environment of the manifest or the account. An existing resource is replaced by its spec. Always 200 with one result per resource, in manifest order; secret values are never echoed.',
       body: ApplyBody,

@@ -11,6 +11,7 @@ export function auditRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags: ['audit'],
       summary: "The account's audit trail, newest first; append-only",
+      operationId: 'listAuditRows',
       description:
         '`before` takes `meta.next_cursor` to page backwards; `action_prefix` is a literal prefix such as `vault.`; `since` and `until` are ISO 8601 (a malformed one is 400).',
       querystring: AuditQuery,

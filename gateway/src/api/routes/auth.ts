@@ -28,7 +28,6 @@ import { requirePrincipal, SESSION_COOKIE } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
 
 const tags = ['auth'];
-const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 422: ErrorBody, 429: ErrorBody };
 
 export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
@@ -39,16 +38,25 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Register an account; a verification link is mailed',
+      operationId: 'register',
       description: 'Answers the same whether or not the address is already registered.',
       body: Registration,
-      response: { 201: Accepted, ...errors },
+      response: { 201: Accepted },
     },
     handler: async (req, reply) => reply.code(201).send(await accounts.register(deps.accounts, req.body, req.clientIp)),
   });
 
   r.post('/api/auth/resend-verification', {
     config: { auth: 'public' },
-    schema: { tags, summary: 'Mail a new verification link', body: ResendBody, response: { 200: Accepted, ...errors } },
+    schema: {
+      tags,
+      summary: 'Mail a new verification link',
+      description:
+        'Public. Answers the same whether or not the address is registered or already verified, so it reveals nothing; a link is mailed only to an unverified account.',
+      operationId: 'resendVerification',
+      body: ResendBody,
+      response: { 200: Accepted },
+    },
     handler: async (req) => accounts.resendVerification(deps.accounts, req.body.email),
   });
 
@@ -57,8 +65,12 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Activate the account with the emailed token; idempotent; issues no session',
+      description:
+        'Takes the `token` from the mailed link. 422 `invalid_token` for an unknown or used token, 422 `expired` past its lifetime. Repeating it for an already verified account answers 200 again. Sign in afterwards with POST /api/auth/token or /api/auth/login.',
+      operationId: 'verifyEmail',
       body: TokenBody,
-      response: { 200: z.object({ verified: z.literal(true), email: z.string() }), ...errors },
+      errors: ['invalid_token', 'expired'],
+      response: { 200: z.object({ verified: z.literal(true), email: z.string() }) },
     },
     handler: async (req) => accounts.verifyEmail(deps.accounts, req.body.token, req.clientIp),
   });
@@ -68,8 +80,12 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Exchange email and password for a fresh full-scope API key',
+      description:
+        'The way a program gets its first key. The plaintext `key` is in this answer only; send it as `Authorization: Bearer <key>`. 401 `unauthorized` for a wrong address or password (the same answer for both), 403 `email_not_verified` before verification, 403 `account_suspended` for a suspended account.',
+      operationId: 'createToken',
       body: Credentials,
-      response: { 201: ApiKeyWithSecret, ...errors },
+      errors: ['unauthorized', 'email_not_verified', 'account_suspended'],
+      response: { 201: ApiKeyWithSecret },
     },
     handler: async (req, reply) =>
       reply
@@ -82,8 +98,12 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Sign in the console: sets an HttpOnly session cookie',
+      description:
+        'For browsers: the `svc_session` cookie (HttpOnly, SameSite=Lax) authenticates later requests from this origin only; programs use POST /api/auth/token instead. Same refusals as /api/auth/token.',
+      operationId: 'login',
       body: Credentials,
-      response: { 200: z.object({ expires_at: z.string() }), ...errors },
+      errors: ['unauthorized', 'email_not_verified', 'account_suspended'],
+      response: { 200: z.object({ expires_at: z.string() }) },
     },
     handler: async (req, reply) => {
       const s = await accounts.login(deps.accounts, req.body.email, req.body.password, req.clientIp);
@@ -100,7 +120,14 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.post('/api/auth/logout', {
     config: { auth: 'public' },
-    schema: { tags, summary: 'End the browser session', response: { 204: z.null() } },
+    schema: {
+      tags,
+      summary: 'End the browser session',
+      description:
+        'Ends the session named by the `svc_session` cookie, if any, and clears the cookie. Always 204; API keys are not affected.',
+      operationId: 'logout',
+      response: { 204: z.null() },
+    },
     handler: async (req, reply) => {
       const cookie = req.cookies[SESSION_COOKIE];
       if (cookie) await creds.endSession(deps.sql, cookie, req.clientIp);
@@ -111,13 +138,27 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/auth/me', {
     config: { auth: 'user', sprite: true },
-    schema: { tags, summary: 'Who is calling', response: { 200: Identity, 401: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Who is calling',
+      description:
+        'The account behind the credential and how the request authenticated (`actor`: ui, api or sprite; `scope`).',
+      operationId: 'getMe',
+      response: { 200: Identity, 401: ErrorBody },
+    },
     handler: async (req) => accounts.identity(deps.sql, requirePrincipal(req), deps.paymentEnabled),
   });
 
   r.get('/api/auth/api-keys', {
     config: { auth: 'user' },
-    schema: { tags, summary: 'List live API keys (prefix only)', response: { 200: listOf(ApiKey), 401: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'List live API keys (prefix only)',
+      description:
+        "Each key's name, prefix, scope, creation and last use; the secret itself is never shown again after creation.",
+      operationId: 'listApiKeys',
+      response: { 200: listOf(ApiKey), 401: ErrorBody },
+    },
     handler: async (req) => ({ data: await creds.listApiKeys(deps.sql, requirePrincipal(req).accountId) }),
   });
 
@@ -126,10 +167,11 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Create an API key; the plaintext is in this response only',
+      operationId: 'createApiKey',
       description:
         'A standard-scope caller can create standard-scope keys only; a full-scope key needs a full-scope caller.',
       body: ApiKeyCreate.optional(),
-      response: { 201: ApiKeyWithSecret, ...errors },
+      response: { 201: ApiKeyWithSecret },
     },
     handler: async (req, reply) => {
       const p = requirePrincipal(req);
@@ -151,6 +193,8 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Revoke an API key',
+      description: "The key stops working at once. 404 for an unknown key or another account's.",
+      operationId: 'deleteApiKey',
       params: IdParam,
       response: { 204: z.null(), 401: ErrorBody, 404: ErrorBody },
     },
@@ -165,6 +209,8 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Mail a password reset link; never reveals whether the address exists',
+      description: 'Public. Always answers the same; a link is mailed only when the address belongs to an account.',
+      operationId: 'forgotPassword',
       body: ForgotBody,
       response: { 200: Accepted, 400: ErrorBody, 422: ErrorBody },
     },
@@ -176,8 +222,12 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Set a new password with the emailed token; signs out every session',
+      description:
+        'Takes the `token` from the mailed link and the new password. 422 `invalid_token` for an unknown or used token, 422 `expired` past its lifetime. It also marks the address verified: the link proved control of the inbox.',
+      operationId: 'resetPassword',
       body: ResetBody,
-      response: { 200: z.object({ reset: z.literal(true) }), ...errors },
+      errors: ['invalid_token', 'expired'],
+      response: { 200: z.object({ reset: z.literal(true) }) },
     },
     handler: async (req) => accounts.resetPassword(deps.accounts, req.body.token, req.body.password, req.clientIp),
   });
@@ -187,8 +237,11 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Change the password; signs out browser sessions, keeps API keys',
+      description:
+        'Needs a full-scope credential and the current password (422 `validation_failed` on `current_password` when it is wrong).',
+      operationId: 'changePassword',
       body: PasswordChange,
-      response: { 200: PasswordChanged, ...errors },
+      response: { 200: PasswordChanged },
     },
     handler: async (req) =>
       accounts.changePassword(deps.accounts, requirePrincipal(req), req.body.current_password, req.body.new_password),
@@ -199,9 +252,10 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Start an email change: a confirmation link goes to the new address',
+      operationId: 'changeEmail',
       description: 'Answers identically whether the address is free or not.',
       body: EmailChange,
-      response: { 200: Accepted, ...errors },
+      response: { 200: Accepted },
     },
     handler: async (req) =>
       accounts.requestEmailChange(deps.accounts, requirePrincipal(req), req.body.new_email, req.body.current_password),
@@ -212,8 +266,12 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Complete a pending email change; signs out every session',
+      description:
+        'Takes the `token` from the link mailed to the new address. 422 `invalid_token` for an unknown or used token, or when the address was taken meanwhile; 422 `expired` past its lifetime.',
+      operationId: 'confirmEmailChange',
       body: TokenBody,
-      response: { 200: z.object({ email: z.string() }), ...errors },
+      errors: ['invalid_token', 'expired'],
+      response: { 200: z.object({ email: z.string() }) },
     },
     handler: async (req) => accounts.confirmEmailChange(deps.accounts, req.body.token, req.clientIp),
   });

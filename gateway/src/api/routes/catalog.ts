@@ -15,6 +15,7 @@ export function catalogRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags: ['agents'],
       summary: 'Runtimes, model suggestions, sandbox providers, package managers, avatar bases and moods, apps',
+      operationId: 'getCatalog',
       description: 'Model lists are suggestions only; clients build links from `apps`, never against the API host.',
       response: { 200: Catalog },
     },
@@ -26,7 +27,11 @@ export function catalogRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags: ['agents'],
       summary: "Generate an avatar with the tenant's own OpenAI credential",
+      description:
+        "Draws a PNG from a `base` and a `mood` of the catalog with the account's OpenAI credential and returns it base64-encoded; nothing is stored (send it to PUT /api/agents/{id}/avatar). 422 `no_openai_key` without that credential; 424 `provider_error`, 502 `network` and 504 `timeout` when OpenAI fails.",
+      operationId: 'generateAvatar',
       body: AvatarGenerate,
+      errors: ['no_openai_key', 'provider_error', 'network', 'timeout'],
       response: { 200: AvatarImage, 422: ErrorBody, 424: ErrorBody, 502: ErrorBody, 504: ErrorBody },
     },
     handler: async (req) =>

@@ -41,6 +41,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'Filters combine with roots_only. A status outside idle, running, terminated is 400 `invalid_status`.',
       querystring: ConversationQuery,
+      errors: ['invalid_status'],
       response: { 200: listOf(Conversation), 400: ErrorBody },
     },
     handler: async (req) => ({
@@ -65,6 +66,19 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         }),
       }),
       body: ConversationCreate,
+      errors: [
+        'not_found',
+        'sandbox_not_found',
+        'no_runner_online',
+        'sandbox_not_attachable',
+        'unsupported_media_type',
+        'sandbox_identity_mismatch',
+        'missing_credential',
+        'sandbox_quota_exceeded',
+        'fleet_full',
+        'provisioning',
+        'runner_offline',
+      ],
       response: {
         201: Conversation,
         403: ErrorBody,
@@ -91,7 +105,15 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/conversations/:id', {
     config,
-    schema: { tags, summary: 'One conversation', params: IdParam, response: { 200: Conversation, 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'One conversation',
+      description:
+        "Its status (idle, running, terminated), agent, sandbox, title and unread state. 404 for an unknown conversation or another account's.",
+      operationId: 'getConversation',
+      params: IdParam,
+      response: { 200: Conversation, 404: ErrorBody },
+    },
     handler: async (req) =>
       convs.shapeConversation(await convs.getConversation(deps.sql, requirePrincipal(req).accountId, req.params.id)),
   });
@@ -114,14 +136,30 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.post('/api/conversations/:id/read', {
     config,
-    schema: { tags, summary: 'Clear unread', params: IdParam, response: { 200: Conversation, 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Clear unread',
+      description:
+        'Marks the conversation read and answers it; watchers of /api/events/stream get a `conversations` event.',
+      operationId: 'markConversationRead',
+      params: IdParam,
+      response: { 200: Conversation, 404: ErrorBody },
+    },
     handler: async (req) =>
       convs.shapeConversation(await convs.markRead(deps.sql, actorOf(requirePrincipal(req)), req.params.id)),
   });
 
   r.get('/api/conversations/:id/turns', {
     config,
-    schema: { tags, summary: 'Turns, oldest first', params: IdParam, response: { 200: listOf(Turn), 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Turns, oldest first',
+      description:
+        "Every turn of the conversation with its prompt, origin, state (running, done, failed, interrupted, timeout) and the usage the runtime reported. 404 for an unknown conversation or another account's.",
+      operationId: 'listConversationTurns',
+      params: IdParam,
+      response: { 200: listOf(Turn), 404: ErrorBody },
+    },
     handler: async (req) => ({ data: await convs.listTurns(deps.sql, requirePrincipal(req).accountId, req.params.id) }),
   });
 
@@ -130,10 +168,21 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Send the next prompt: a follow-up turn',
+      operationId: 'sendPrompt',
       description:
         'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs; 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
       params: IdParam,
       body: PromptCreate,
+      errors: [
+        'conversation_busy',
+        'not_found',
+        'sandbox_at_capacity',
+        'conversation_terminated',
+        'unsupported_media_type',
+        'missing_credential',
+        'provisioning',
+        'runner_offline',
+      ],
       response: {
         201: Turn,
         400: ErrorBody,
@@ -160,6 +209,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'The turn ends `interrupted` (its `turn` stage event follows in the log as the runtime stops). With no turn running there is nothing to stop and the conversation is answered as it is. When the runner is not connected the turn is ended here. 410 `conversation_terminated` after terminate.',
       params: IdParam,
+      errors: ['conversation_terminated'],
       response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
     },
     handler: async (req) =>
@@ -174,6 +224,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         'A running turn ends `interrupted`, the runtime stops, and the sandbox is destroyed unless it is persistent or another live conversation shares it. The conversation stays listed with status `terminated`; later prompts, interrupts and terminates answer 410 `conversation_terminated`.',
       params: IdParam,
+      errors: ['conversation_terminated'],
       response: { 200: Conversation, 404: ErrorBody, 410: ErrorBody },
     },
     handler: async (req) =>
@@ -209,6 +260,9 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'The whole spawn tree, flat: ancestors and descendants',
+      description:
+        'The conversation, the conversations it was started from, and every sub-conversation started under it or its descendants, each with its parent.',
+      operationId: 'getConversationTree',
       params: IdParam,
       response: { 200: listOf(TreeEntry), 404: ErrorBody },
     },

@@ -17,7 +17,14 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/environments', {
     config,
-    schema: { tags, summary: 'List environments', response: { 200: listOf(Environment) } },
+    schema: {
+      tags,
+      summary: 'List environments',
+      description:
+        'Every environment of the account, with its packages, repositories and networking; secret values are never included.',
+      operationId: 'listEnvironments',
+      response: { 200: listOf(Environment) },
+    },
     handler: async (req) => ({
       data: (await rows.listEnvironments(deps.sql, requirePrincipal(req).accountId)).map(envs.shapeEnvironment),
     }),
@@ -41,7 +48,14 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/environments/:id', {
     config,
-    schema: { tags, summary: 'One environment', params: IdParam, response: { 200: Environment, 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'One environment',
+      description: "404 for an unknown environment or another account's.",
+      operationId: 'getEnvironment',
+      params: IdParam,
+      response: { 200: Environment, 404: ErrorBody },
+    },
     handler: async (req) =>
       envs.shapeEnvironment(await envs.getEnvironment(deps.sql, requirePrincipal(req).accountId, req.params.id)),
   });
@@ -54,6 +68,9 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
       schema: {
         tags,
         summary: 'Update an environment (the fields present)',
+        description:
+          'PUT and PATCH behave the same: fields absent keep their values. A `networking_config` sent without `networking_type` sets it to `limited` (`unrestricted` for null). 422 `validation_failed` when the name is taken by another environment.',
+        operationId: method === 'PATCH' ? 'updateEnvironment' : 'putEnvironment',
         params: IdParam,
         body: EnvironmentPatch,
         response: { 200: Environment, 404: ErrorBody, 422: ErrorBody },
@@ -70,8 +87,10 @@ export function environmentRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete an environment; retires persistent sandboxes built on it',
+      operationId: 'deleteEnvironment',
       description: '409 `environment_in_use` while agents use it.',
       params: IdParam,
+      errors: ['not_found', 'environment_in_use'],
       response: { 204: z.null(), 404: ErrorBody, 409: ErrorBody },
     },
     handler: async (req, reply) => {

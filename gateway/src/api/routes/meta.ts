@@ -5,6 +5,8 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps.ts';
 import { llmsFullTxt, llmsTxt, type OpenApiDoc, skillMd } from '../discovery.ts';
+import { finishDocument } from '../openapi-document.ts';
+import { errorResponse } from '../route-docs.ts';
 import type { RouteTable } from '../route-table.ts';
 
 /**
@@ -12,7 +14,7 @@ import type { RouteTable } from '../route-table.ts';
  * Routes the api role does not serve itself (the docs viewer page) are added to the
  * document here, so it describes everything under `/api/`.
  */
-export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: RouteTable): Promise<void> {
+export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: RouteTable): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
   let cached: OpenApiDoc | undefined;
   const doc = (): OpenApiDoc => {
@@ -20,7 +22,10 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     const d = structuredClone(app.swagger()) as unknown as OpenApiDoc;
     d.paths['/api/docs'] = {
       get: {
+        operationId: 'getApiDocs',
         summary: 'Interactive viewer over this description (assets served locally)',
+        description:
+          'Public. Swagger UI over /api/openapi.json; its scripts and styles are served by this instance, so it works offline.',
         tags: ['meta'],
         security: [],
         responses: { '200': { description: 'HTML page' } },
@@ -28,6 +33,7 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     };
     describeBinaryBodies(d);
     describeEdgeRoutes(d);
+    finishDocument(d, routes, deps.publicUrl());
     cached = d;
     return d;
   };
@@ -37,6 +43,9 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     schema: {
       tags: ['meta'],
       summary: 'This OpenAPI 3.1 description, generated from the code',
+      description:
+        'Public. The document this reference is built from: every route with its operationId, bodies, error codes and examples. Feed it to a client generator (openapi-typescript, @hey-api/openapi-ts).',
+      operationId: 'getOpenApiDocument',
       security: [],
       response: { 200: z.object({ openapi: z.string() }).catchall(z.unknown()) },
     },
@@ -48,6 +57,8 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, _routes: R
     schema: {
       tags: ['meta'],
       summary: 'Liveness: answers while the api role can serve requests',
+      description: 'Public and cheap: 200 `{status: "ok"}` while the process serves requests; it checks no dependency.',
+      operationId: 'getHealth',
       security: [],
       response: { 200: z.object({ status: z.literal('ok') }) },
     },
@@ -139,9 +150,9 @@ function queryParameters(schema: z.ZodObject): object[] {
  * here, beside the rest.
  */
 function describeEdgeRoutes(d: OpenApiDoc): void {
-  const error = { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } };
   d.paths['/api/conversations/{id}/stream'] = {
     get: {
+      operationId: 'streamConversation',
       tags: ['conversations'],
       summary: "The conversation's log as Server-Sent Events",
       description:
@@ -153,16 +164,19 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
       ],
       responses: {
         '200': { description: 'An event stream', content: { 'text/event-stream': { schema: { type: 'string' } } } },
-        '400': { description: 'Unknown stream name', content: error },
-        '401': { description: 'No valid credential', content: error },
-        '404': { description: "Unknown conversation, or another tenant's", content: error },
-        '429': { description: 'Rate limited', content: error },
+        '400': errorResponse(['invalid_request']),
+        '401': errorResponse(['unauthorized']),
+        '403': errorResponse(['forbidden', 'account_suspended']),
+        '404': errorResponse(['not_found']),
+        '429': errorResponse(['rate_limited']),
+        '500': errorResponse(['internal_error']),
       },
     },
   } as never;
-  const multiplexed = (summary: string, description: string) =>
+  const multiplexed = (operationId: string, summary: string, description: string) =>
     ({
       get: {
+        operationId,
         tags: ['conversations'],
         summary,
         description: `${description} Starts with a \`: connected\` comment, then a bare \`id: <position>\` line (it sets the client's last event id without firing an event), so a client that drops before its first event resumes from the moment it connected. Without Last-Event-ID (header, or \`last_event_id\` in the query) it starts live: list first, then watch; with it, it replays every event after that id, once, in order, then follows live. A \`: heartbeat\` comment every 15 s carries \`id: <position>\` when filters skipped events, so a reconnect resumes from there. Closes after 60 s without events; a client that falls too far behind is disconnected; both resume with Last-Event-ID. Sandbox tokens may not open it (403).`,
@@ -172,31 +186,35 @@ function describeEdgeRoutes(d: OpenApiDoc): void {
         ],
         responses: {
           '200': { description: 'An event stream', content: { 'text/event-stream': { schema: { type: 'string' } } } },
-          '400': { description: 'Unknown stream name', content: error },
-          '401': { description: 'No valid credential', content: error },
-          '403': { description: 'A sandbox token', content: error },
-          '429': { description: 'Rate limited', content: error },
+          '400': errorResponse(['invalid_request']),
+          '401': errorResponse(['unauthorized']),
+          '403': errorResponse(['forbidden', 'account_suspended']),
+          '429': errorResponse(['rate_limited']),
+          '500': errorResponse(['internal_error']),
         },
       },
     }) as never;
   d.paths['/api/runners/connect'] = {
     get: {
+      operationId: 'connectRunner',
       tags: ['runners'],
       summary: 'The runner fabric: a WebSocket for svc-runner',
       description:
         'Upgrade with `Authorization: Bearer <runner token>`. Binary frames, each one msgpack message of the runner protocol (schemas in core/src/runner-protocol.ts): the runner sends `hello` first (protocol version, runner-agent version, instance, hostname, root, capabilities, sandboxes held), the service answers `welcome` (runner id, connection epoch, heartbeat interval), then `heartbeat` at that interval. One live connection per runner: a newer one closes the older with 4001. Close codes: 4001 replaced, 4002 runner deleted, 4003 not a protocol message, 4004 unsupported protocol version, 4005 no hello in time, 1001 going away (reconnect).',
       responses: {
         '101': { description: 'Switching to the WebSocket protocol' },
-        '401': { description: 'No runner token, or not a valid one', content: error },
-        '429': { description: 'Rate limited', content: error },
+        '401': errorResponse(['unauthorized']),
+        '429': errorResponse(['rate_limited']),
       },
     },
   } as never;
   d.paths['/api/events/stream'] = multiplexed(
+    'streamEvents',
     'Every conversation of the caller as one Server-Sent Events stream',
     'Each event is a conversation log event plus `conversation_id`; new conversations are followed on their own (and deleted ones vanish from replays). `event: conversations` with `{"reason":"changed"}` on create, title, read, delete or finish, at most once a second (a burst folds into one, whose id is the position reached).',
   );
   d.paths['/api/team/stream'] = multiplexed(
+    'streamTeam',
     "The team channel's conversations as one Server-Sent Events stream",
     'Each event is a log event of a conversation on the team channel (`svc:team`) plus `conversation_id` and `agent_id`. `event: team` with `{"reason":"changed"}` when a teammate is added or removed, a fresh conversation opens for one, or a self-hosted runner connects or drops; `event: schedule` when a schedule is created, updated, deleted or fired.',
   );

@@ -62,6 +62,9 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'OAuth 2.0 authorization server metadata (RFC 8414)',
+      description:
+        'Public. The issuer and the authorization, token and revocation endpoints of this instance; only the authorization code grant with PKCE S256 and public clients are supported.',
+      operationId: 'getOAuthServerMetadata',
       security: [],
       response: { 200: z.record(z.string(), z.unknown()) },
     },
@@ -86,6 +89,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Browser consent page for the authorization code grant with PKCE (S256)',
+      operationId: 'showOAuthConsent',
       description:
         'An unknown client or a redirect URI not registered in OAUTH_CLIENTS renders an error page and never redirects.',
       security: [],
@@ -132,6 +136,9 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Consent form target: answers 302 to the redirect URI with `code` and `state`',
+      description:
+        'Posted by the consent page. Allow answers 302 to the redirect URI with `code` and `state`; deny with `error=access_denied`. An unknown client or redirect URI renders an error page instead of redirecting.',
+      operationId: 'submitOAuthConsent',
       security: [],
       consumes: ['application/x-www-form-urlencoded'],
       body: AuthorizeForm,
@@ -184,11 +191,13 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Exchange an authorization code (with its PKCE verifier) for a full-scope key',
+      operationId: 'exchangeOAuthCode',
       description:
         'Form-encoded (RFC 6749) or JSON. The key expires in 30 days and is listed as `oauth:<client_id>`. Errors carry `error_description` beside `message`.',
       security: [],
       consumes: ['application/x-www-form-urlencoded', 'application/json'],
       body: TokenRequest,
+      errors: ['invalid_grant', 'unsupported_grant_type'],
       response: { 200: TokenResponse, 400: OAuthError },
     },
     handler: async (req, reply) => {
@@ -202,12 +211,14 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Revoke a key (RFC 7009): the `token` field, or else the bearer key presented',
+      operationId: 'revokeOAuthToken',
       description: 'Answers 200 whether or not the token was live, as RFC 7009 asks.',
       security: [],
       consumes: ['application/x-www-form-urlencoded', 'application/json'],
       body: z
         .object({ token: z.string().max(300).optional(), token_type_hint: z.string().max(50).optional() })
         .optional(),
+      errors: ['unauthorized', 'forbidden'],
       response: { 200: z.object({ revoked: z.literal(true) }), 400: OAuthError, 401: ErrorBody },
     },
     handler: async (req) => {

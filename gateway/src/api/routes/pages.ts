@@ -29,6 +29,9 @@ export function linkPages(app: FastifyInstance, deps: ApiDeps): void {
       schema: {
         tags: ['pages'],
         summary: `Browser page: ${p.title.toLowerCase()}`,
+        description:
+          "The HTML page a mailed link opens: a form carrying the link's `token`, posted back to the same path. For people; programs call the JSON route instead.",
+        operationId: `show${pascal(path)}Page`,
         security: [],
         querystring: TokenQuery,
       },
@@ -51,6 +54,9 @@ export function linkPages(app: FastifyInstance, deps: ApiDeps): void {
       schema: {
         tags: ['pages'],
         summary: `Browser form target: ${p.title.toLowerCase()}`,
+        description:
+          "Takes the page's form and answers an HTML page saying what happened; an unknown, used or expired link answers 422 with a page saying so.",
+        operationId: `submit${pascal(path)}Page`,
         security: [],
         consumes: ['application/x-www-form-urlencoded'],
         body: PageForm,
@@ -90,4 +96,12 @@ export function linkPages(app: FastifyInstance, deps: ApiDeps): void {
       },
     });
   }
+}
+
+/** `verify-email` as `VerifyEmail`, for operationIds. */
+function pascal(path: string): string {
+  return path
+    .split('-')
+    .map((w) => w.charAt(0).toUpperCase() + w.slice(1))
+    .join('');
 }

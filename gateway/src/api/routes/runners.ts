@@ -21,7 +21,14 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/runners', {
     config,
-    schema: { tags, summary: 'List runners with their presence', response: { 200: listOf(Runner) } },
+    schema: {
+      tags,
+      summary: 'List runners with their presence',
+      description:
+        "`online` is true while the runner's connection is live (within RUNNER_GRACE_MS of its last heartbeat); `hostname`, `path` and `version` are what it reported when it last connected.",
+      operationId: 'listRunners',
+      response: { 200: listOf(Runner) },
+    },
     handler: async (req) => ({
       data: (await rows.listRunners(deps.sql, requirePrincipal(req).accountId)).map((row) =>
         runners.shapeRunner(row, offlineAfterMs),
@@ -34,6 +41,7 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Register a runner; its token is shown once',
+      operationId: 'createRunner',
       description:
         'Run it on the machine: `npx svc-runner --url <base> --token <token> --root <dir>`. Only a hash of the token is kept.',
       body: RunnerFields,
@@ -50,6 +58,9 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete a runner: its token stops working and its connection is closed',
+      description:
+        "Its live connection is closed (close code 4002) and its token refused from then on. 404 for an unknown runner or another account's.",
+      operationId: 'deleteRunner',
       params: IdParam,
       response: { 204: z.null(), 404: ErrorBody },
     },

@@ -22,6 +22,7 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         '`status` filters (comma-separated); a value outside provisioning, ready, suspended, terminated, failed is 400 `invalid_status`. A sandbox is `provisioning` until its runner reports the build done, then `ready` (or `failed`).',
       querystring: SandboxQuery,
+      errors: ['invalid_status'],
       response: { 200: listOf(Sandbox), 400: ErrorBody },
     },
     handler: async (req) => ({
@@ -36,7 +37,11 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'One sandbox, with its conversations and whether each is mid-turn',
+      description:
+        "Its status, provider, mode and identity (agent, environment, vault), and for each conversation on it whether a turn is running. 404 `sandbox_not_found` for an unknown sandbox or another account's.",
+      operationId: 'getSandbox',
       params: IdParam,
+      errors: ['sandbox_not_found'],
       response: { 200: Sandbox, 404: ErrorBody },
     },
     handler: async (req) =>
@@ -52,9 +57,11 @@ export function sandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Reset a persistent sandbox: its machine is destroyed, its conversations kept',
+      operationId: 'resetSandbox',
       description:
         'The next prompt on any of its conversations builds a clean machine for the same agent, environment and vault (the sandbox stays `ready`). 422 `sandbox_not_resettable` for an ephemeral, terminated or failed sandbox; 409 `sandbox_mid_turn` while a conversation on it runs a turn (its `conversations` names them); 503 `provisioning` while its first machine is being built; 503 `runner_offline` while its runner is away.',
       params: IdParam,
+      errors: ['sandbox_not_found', 'sandbox_mid_turn', 'sandbox_not_resettable', 'provisioning', 'runner_offline'],
       response: { 204: z.null(), 404: ErrorBody, 409: ErrorBody, 422: ErrorBody, 503: ErrorBody },
     },
     handler: async (req, reply) => {

@@ -21,6 +21,7 @@ export function secretRoutes(app: FastifyInstance, deps: ApiDeps, owner: secrets
   const config = { auth: 'user' as const };
   const base = owner === 'environment' ? '/api/environments/:id/secrets' : '/api/vaults/:id/secrets';
   const tags = [owner === 'environment' ? 'environments' : 'vaults'];
+  const Owner = owner === 'environment' ? 'Environment' : 'Vault';
   const Entry = owner === 'environment' ? EnvironmentSecret : VaultSecret;
   const Upsert = owner === 'environment' ? SecretUpsert : VaultSecretUpsert;
   const ownerOf = (accountId: string, id: string) =>
@@ -31,6 +32,8 @@ export function secretRoutes(app: FastifyInstance, deps: ApiDeps, owner: secrets
     schema: {
       tags,
       summary: `Secret keys of ${owner === 'environment' ? 'an environment' : 'a vault, with their expiry'} (values are never returned)`,
+      description: `404 for an unknown ${owner} or another account's.${owner === 'vault' ? ' An expired secret stays listed (`expired: true`) but is not placed into sandboxes built after its expiry.' : ''}`,
+      operationId: `list${Owner}Secrets`,
       params: IdParam,
       response: { 200: listOf(Entry), 404: ErrorBody },
     },
@@ -48,6 +51,8 @@ export function secretRoutes(app: FastifyInstance, deps: ApiDeps, owner: secrets
     schema: {
       tags,
       summary: `Set a secret (upsert by key)${owner === 'vault' ? ', optionally expiring' : ''}; the value is write-only`,
+      description: `201 when the key is new, 200 when it replaced a value. The value is encrypted at rest and never returned; placed in a sandbox, a value of 8 bytes or more is redacted from its output. 404 for an unknown ${owner} or another account's.`,
+      operationId: `set${Owner}Secret`,
       params: IdParam,
       body: Upsert,
       response: { 200: Entry, 201: Entry, 404: ErrorBody },
@@ -72,7 +77,14 @@ export function secretRoutes(app: FastifyInstance, deps: ApiDeps, owner: secrets
 
   r.delete(`${base}/:key`, {
     config,
-    schema: { tags, summary: 'Delete a secret', params: KeyParam, response: { 204: z.null(), 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Delete a secret',
+      description: `404 for an unknown ${owner}, another account's, or a key it does not hold.`,
+      operationId: `delete${Owner}Secret`,
+      params: KeyParam,
+      response: { 204: z.null(), 404: ErrorBody },
+    },
     handler: async (req, reply) => {
       const p = requirePrincipal(req);
       await ownerOf(p.accountId, req.params.id);

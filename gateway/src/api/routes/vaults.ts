@@ -17,7 +17,13 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/vaults', {
     config,
-    schema: { tags, summary: 'List vaults', response: { 200: listOf(Vault) } },
+    schema: {
+      tags,
+      summary: 'List vaults',
+      description: 'Every vault of the account with its secret count; values are never included.',
+      operationId: 'listVaults',
+      response: { 200: listOf(Vault) },
+    },
     handler: async (req) => ({
       data: (await rows.listVaults(deps.sql, requirePrincipal(req).accountId)).map(vaults.shapeVault),
     }),
@@ -25,7 +31,15 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.post('/api/vaults', {
     config,
-    schema: { tags, summary: 'Create a vault', body: VaultFields, response: { 201: Vault, 422: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Create a vault',
+      description:
+        'A vault is a named set of secrets an agent may be allowed to use (`allowed_vault_ids`). 422 `validation_failed` when the name is taken.',
+      operationId: 'createVault',
+      body: VaultFields,
+      response: { 201: Vault, 422: ErrorBody },
+    },
     handler: async (req, reply) =>
       reply
         .code(201)
@@ -34,7 +48,14 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/vaults/:id', {
     config,
-    schema: { tags, summary: 'One vault', params: IdParam, response: { 200: Vault, 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'One vault',
+      description: "404 for an unknown vault or another account's.",
+      operationId: 'getVault',
+      params: IdParam,
+      response: { 200: Vault, 404: ErrorBody },
+    },
     handler: async (req) =>
       vaults.shapeVault(await vaults.getVault(deps.sql, requirePrincipal(req).accountId, req.params.id)),
   });
@@ -44,6 +65,8 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Rename a vault',
+      description: 'Only the name changes; its secrets stay. 422 `validation_failed` when the name is taken.',
+      operationId: 'renameVault',
       params: IdParam,
       body: VaultFields,
       response: { 200: Vault, 404: ErrorBody, 422: ErrorBody },
@@ -59,6 +82,9 @@ export function vaultRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete a vault and its secrets; retires persistent sandboxes built with it',
+      description:
+        'The secrets are destroyed with it. Persistent sandboxes built with the vault are retired, so no later turn runs with its values.',
+      operationId: 'deleteVault',
       params: IdParam,
       response: { 204: z.null(), 404: ErrorBody },
     },
