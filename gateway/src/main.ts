@@ -19,6 +19,7 @@ import type { EventLog } from './log/log.ts';
 import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
+import { ServiceMetrics } from './metrics.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { admission } from './ratelimit/admission.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
@@ -90,9 +91,11 @@ export interface Service {
   close(): Promise<void>;
 }
 
-/** Seams a test may replace; production passes none. */
+/** Seams a test may replace; production passes none, except an edge process its place. */
 export interface ServiceOverrides {
   retireSandboxes?: RetireSandboxesBuiltOn;
+  /** Which of EDGE_PROCESSES this process is (0, the default, for the first): a metrics label. */
+  edgeProcess?: number;
 }
 
 /**
@@ -176,6 +179,7 @@ export async function startService(
     }
     cleanups.push(() => eventLog.close());
     const redaction = new Redaction();
+    const metrics = new ServiceMetrics({ edgeProcess: overrides.edgeProcess ?? 0 });
     const copier = new LogCopier(
       { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }) },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 1000, keepHot: config.LOG_HOT_EVENTS },
@@ -185,7 +189,10 @@ export async function startService(
     const append = createAppender(eventLog, redaction);
     const appendEvents: AppendEvents = async (input) => {
       const result = await append(input);
-      if (result.status === 'appended') copier.track(input.tenant);
+      if (result.status === 'appended') {
+        copier.track(input.tenant);
+        metrics.appended(result.events.length);
+      }
       return result;
     };
     // Events the service emits reach the log through the outbox, written with the state change.
@@ -277,6 +284,7 @@ export async function startService(
 
     let boundPort = config.PORT;
     const base = () => publicUrl(config, boundPort);
+    const redisClient = redis?.redis;
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -306,6 +314,12 @@ export async function startService(
         overrides.retireSandboxes ??
         retireSandboxesBuiltOn({ sql: db.sql, fabric, providers, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
+      readiness: {
+        sql: db.sql,
+        pingRedis: redisClient ? () => redisClient.ping() : undefined,
+        timeoutMs: 2000,
+      },
+      metrics,
       launch: {
         sql: db.sql,
         keyring,
@@ -343,6 +357,13 @@ export async function startService(
         idleCloseMs: config.SSE_IDLE_CLOSE_MS,
         maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
       },
+    });
+    metrics.observe({
+      watchers: () => streams.watchers,
+      runners: () => fabric.connectedRunners,
+      copied: () => copier.copied,
+      copyLagSeconds: () => copier.pending().oldestMs / 1000,
+      copyPendingTenants: () => copier.pending().tenants,
     });
     const { app: api, routeTable } = await buildApi(deps, {
       behindEdge: config.EDGE,
