@@ -19,7 +19,7 @@ import type { EventLog } from './log/log.ts';
 import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
-import { ServiceMetrics } from './metrics.ts';
+import { type MetricsSnapshot, ServiceMetrics } from './metrics.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { admission } from './ratelimit/admission.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
@@ -84,6 +84,8 @@ export interface Service {
   local: LocalSandboxes;
   /** The sandbox providers this instance offers. */
   providers: SandboxProviders;
+  /** This process's metrics (`GET /metrics`). */
+  metrics: ServiceMetrics;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
   /** Every route the api role registered (for the OpenAPI coverage test). */
@@ -96,6 +98,8 @@ export interface ServiceOverrides {
   retireSandboxes?: RetireSandboxesBuiltOn;
   /** Which of EDGE_PROCESSES this process is (0, the default, for the first): a metrics label. */
   edgeProcess?: number;
+  /** For a process other than the first: every process's metrics, gathered by the first. */
+  gatherMetrics?: () => Promise<MetricsSnapshot[]>;
 }
 
 /**
@@ -180,6 +184,7 @@ export async function startService(
     cleanups.push(() => eventLog.close());
     const redaction = new Redaction();
     const metrics = new ServiceMetrics({ edgeProcess: overrides.edgeProcess ?? 0 });
+    if (overrides.gatherMetrics) metrics.gatherWith(overrides.gatherMetrics);
     const copier = new LogCopier(
       { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }) },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 1000, keepHot: config.LOG_HOT_EVENTS },
@@ -419,7 +424,9 @@ export async function startService(
         config: { ...config, PORT: boundPort, EDGE_PROCESSES: 1, MASTER_KEY: key.toString('hex') },
         count: config.EDGE_PROCESSES - 1,
         log: log.child({ role: 'edge-processes' }),
+        ownMetrics: () => metrics.snapshot(),
       });
+      metrics.gatherWith(() => processes.gatherMetrics());
       cleanups.push(() => {
         childrenStopped = processes.stop(config.SHUTDOWN_GRACE_MS + 5000);
       });
@@ -442,6 +449,7 @@ export async function startService(
       fabric,
       local,
       providers,
+      metrics,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,

@@ -1,4 +1,4 @@
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import { AggregatorRegistry, Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 
 /**
  * What the api role reports per answered request. `route` is the matched route pattern
@@ -30,6 +30,9 @@ export interface ScrapeSources {
   copyPendingTenants(): number;
 }
 
+/** One process's metrics as prom-client hands them between processes (JSON, over IPC). */
+export type MetricsSnapshot = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+
 /** The methods Fastify routes; anything else is counted as `OTHER`, so the label stays bounded. */
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
 
@@ -37,13 +40,15 @@ const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIO
  * The Prometheus registry of one process and every metric it exposes (`GET /metrics`). Every
  * series carries `edge_process` (0 for the process started first, 1.. for the others of
  * EDGE_PROCESSES), so the series of processes sharing a port never merge. Labels are bounded:
- * method, route pattern, status; no ids, accounts or tokens.
+ * method, route pattern, status; no ids, accounts or tokens. With several processes on one
+ * port, a scrape lands on any of them and answers with the series of all (`gatherWith`).
  */
 export class ServiceMetrics implements RequestMetrics, AppendMetrics {
   readonly registry = new Registry();
   private readonly requests: Counter<'method' | 'route' | 'status'>;
   private readonly durations: Histogram<'method' | 'route'>;
   private readonly appends: Counter;
+  private gather: (() => Promise<MetricsSnapshot[]>) | undefined;
 
   constructor(options: { edgeProcess: number }) {
     const registers = [this.registry];
@@ -118,8 +123,27 @@ export class ServiceMetrics implements RequestMetrics, AppendMetrics {
     });
   }
 
+  /**
+   * Scrapes answer with what `gather` returns (every process's snapshot, this one's included)
+   * instead of this process's series alone.
+   */
+  gatherWith(gather: () => Promise<MetricsSnapshot[]>): void {
+    this.gather = gather;
+  }
+
+  /** This process's series, default labels included. */
+  snapshot(): Promise<MetricsSnapshot> {
+    return this.registry.getMetricsAsJSON();
+  }
+
   /** The text exposition of every metric, and its content type. */
   async scrape(): Promise<{ contentType: string; body: string }> {
-    return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+    if (!this.gather) return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+    const snapshots = await this.gather();
+    // Each process's series differ by edge_process, so summing merges nothing: it lists them
+    // all. (The default aggregators would keep one process's version and start time, or none.)
+    for (const metric of snapshots.flat()) metric.aggregator = 'sum';
+    const merged = AggregatorRegistry.aggregate(snapshots);
+    return { contentType: merged.contentType, body: await merged.metrics() };
   }
 }

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { get } from 'node:http';
 import { networkInterfaces } from 'node:os';
 import t from 'tap';
 import { signUp, startTestService, type TestService, transportSetups } from './harness.ts';
@@ -182,3 +183,37 @@ for (const edge of [true, false]) {
     },
   );
 }
+
+/** A GET on a connection of its own (no keep-alive), so the kernel picks its process afresh. */
+function getAlone(url: string): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    get(url, { agent: false }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => {
+        text += d;
+      });
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
+    }).on('error', reject);
+  });
+}
+
+t.test(
+  'with EDGE_PROCESSES=3, a scrape landing on any process shows the series of all three',
+  { skip: !process.env.TEST_REDIS_URL && 'needs Redis and Postgres' },
+  async (t) => {
+    const svc = await startTestService(t, { backend: 'postgres+redis', env: { EDGE_PROCESSES: '3' } });
+    for (let i = 0; i < 30; i++) t.equal((await getAlone(`${svc.url}/api/health`)).status, 200);
+    for (let i = 0; i < 12; i++) {
+      const { status, text } = await getAlone(`${svc.url}/metrics`);
+      t.equal(status, 200);
+      const samples = parseExposition(text);
+      const started = samples.filter((s) => s.name === 'svc_process_start_time_seconds');
+      t.same(started.map((s) => s.labels.edge_process).sort(), ['0', '1', '2'], `scrape ${i}: each process once`);
+      const health = samples
+        .filter((s) => s.name === 'svc_http_requests_total' && s.labels.route === '/api/health')
+        .reduce((sum, s) => sum + s.value, 0);
+      t.equal(health, 30, `scrape ${i}: the health checks of every process add up`);
+    }
+  },
+);
