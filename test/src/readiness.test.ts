@@ -1,41 +1,8 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import t from 'tap';
 import { startTestService } from './harness.ts';
+import { haveRedis, ownRedisServer } from './own-redis.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-function haveRedis(): boolean {
-  try {
-    execFileSync('redis-server', ['--version'], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** A redis-server of this test's own, so stopping it disturbs nobody else. */
-function ownRedis(port: number, dir: string): ChildProcess {
-  return spawn(
-    'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--maxmemory-policy', 'noeviction'],
-    { stdio: 'ignore' },
-  );
-}
-
-async function waitUp(port: number) {
-  for (let i = 0; i < 100; i++) {
-    try {
-      execFileSync('redis-cli', ['-p', String(port), 'ping'], { stdio: 'pipe' });
-      return;
-    } catch {
-      await sleep(50);
-    }
-  }
-  throw new Error('redis did not come up');
-}
 
 t.test('on the embedded defaults, ready names Redis not_configured', async (t) => {
   const svc = await startTestService(t, { backend: 'embedded' });
@@ -65,25 +32,16 @@ t.test(
     skip: !haveRedis() && 'no redis-server',
   },
   async (t) => {
-    const port = 21000 + Math.floor(Math.random() * 20000);
-    const dir = mkdtempSync(join(tmpdir(), 'svc-ready-redis-'));
-    let redis = ownRedis(port, dir);
-    t.teardown(() => {
-      redis.kill('SIGKILL');
-      rmSync(dir, { recursive: true, force: true });
-    });
-    await waitUp(port);
+    const redis = await ownRedisServer(t, 'ready-redis');
     const svc = await startTestService(t, {
       backend: 'postgres+redis',
-      env: { REDIS_URL: `redis://127.0.0.1:${port}` },
+      env: { REDIS_URL: `redis://127.0.0.1:${redis.port}` },
     });
     const up = await svc.http.get('/api/ready');
     t.equal(up.status, 200);
     t.same(up.body, { status: 'ready', checks: { database: 'ok', redis: 'ok', migrations: 'ok' } });
 
-    const exited = new Promise((r) => redis.once('exit', r));
-    redis.kill('SIGKILL');
-    await exited;
+    await redis.stop('SIGKILL');
     const down = await svc.http.get('/api/ready');
     t.equal(down.status, 503);
     t.equal(down.headers.get('retry-after'), '1');
@@ -96,8 +54,7 @@ t.test(
     const alive = await svc.http.get('/api/health');
     t.equal(alive.status, 200, 'liveness is not readiness: the process still answers');
 
-    redis = ownRedis(port, dir);
-    await waitUp(port);
+    await redis.start();
     let back = await svc.http.get('/api/ready');
     for (let i = 0; i < 100 && back.status !== 200; i++) {
       await sleep(100);
