@@ -48,17 +48,14 @@ export function operationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       security: [],
       response: { 200: Readiness, 503: NotReady },
     },
-    handler: async (_request, reply) => {
+    handler: async () => {
       const { ready, checks } = await checkReadiness(deps.readiness);
       if (ready) return { status: 'ready' as const, checks };
       const failing = Object.entries(checks)
         .filter(([, v]) => v !== 'ok' && v !== 'not_configured')
         .map(([k, v]) => `${k} ${v}`);
-      const e = new ApiError('not_ready', `Not ready: ${failing.join(', ')}.`, {
-        extra: { status: 'not_ready', checks },
-      });
-      reply.header('retry-after', String(e.retryAfter));
-      return reply.code(503).send(e.body() as z.infer<typeof NotReady>);
+      // Answered by the error handler, with Retry-After as every 503.
+      throw new ApiError('not_ready', `Not ready: ${failing.join(', ')}.`, { extra: { status: 'not_ready', checks } });
     },
   });
 
