@@ -374,7 +374,7 @@ export async function startService(
       behindEdge: config.EDGE,
       alone: config.EDGE
         ? undefined
-        : { admitFor: admission(limiter, config.RATE_LIMIT_EXEMPT, log.child({ role: 'api' })), streams },
+        : { admitFor: admission(limiter, config.RATE_LIMIT_EXEMPT, log.child({ role: 'api' }), metrics), streams },
     });
     cleanups.push(async () => {
       // A close waits for the responses under way; one to a client that stopped reading never
@@ -407,6 +407,7 @@ export async function startService(
         port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,
         limiter,
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
+        metrics,
         forwarder,
         log: log.child({ role: 'edge' }),
         fabric,

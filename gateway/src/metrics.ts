@@ -8,6 +8,11 @@ export interface RequestMetrics {
   requestDone(method: string, route: string | undefined, status: number, seconds: number): void;
 }
 
+/** What the rate limit reports per request it refuses. */
+export interface AdmissionMetrics {
+  rateLimited(): void;
+}
+
 /** What the log's write path reports per append, counted as it happens (one add, no I/O). */
 export interface AppendMetrics {
   appended(events: number): void;
@@ -43,11 +48,12 @@ const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIO
  * method, route pattern, status; no ids, accounts or tokens. With several processes on one
  * port, a scrape lands on any of them and answers with the series of all (`gatherWith`).
  */
-export class ServiceMetrics implements RequestMetrics, AppendMetrics {
+export class ServiceMetrics implements RequestMetrics, AppendMetrics, AdmissionMetrics {
   readonly registry = new Registry();
   private readonly requests: Counter<'method' | 'route' | 'status'>;
   private readonly durations: Histogram<'method' | 'route'>;
   private readonly appends: Counter;
+  private readonly refusals: Counter;
   private gather: (() => Promise<MetricsSnapshot[]>) | undefined;
 
   constructor(options: { edgeProcess: number }) {
@@ -72,6 +78,11 @@ export class ServiceMetrics implements RequestMetrics, AppendMetrics {
       help: 'Events appended to the event log by this process (after redaction; duplicates not counted).',
       registers,
     });
+    this.refusals = new Counter({
+      name: 'svc_rate_limited_total',
+      help: 'Requests under /api refused 429 rate_limited by this process, whichever server answered.',
+      registers,
+    });
   }
 
   requestDone(method: string, route: string | undefined, status: number, seconds: number): void {
@@ -83,6 +94,10 @@ export class ServiceMetrics implements RequestMetrics, AppendMetrics {
 
   appended(events: number): void {
     this.appends.inc(events);
+  }
+
+  rateLimited(): void {
+    this.refusals.inc();
   }
 
   /** Registers the gauges read from `sources` at each scrape. Called once, by the composition root. */

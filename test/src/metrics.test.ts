@@ -217,3 +217,21 @@ t.test(
     }
   },
 );
+
+for (const edge of [true, false]) {
+  t.test(`requests the rate limit refuses are counted (${edge ? 'edge' : 'Fastify alone'})`, async (t) => {
+    const svc = await startTestService(t, {
+      backend: 'embedded',
+      env: { EDGE: String(edge), RATE_LIMIT_PER_MINUTE: '3' },
+    });
+    let refused = 0;
+    for (let i = 0; i < 8; i++) {
+      const res = await getAlone(`${svc.url}/api/health`);
+      if (res.status === 429) refused++;
+    }
+    t.ok(refused >= 4, `${refused} of 8 refused`);
+    const { status, text } = await getAlone(`${svc.url}/metrics`);
+    t.equal(status, 200, '/metrics is outside /api, so never rate limited');
+    t.equal(sampleOf(parseExposition(text), 'svc_rate_limited_total'), refused);
+  });
+}
