@@ -46,6 +46,7 @@ export const errorCatalogue = {
   internal_error: [500, 'Internal error.'],
   network: [502, 'The provider could not be reached.'],
   api_unavailable: [503, 'The control plane could not be reached; retry shortly.'],
+  not_ready: [503, 'The service is not ready: a dependency it needs does not answer.'],
   fleet_full: [503, 'The instance has no free sandbox capacity.'],
   provisioning: [503, 'The machine is still being built.'],
   sprite_probe_failed: [503, 'The sandbox did not answer its probe.'],

@@ -43,3 +43,15 @@ export async function migrate(sql: Sql): Promise<string[]> {
   });
   return applied;
 }
+
+/**
+ * Migration files not recorded as applied in `schema_migrations` (all of them when the table
+ * does not exist yet): what readiness reports. Reads only; takes no lock.
+ */
+export async function pendingMigrations(sql: Sql): Promise<string[]> {
+  const files = (await readdir(MIGRATIONS_DIR)).filter((f) => f.endsWith('.sql')).sort();
+  const [table] = await sql<{ exists: boolean }[]>`SELECT to_regclass('schema_migrations') IS NOT NULL AS exists`;
+  if (!table?.exists) return files;
+  const done = new Set((await sql<{ name: string }[]>`SELECT name FROM schema_migrations`).map((r) => r.name));
+  return files.filter((f) => !done.has(f));
+}

@@ -54,6 +54,7 @@ export const ConfigSchema = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   EDGE: bool.default(true),
   EDGE_PROCESSES: z.coerce.number().int().min(1).max(256).default(1),
+  METRICS_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
   BODY_LIMIT_BYTES: z.coerce
     .number()
     .int()

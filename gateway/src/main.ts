@@ -19,6 +19,7 @@ import type { EventLog } from './log/log.ts';
 import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
+import { type MetricsSnapshot, ServiceMetrics } from './metrics.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { admission } from './ratelimit/admission.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
@@ -83,6 +84,8 @@ export interface Service {
   local: LocalSandboxes;
   /** The sandbox providers this instance offers. */
   providers: SandboxProviders;
+  /** This process's metrics (`GET /metrics`). */
+  metrics: ServiceMetrics;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
   /** Every route the api role registered (for the OpenAPI coverage test). */
@@ -90,9 +93,13 @@ export interface Service {
   close(): Promise<void>;
 }
 
-/** Seams a test may replace; production passes none. */
+/** Seams a test may replace; production passes none, except an edge process its place. */
 export interface ServiceOverrides {
   retireSandboxes?: RetireSandboxesBuiltOn;
+  /** Which of EDGE_PROCESSES this process is (0, the default, for the first): a metrics label. */
+  edgeProcess?: number;
+  /** For a process other than the first: every process's metrics, gathered by the first. */
+  gatherMetrics?: () => Promise<MetricsSnapshot[]>;
 }
 
 /**
@@ -176,6 +183,8 @@ export async function startService(
     }
     cleanups.push(() => eventLog.close());
     const redaction = new Redaction();
+    const metrics = new ServiceMetrics({ edgeProcess: overrides.edgeProcess ?? 0 });
+    if (overrides.gatherMetrics) metrics.gatherWith(overrides.gatherMetrics);
     const copier = new LogCopier(
       { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }) },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 1000, keepHot: config.LOG_HOT_EVENTS },
@@ -185,7 +194,10 @@ export async function startService(
     const append = createAppender(eventLog, redaction);
     const appendEvents: AppendEvents = async (input) => {
       const result = await append(input);
-      if (result.status === 'appended') copier.track(input.tenant);
+      if (result.status === 'appended') {
+        copier.track(input.tenant);
+        metrics.appended(result.events.length);
+      }
       return result;
     };
     // Events the service emits reach the log through the outbox, written with the state change.
@@ -277,6 +289,7 @@ export async function startService(
 
     let boundPort = config.PORT;
     const base = () => publicUrl(config, boundPort);
+    const redisClient = redis?.redis;
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -306,6 +319,12 @@ export async function startService(
         overrides.retireSandboxes ??
         retireSandboxesBuiltOn({ sql: db.sql, fabric, providers, logger: log.child({ role: 'sandboxes' }) }),
       fabric,
+      readiness: {
+        sql: db.sql,
+        pingRedis: redisClient ? () => redisClient.ping() : undefined,
+        timeoutMs: 2000,
+      },
+      metrics,
       launch: {
         sql: db.sql,
         keyring,
@@ -344,11 +363,18 @@ export async function startService(
         maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
       },
     });
+    metrics.observe({
+      watchers: () => streams.watchers,
+      runners: () => fabric.connectedRunners,
+      copied: () => copier.copied,
+      copyLagSeconds: () => copier.pending().oldestMs / 1000,
+      copyPendingTenants: () => copier.pending().tenants,
+    });
     const { app: api, routeTable } = await buildApi(deps, {
       behindEdge: config.EDGE,
       alone: config.EDGE
         ? undefined
-        : { admitFor: admission(limiter, config.RATE_LIMIT_EXEMPT, log.child({ role: 'api' })), streams },
+        : { admitFor: admission(limiter, config.RATE_LIMIT_EXEMPT, log.child({ role: 'api' }), metrics), streams },
     });
     cleanups.push(async () => {
       // A close waits for the responses under way; one to a client that stopped reading never
@@ -381,6 +407,7 @@ export async function startService(
         port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,
         limiter,
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
+        metrics,
         forwarder,
         log: log.child({ role: 'edge' }),
         fabric,
@@ -398,7 +425,9 @@ export async function startService(
         config: { ...config, PORT: boundPort, EDGE_PROCESSES: 1, MASTER_KEY: key.toString('hex') },
         count: config.EDGE_PROCESSES - 1,
         log: log.child({ role: 'edge-processes' }),
+        ownMetrics: () => metrics.snapshot(),
       });
+      metrics.gatherWith(() => processes.gatherMetrics());
       cleanups.push(() => {
         childrenStopped = processes.stop(config.SHUTDOWN_GRACE_MS + 5000);
       });
@@ -421,6 +450,7 @@ export async function startService(
       fabric,
       local,
       providers,
+      metrics,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,

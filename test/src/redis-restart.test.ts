@@ -1,72 +1,21 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { EventSource } from 'eventsource';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { signUp, startTestService } from './harness.ts';
+import { haveRedis, ownRedisServer } from './own-redis.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-function haveRedis(): boolean {
-  try {
-    execFileSync('redis-server', ['--version'], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** A redis-server of this test's own, so restarting it disturbs nobody else. */
-function ownRedis(port: number, dir: string): ChildProcess {
-  return spawn(
-    'redis-server',
-    [
-      '--port',
-      String(port),
-      '--bind',
-      '127.0.0.1',
-      '--dir',
-      dir,
-      '--save',
-      '',
-      '--appendonly',
-      'yes',
-      '--appendfsync',
-      'always',
-      '--maxmemory-policy',
-      'noeviction',
-    ],
-    { stdio: 'ignore' },
-  );
-}
-
-async function waitUp(port: number) {
-  for (let i = 0; i < 100; i++) {
-    try {
-      execFileSync('redis-cli', ['-p', String(port), 'ping'], { stdio: 'pipe' });
-      return;
-    } catch {
-      await sleep(50);
-    }
-  }
-  throw new Error('redis did not come up');
-}
 
 for (const keepData of [true, false]) {
   t.test(
     `Redis restarted mid-stream, ${keepData ? 'keeping' : 'losing'} its data`,
     { skip: !haveRedis() && 'no redis-server' },
     async (t) => {
-      const port = 21000 + Math.floor(Math.random() * 20000);
-      const dir = mkdtempSync(join(tmpdir(), 'svc-redis-restart-'));
-      let redis = ownRedis(port, dir);
-      t.teardown(() => {
-        redis.kill('SIGKILL');
-        rmSync(dir, { recursive: true, force: true });
-      });
-      await waitUp(port);
+      const redis = await ownRedisServer(t, 'redis-restart');
+      const { port, dir } = redis;
       const svc = await startTestService(t, {
         backend: 'postgres+redis',
         env: { REDIS_URL: `redis://127.0.0.1:${port}`, SSE_IDLE_CLOSE_MS: '0', LOG_COPY_INTERVAL_MS: '50' },
@@ -111,11 +60,9 @@ for (const keepData of [true, false]) {
 
       // Keeping: a clean shutdown, then the same directory (appendonly, fsync always). Losing: a
       // kill, then an empty directory, as a replacement server would start.
-      redis.kill(keepData ? 'SIGTERM' : 'SIGKILL');
-      await new Promise((r) => redis.once('exit', r));
+      await redis.stop(keepData ? 'SIGTERM' : 'SIGKILL');
       if (!keepData) rmSync(join(dir, 'appendonlydir'), { recursive: true, force: true });
-      redis = ownRedis(port, dir);
-      await waitUp(port);
+      await redis.start();
       const keys = Number(
         execFileSync('redis-cli', ['-p', String(port), 'dbsize'])
           .toString()

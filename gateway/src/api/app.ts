@@ -23,6 +23,7 @@ import { conversationRoutes } from './routes/conversations.ts';
 import { environmentRoutes } from './routes/environments.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
+import { operationRoutes } from './routes/operations.ts';
 import { linkPages } from './routes/pages.ts';
 import { permissionRoutes } from './routes/permissions.ts';
 import { runnerSocketRoute } from './routes/runner-socket.ts';
@@ -100,6 +101,11 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     transformObject: jsonSchemaTransformObject,
   });
 
+  // Counted by route pattern (never the raw URL) once the answer is sent; cheap per request.
+  app.addHook('onResponse', async (request, reply) => {
+    deps.metrics.requestDone(request.method, request.routeOptions.url, reply.statusCode, reply.elapsedTime / 1000);
+  });
+
   const alone = options.behindEdge ? undefined : options.alone;
   if (alone) {
     // Before authentication, as at the edge: a refused request costs no credential lookup.
@@ -149,6 +155,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   sandboxRoutes(app, deps);
   permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
+  operationRoutes(app, deps);
 
   await app.ready();
   // Not `return app`: a Fastify instance is thenable, and an async function would await it.

@@ -4,10 +4,12 @@ import type { Config } from '../config.ts';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { EventLog } from '../log/log.ts';
 import type { Mailer } from '../mail/mail.ts';
+import type { RequestMetrics, ServiceMetrics } from '../metrics.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
 import type { LaunchDeps } from '../services/launch.ts';
+import type { ReadinessDeps } from '../services/readiness.ts';
 import type { RetireSandboxesBuiltOn } from '../services/sandboxes.ts';
 
 /** What the api role's routes are given by the composition root. */
@@ -31,4 +33,8 @@ export interface ApiDeps {
   fabric: RunnerFabric;
   /** What starting a conversation needs (sandbox providers, the fabric, secrets, redaction). */
   launch: LaunchDeps;
+  /** What `/api/ready` checks. */
+  readiness: ReadinessDeps;
+  /** Where answered requests are counted, and what `/metrics` serves. */
+  metrics: RequestMetrics & Pick<ServiceMetrics, 'scrape'>;
 }

@@ -1,6 +1,7 @@
 import uWS from 'uWebSockets.js';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { AdmissionMetrics } from '../metrics.ts';
 import { admission } from '../ratelimit/admission.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import type { StreamServer } from '../streams/streams.ts';
@@ -14,6 +15,8 @@ export interface EdgeOptions {
   port: number;
   limiter: RateLimiter | undefined;
   rateLimitExempt: readonly string[];
+  /** Where the rate limit's refusals are counted. */
+  metrics?: AdmissionMetrics;
   forwarder: Forwarder;
   log: Logger;
   /** Streams the edge serves itself; without it every request is forwarded. */
@@ -36,7 +39,7 @@ export interface Edge {
 export async function startEdge(options: EdgeOptions): Promise<Edge> {
   const { limiter, forwarder, log } = options;
 
-  const admitFor = admission(limiter, options.rateLimitExempt, log);
+  const admitFor = admission(limiter, options.rateLimitExempt, log, options.metrics);
 
   const app = uWS.App();
   const { streams } = options;

@@ -183,6 +183,11 @@ export class RunnerFabric {
     this.timer.unref();
   }
 
+  /** Runners connected to this node (their hello was taken). */
+  get connectedRunners(): number {
+    return this.live.size;
+  }
+
   /** The runner a bearer token belongs to, or undefined (the transport answers 401). */
   async authenticate(authorization: string | undefined): Promise<runners.RunnerRow | undefined> {
     const m = /^Bearer\s+(svcr_\S+)\s*$/i.exec(authorization ?? '');

@@ -3,16 +3,37 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import type { Config } from '../config.ts';
+import type { MetricsSnapshot } from '../metrics.ts';
 
-/** What the primary says to a child, and what a child answers (over the fork's IPC channel). */
-export type ToChild = { type: 'start'; config: Config; index: number };
-export type FromChild = { type: 'ready'; port: number } | { type: 'failed'; message: string };
+/**
+ * What the primary says to a child, and what a child says (over the fork's IPC channel).
+ * Metrics: the primary asks a child for its snapshot (`metrics`, answered by `metrics` with
+ * the same id); a child scraped asks the primary for everyone's (`gather-metrics`, answered
+ * by `metrics-all`).
+ */
+export type ToChild =
+  | { type: 'start'; config: Config; index: number }
+  | { type: 'metrics'; id: number }
+  | { type: 'metrics-all'; id: number; snapshots: MetricsSnapshot[] };
+export type FromChild =
+  | { type: 'ready'; port: number }
+  | { type: 'failed'; message: string }
+  | { type: 'metrics'; id: number; snapshot: MetricsSnapshot }
+  | { type: 'gather-metrics'; id: number };
+
+/** How long a scrape waits for another process's metrics before answering without them. */
+export const METRICS_GATHER_TIMEOUT_MS = 2000;
 
 export interface EdgeProcesses {
   /** Process ids of the children listening now (not the primary); a slot restarting is absent. */
   pids(): number[];
   /** Stops every child: SIGTERM, then SIGKILL after `graceMs`. Resolves when all have exited. */
   stop(graceMs: number): Promise<void>;
+  /**
+   * The metrics of every process: the primary's first, then each listening child's that
+   * answers within METRICS_GATHER_TIMEOUT_MS (a child restarting or stuck is left out).
+   */
+  gatherMetrics(): Promise<MetricsSnapshot[]>;
 }
 
 export interface EdgeProcessesOptions {
@@ -20,6 +41,8 @@ export interface EdgeProcessesOptions {
   config: Config;
   count: number;
   log: Logger;
+  /** The primary's own metrics, which `gatherMetrics` puts first. */
+  ownMetrics: () => Promise<MetricsSnapshot>;
   /** First restart delay; it doubles per consecutive crash up to `maxBackoffMs`. */
   backoffMs?: number;
   maxBackoffMs?: number;
@@ -80,6 +103,29 @@ export async function startEdgeProcesses(options: EdgeProcessesOptions): Promise
   let stopping = false;
   // Until every child has started once, a child that dies fails the start instead.
   let supervising = false;
+  let nextMetricsId = 0;
+  const metricsWaiting = new Map<number, (snapshot: MetricsSnapshot | undefined) => void>();
+
+  /** A child's snapshot, or undefined when it does not answer in time. */
+  const childMetrics = (child: ChildProcess): Promise<MetricsSnapshot | undefined> =>
+    new Promise((resolve) => {
+      const id = ++nextMetricsId;
+      const settle = (snapshot: MetricsSnapshot | undefined) => {
+        clearTimeout(timer);
+        metricsWaiting.delete(id);
+        resolve(snapshot);
+      };
+      const timer = setTimeout(() => settle(undefined), METRICS_GATHER_TIMEOUT_MS);
+      metricsWaiting.set(id, settle);
+      child.send({ type: 'metrics', id } satisfies ToChild, (err) => {
+        if (err) settle(undefined);
+      });
+    });
+
+  const gatherMetrics = async (): Promise<MetricsSnapshot[]> => {
+    const children = await Promise.all([...listening].map(childMetrics));
+    return [await options.ownMetrics(), ...children.filter((s) => s !== undefined)];
+  };
 
   /** Forks the child of one slot; resolves when it listens, rejects when it exits before. */
   const launch = (index: number, attempt: number): Promise<void> => {
@@ -117,6 +163,13 @@ export async function startEdgeProcesses(options: EdgeProcessesOptions): Promise
           listening.add(child);
           resolve();
         } else if (m.type === 'failed') failure = m.message;
+        else if (m.type === 'metrics') metricsWaiting.get(m.id)?.(m.snapshot);
+        else if (m.type === 'gather-metrics') {
+          void gatherMetrics().then(
+            (snapshots) => child.send({ type: 'metrics-all', id: m.id, snapshots } satisfies ToChild, () => {}),
+            () => {},
+          );
+        }
       });
       child.once('exit', end);
       // A fork that could not spawn never exits; a message to a child that just died is lost
@@ -134,6 +187,7 @@ export async function startEdgeProcesses(options: EdgeProcessesOptions): Promise
   };
 
   const processes: EdgeProcesses = {
+    gatherMetrics,
     pids: () => slots.flatMap((c) => (c?.pid !== undefined && listening.has(c) ? [c.pid] : [])),
     async stop(graceMs: number) {
       stopping = true;

@@ -10,10 +10,14 @@ export type DurableListener = (tenant: string, marks: ReadonlyMap<string, number
  * tracked when this node appends for them, and at start every tenant with a mark plus every
  * account is checked once, so a copy interrupted by a crash resumes from its mark. Each pass
  * copies what lies above the mark in batches of `batch`, each batch and its mark in one
- * transaction. Copy lag (events appended, not yet copied) is what `lag()` reports.
+ * transaction. Copy lag (events appended, not yet copied) is what `lag()` reports for a
+ * tenant, and `pending()` for what this process appended.
  */
 export class LogCopier {
   private readonly dirty = new Set<string>();
+  /** Per tenant appended here and not known copied: since when, and the latest track. */
+  private readonly uncopied = new Map<string, { since: number; last: number }>();
+  private copiedTotal = 0;
   private readonly listeners: DurableListener[] = [];
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
@@ -38,6 +42,26 @@ export class LogCopier {
   /** Marks a tenant as having events to copy. */
   track(tenant: string): void {
     this.dirty.add(tenant);
+    const now = Date.now();
+    const u = this.uncopied.get(tenant);
+    if (u) u.last = now;
+    else this.uncopied.set(tenant, { since: now, last: now });
+  }
+
+  /**
+   * What this process appended and has not copied yet: how many tenants, and the age in
+   * milliseconds of the oldest such append (0 when none). An upper bound: an append that
+   * arrives while its tenant is being copied counts from that copy's start. Reads memory only.
+   */
+  pending(now = Date.now()): { tenants: number; oldestMs: number } {
+    let oldest = now;
+    for (const u of this.uncopied.values()) oldest = Math.min(oldest, u.since);
+    return { tenants: this.uncopied.size, oldestMs: now - oldest };
+  }
+
+  /** Events this copier has stored in Postgres since it was made. */
+  get copied(): number {
+    return this.copiedTotal;
   }
 
   async start(): Promise<void> {
@@ -74,6 +98,7 @@ export class LogCopier {
    * and older than the newest `keepHot` events. Returns how many events it stored.
    */
   async copyTenant(tenant: string): Promise<number> {
+    const started = Date.now();
     let copied = 0;
     let mark = await logEvents.copiedUpTo(this.deps.sql, tenant);
     for (;;) {
@@ -82,10 +107,15 @@ export class LogCopier {
         const marks = await logEvents.storeBatch(this.deps.sql, tenant, batch);
         for (const listener of this.listeners) listener(tenant, marks);
         copied += batch.length;
+        this.copiedTotal += batch.length;
         mark = (batch.at(-1) as { id: number }).id;
       }
       if (batch.length < this.options.batch) break;
     }
+    // Appends tracked before this copy began are in Postgres now; a later one may not be.
+    const u = this.uncopied.get(tenant);
+    if (u && u.last < started) this.uncopied.delete(tenant);
+    else if (u) u.since = started;
     if (copied > 0) await this.deps.log.trim(tenant, { upTo: mark, keep: this.options.keepHot });
     return copied;
   }

@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# The svc image: every role in one process (`npm start`'s program), run by `node` as an
+# unprivileged user. Sources run through tsx (a runtime dependency), so there is no compile
+# step; the build stage only installs production dependencies.
+
+FROM node:20-bookworm-slim AS deps
+WORKDIR /app
+# Every workspace's manifest, so `npm ci` can check the lockfile; sources come later, so this
+# layer is rebuilt only when dependencies change.
+COPY package.json package-lock.json ./
+COPY core/package.json core/
+COPY db/package.json db/
+COPY gateway/package.json gateway/
+COPY runner-agent/package.json runner-agent/
+COPY bench/package.json bench/
+COPY test/package.json test/
+# Only what the service runs: the gateway and runner-agent workspaces (and core, db) without dev tools.
+RUN npm ci --omit=dev --workspace gateway --workspace runner-agent --no-audit --no-fund && npm cache clean --force
+
+FROM node:20-bookworm-slim
+ENV NODE_ENV=production \
+    HOST=0.0.0.0 \
+    PORT=8080 \
+    DATA_DIR=/data
+WORKDIR /app
+COPY --from=deps /app/node_modules ./node_modules
+COPY package.json package-lock.json ./
+COPY core core
+COPY db db
+COPY gateway gateway
+# The `local` sandbox provider starts runner-agent processes from this copy.
+COPY runner-agent runner-agent
+# The embedded database, generated master key and local sandboxes live under DATA_DIR.
+RUN mkdir -p /data && chown node:node /data
+VOLUME /data
+USER node
+EXPOSE 8080
+# Liveness: the process answers. (Readiness, /api/ready, is for orchestrators that route traffic.)
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+  CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PORT||8080)+'/api/health').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
+ENTRYPOINT ["node", "gateway/start.mjs"]
