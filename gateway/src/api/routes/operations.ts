@@ -16,9 +16,11 @@ const Readiness = z.object({
   }),
 });
 
+// `status` and `checks` come with `not_ready`; a 503 `api_unavailable` (the edge could not
+// reach this process's api at all) carries neither.
 const NotReady = ErrorBody.extend({
-  status: z.literal('not_ready'),
-  checks: Readiness.shape.checks,
+  status: z.literal('not_ready').optional(),
+  checks: Readiness.shape.checks.optional(),
 });
 
 /** True for 127.0.0.0/8 and ::1, also written as IPv4-mapped IPv6. */
@@ -46,6 +48,7 @@ export function operationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       description:
         '200 when this process can serve: the database answers, Redis answers (`not_configured` when the instance runs on its embedded in-memory log), and every migration is applied. Otherwise 503 `not_ready` with `Retry-After`, naming each check: `unreachable` (no answer within 2 s), `pending` (migrations not applied yet) or `unknown` (the database could not be asked). Public, like `/api/health`, which only says the process answers.',
       security: [],
+      errors: ['not_ready'],
       response: { 200: Readiness, 503: NotReady },
     },
     handler: async () => {
