@@ -190,7 +190,7 @@ export async function startService(
     };
     // Events the service emits reach the log through the outbox, written with the state change.
     const relay = new OutboxRelay(
-      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }) },
+      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }), listen: db.notifications },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 500 },
     );
     copier.onDurable((tenant, marks) => {
