@@ -1,6 +1,7 @@
 import uWS from 'uWebSockets.js';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import { portInUse, portTaken } from '../processes/in-use.ts';
 import { admission } from '../ratelimit/admission.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import type { StreamServer } from '../streams/streams.ts';
@@ -12,6 +13,13 @@ import { registerSse } from './sse.ts';
 export interface EdgeOptions {
   host: string;
   port: number;
+  /**
+   * Who may listen on this port beside this process. `alone` (the default) binds exclusively,
+   * so neither another instance nor this one can share it. `group-first` is the first process
+   * of an EDGE_PROCESSES group: it refuses a port anyone holds, then binds with SO_REUSEPORT
+   * for the rest of its group (`group-member`), which joins without the check.
+   */
+  sharing?: 'alone' | 'group-first' | 'group-member';
   limiter: RateLimiter | undefined;
   rateLimitExempt: readonly string[];
   forwarder: Forwarder;
@@ -21,6 +29,15 @@ export interface EdgeOptions {
   /** The runner fabric, whose WebSocket transport the edge serves. */
   fabric?: RunnerFabric;
 }
+
+/**
+ * uWS's LIBUS_LISTEN_EXCLUSIVE_PORT: bind without SO_REUSEPORT. The native listen takes it
+ * after a host too, though this build's typings know only `listen(port, options, cb)`.
+ */
+const EXCLUSIVE_PORT = 1;
+type ListenWithOptions = {
+  listen(host: string, port: number, options: number, cb: (socket: uWS.us_listen_socket | false) => void): void;
+};
 
 export interface Edge {
   port: number;
@@ -47,12 +64,23 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
     forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()));
   });
 
-  const listenSocket = await new Promise<uWS.us_listen_socket>((resolve, reject) => {
-    app.listen(options.host, options.port, (socket) => {
-      if (socket) resolve(socket);
-      else reject(new Error(`the edge could not listen on ${options.host}:${options.port}`));
-    });
+  const { host } = options;
+  const sharing = options.sharing ?? 'alone';
+  // uWS binds with SO_REUSEPORT unless told otherwise, and a second instance would then bind
+  // the same port happily and take half of its connections.
+  if (sharing === 'group-first' && options.port !== 0 && (await portTaken(host, options.port))) {
+    throw await portInUse(host, options.port);
+  }
+  const listenSocket = await new Promise<uWS.us_listen_socket | false>((resolve) => {
+    if (sharing === 'alone') (app as unknown as ListenWithOptions).listen(host, options.port, EXCLUSIVE_PORT, resolve);
+    else app.listen(host, options.port, resolve);
   });
+  if (!listenSocket) {
+    if (options.port !== 0 && (await portTaken(host, options.port).catch(() => false))) {
+      throw await portInUse(host, options.port);
+    }
+    throw new Error(`the edge could not listen on ${host}:${options.port}`);
+  }
   const port = uWS.us_socket_local_port(listenSocket);
 
   return {
