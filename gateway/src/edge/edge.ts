@@ -41,7 +41,7 @@ type ListenWithOptions = {
 
 export interface Edge {
   port: number;
-  /** Stops accepting connections, waits for requests under way (up to `graceMs`), then closes. */
+  /** Stops accepting connections, tells runners going_away, waits for requests under way (up to `graceMs`), then closes. */
   close(graceMs: number): Promise<void>;
 }
 
@@ -87,6 +87,9 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
     port,
     async close(graceMs: number) {
       uWS.us_listen_socket_close(listenSocket);
+      // Runners hear 1001 going_away and reconnect, to another node if there is one; the
+      // app's close below would cut their sockets with no code.
+      options.fabric?.shutdown();
       streams?.close();
       const deadline = Date.now() + graceMs;
       while (forwarder.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
