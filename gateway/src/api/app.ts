@@ -3,10 +3,17 @@ import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
 import { ApiError, ErrorBody } from '@svc/core';
-import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController, type RouteOptions } from 'fastify';
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyReply,
+  type FastifyRequest,
+  LogController,
+  type RouteOptions,
+} from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
+import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { StreamServer } from '../streams/streams.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
@@ -71,11 +78,14 @@ function documentCommonErrors(route: RouteOptions): void {
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
     loggerInstance: deps.log.child({ role: 'api' }) as FastifyBaseLogger,
-    // One line per request would dominate the log at load; errors are logged by the error handler.
+    // Fastify's own pair of lines per request would log the raw URL (a query may hold a token);
+    // the onResponse hook below logs one line with the route pattern instead.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: deps.config.BODY_LIMIT_BYTES,
     trustProxy: false,
-    genReqId: () => Math.random().toString(36).slice(2, 10),
+    // The client's X-Request-Id when usable (behind the edge, the edge settled it), else a new one.
+    genReqId: (req) => requestId(req.headers[REQUEST_ID_HEADER]),
+    requestIdLogLabel: 'reqId',
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
   });
   app.setValidatorCompiler(validatorCompiler);
@@ -125,6 +135,30 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     transform: jsonSchemaTransform,
     transformObject: jsonSchemaTransformObject,
   });
+
+  // On the raw response, so errors, 404s and hijacked streams carry it too.
+  const replies = new WeakMap<FastifyRequest, FastifyReply>();
+  app.addHook('onRequest', async (request, reply) => {
+    reply.raw.setHeader(REQUEST_ID_HEADER, request.id);
+    replies.set(request, reply);
+  });
+  // One line per request: when the response has gone, or when the client left before (a
+  // stream the watcher closed, a request cut off), then marked `aborted`.
+  const requestLine = (request: FastifyRequest, aborted: boolean) => {
+    const reply = replies.get(request);
+    request.log.info(
+      {
+        method: request.method,
+        route: request.routeOptions.url ?? null,
+        status: reply?.statusCode ?? 0,
+        ms: Math.round((reply?.elapsedTime ?? 0) * 10) / 10,
+        ...(aborted ? { aborted } : {}),
+      },
+      'request',
+    );
+  };
+  app.addHook('onResponse', async (request) => requestLine(request, false));
+  app.addHook('onRequestAbort', async (request) => requestLine(request, true));
 
   const alone = options.behindEdge ? undefined : options.alone;
   if (alone) {

@@ -4,6 +4,7 @@ import type { RunnerFabric } from '../fabric/fabric.ts';
 import { portInUse, portTaken } from '../processes/in-use.ts';
 import { admission } from '../ratelimit/admission.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
+import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { StreamServer } from '../streams/streams.ts';
 import { canonicalIp } from './client-ip.ts';
 import type { Forwarder } from './forward.ts';
@@ -57,11 +58,11 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
 
   const app = uWS.App();
   const { streams } = options;
-  if (streams) registerSse(app, streams, admitFor);
+  if (streams) registerSse(app, streams, admitFor, log);
   if (options.fabric) registerRunnerSocket(app, options.fabric, admitFor, log);
   app.any('/*', (res, req) => {
     const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
-    forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()));
+    forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()), requestId(req.getHeader(REQUEST_ID_HEADER)));
   });
 
   const { host } = options;
