@@ -398,6 +398,7 @@ export async function startService(
         sharing: overrides.joinsGroupPort ? 'group-member' : config.EDGE_PROCESSES > 1 ? 'group-first' : 'alone',
         limiter,
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
+        trustProxy: config.TRUST_PROXY,
         forwarder,
         log: log.child({ role: 'edge' }),
         fabric,

@@ -11,6 +11,7 @@ import Fastify, {
   type RouteOptions,
 } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
+import { clientAddress, exemptList } from '../edge/client-ip.ts';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
@@ -85,7 +86,6 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     trustProxy: false,
     // The client's X-Request-Id when usable (behind the edge, the edge settled it), else a new one.
     genReqId: (req) => requestId(req.headers[REQUEST_ID_HEADER]),
-    requestIdLogLabel: 'reqId',
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
   });
   app.setValidatorCompiler(validatorCompiler);
@@ -160,11 +160,24 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   app.addHook('onResponse', async (request) => requestLine(request, false));
   app.addHook('onRequestAbort', async (request) => requestLine(request, true));
 
+  // Behind the edge, the address the edge read; alone, read here the same way (TRUST_PROXY).
+  const trusted = deps.config.TRUST_PROXY.length ? exemptList(deps.config.TRUST_PROXY) : undefined;
+  const clientIpOf = options.behindEdge
+    ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
+    : (r: FastifyRequest) => {
+        const forwarded = r.headers['x-forwarded-for'];
+        return clientAddress(
+          r.socket.remoteAddress ?? '',
+          Array.isArray(forwarded) ? forwarded.join(',') : forwarded,
+          trusted,
+        );
+      };
+
   const alone = options.behindEdge ? undefined : options.alone;
   if (alone) {
     // Before authentication, as at the edge: a refused request costs no credential lookup.
     app.addHook('onRequest', async (request) => {
-      const refused = await alone.admitFor(request.ip, request.url)();
+      const refused = await alone.admitFor(clientIpOf(request) ?? '', request.url)();
       if (refused) throw refused;
     });
   }
@@ -172,9 +185,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   registerAuth(app, {
     sql: deps.sql,
     ownOrigin: () => new URL(deps.publicUrl()).origin,
-    clientIpOf: options.behindEdge
-      ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
-      : (r: FastifyRequest) => r.ip ?? null,
+    clientIpOf,
   });
 
   app.setErrorHandler((err, request, reply) => {

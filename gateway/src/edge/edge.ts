@@ -6,7 +6,7 @@ import { admission } from '../ratelimit/admission.ts';
 import type { RateLimiter } from '../ratelimit/ratelimit.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { StreamServer } from '../streams/streams.ts';
-import { canonicalIp } from './client-ip.ts';
+import { edgeClientOf } from './client-ip.ts';
 import type { Forwarder } from './forward.ts';
 import { registerRunnerSocket } from './runners.ts';
 import { registerSse } from './sse.ts';
@@ -23,6 +23,8 @@ export interface EdgeOptions {
   sharing?: 'alone' | 'group-first' | 'group-member';
   limiter: RateLimiter | undefined;
   rateLimitExempt: readonly string[];
+  /** TRUST_PROXY: proxies (CIDRs) whose X-Forwarded-For names the client; none by default. */
+  trustProxy?: readonly string[];
   forwarder: Forwarder;
   log: Logger;
   /** Streams the edge serves itself; without it every request is forwarded. */
@@ -58,10 +60,11 @@ export async function startEdge(options: EdgeOptions): Promise<Edge> {
 
   const app = uWS.App();
   const { streams } = options;
-  if (streams) registerSse(app, streams, admitFor, log);
-  if (options.fabric) registerRunnerSocket(app, options.fabric, admitFor, log);
+  const clientOf = edgeClientOf(options.trustProxy ?? []);
+  if (streams) registerSse(app, streams, admitFor, log, clientOf);
+  if (options.fabric) registerRunnerSocket(app, options.fabric, admitFor, log, clientOf);
   app.any('/*', (res, req) => {
-    const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+    const ip = clientOf(res, req);
     forwarder.forward(res, req, ip, admitFor(ip, req.getUrl()), requestId(req.getHeader(REQUEST_ID_HEADER)));
   });
 

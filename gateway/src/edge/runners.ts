@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import type { RunnerFabric, RunnerSession } from '../fabric/fabric.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
-import { canonicalIp } from './client-ip.ts';
+import type { ClientOf } from './client-ip.ts';
 import { writeError } from './respond.ts';
 
 interface SocketData {
@@ -28,6 +28,7 @@ export function registerRunnerSocket(
   fabric: RunnerFabric,
   admitFor: AdmitFor,
   logger: Logger,
+  clientOf: ClientOf,
 ): void {
   app.ws<SocketData>(RUNNER_CONNECT_PATH, {
     compression: uWS.DISABLED,
@@ -39,7 +40,7 @@ export function registerRunnerSocket(
       const protocol = req.getHeader('sec-websocket-protocol');
       const extensions = req.getHeader('sec-websocket-extensions');
       const authorization = req.getHeader('authorization');
-      const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+      const ip = clientOf(res, req);
       const admit = admitFor(ip, req.getUrl());
       const reqId = requestId(req.getHeader(REQUEST_ID_HEADER));
       const startedAt = performance.now();

@@ -5,18 +5,24 @@ import type { AdmitFor } from '../ratelimit/admission.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { Opening, StreamResponse } from '../streams/response.ts';
 import { STREAM_PATHS, type StreamServer } from '../streams/streams.ts';
-import { canonicalIp } from './client-ip.ts';
+import type { ClientOf } from './client-ip.ts';
 import { writeError } from './respond.ts';
 
 /**
  * The edge's transport of the streams: uWS routes, each request read into an Opening. Each
  * stream is logged once, when it ends, with its route and how long it ran.
  */
-export function registerSse(app: TemplatedApp, streams: StreamServer, admitFor: AdmitFor, log: Logger): void {
+export function registerSse(
+  app: TemplatedApp,
+  streams: StreamServer,
+  admitFor: AdmitFor,
+  log: Logger,
+  clientOf: ClientOf,
+): void {
   const response = (res: HttpResponse, req: HttpRequest, route: string) =>
     new UwsStreamResponse(res, requestId(req.getHeader(REQUEST_ID_HEADER)), route, log);
   const opening = (res: HttpResponse, req: HttpRequest): Opening => {
-    const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+    const ip = clientOf(res, req);
     return {
       ip,
       authorization: req.getHeader('authorization'),
