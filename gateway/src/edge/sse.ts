@@ -57,12 +57,14 @@ class UwsStreamResponse implements StreamResponse {
     private readonly log: Logger,
   ) {}
 
-  /** The request line, once the stream is over (`aborted`: the client left first). */
+  /** The request line, once the stream is over: ended, cut off by the server, or left by the client. */
   private logged(how: 'ended' | 'cut' | 'aborted'): void {
     if (this.loggedOnce) return;
     this.loggedOnce = true;
     const ms = Math.round(performance.now() - this.startedAt);
-    this.log.info({ reqId: this.requestId, method: 'GET', route: this.route, status: this.status, ms, how }, 'request');
+    const { requestId: reqId, route, status } = this;
+    const end = how === 'ended' ? {} : how === 'cut' ? { cut: true } : { aborted: true };
+    this.log.info({ reqId, method: 'GET', route, status, ms, ...end }, 'request');
   }
 
   cork(fn: () => void): void {
