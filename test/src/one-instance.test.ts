@@ -10,9 +10,12 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import { EXIT_IN_USE, InUseError, loadConfig, startService } from '@svc/gateway';
+import { createLogger, EXIT_IN_USE, InUseError, loadConfig, startService } from '@svc/gateway';
 import pino from 'pino';
 import t, { type Test } from 'tap';
+import { startEdge } from '../../gateway/src/edge/edge.ts';
+import { createForwarder } from '../../gateway/src/edge/forward.ts';
+import { freePort } from '../../gateway/src/processes/supervisor.ts';
 import { createDatabase, startTestService } from './harness.ts';
 
 const root = join(import.meta.dirname, '..', '..');
@@ -156,3 +159,21 @@ t.test(
     t.equal((await fetch(`${first.url}/api/health`)).status, 200, 'the first still serves');
   },
 );
+
+t.test('the edge binds its port exclusively: a second edge cannot join it, even past the start check', async (t) => {
+  const log = createLogger('silent');
+  const forwarder = createForwarder({ socketPath: join(tmpdir(), 'svc-nothing-here.sock') }, log);
+  t.teardown(() => forwarder.close());
+  const edge = (sharing?: 'group-member') =>
+    startEdge({ host: '127.0.0.1', port, sharing, limiter: undefined, rateLimitExempt: [], forwarder, log });
+  // A port chosen first: a socket bound to port 0 could not be shared anyway.
+  const port = await freePort('127.0.0.1');
+  const first = await edge();
+  t.teardown(() => first.close(0));
+  const alone = await edge().catch((e: Error) => e);
+  t.type(alone, InUseError, 'another lone edge is refused');
+  const member = await edge('group-member').catch((e: Error) => e);
+  t.type(member, Error, 'nor can a shareable bind join it');
+  if (!(alone instanceof Error)) await alone.close(0);
+  if (!(member instanceof Error)) await member.close(0);
+});
