@@ -9,6 +9,14 @@ export interface Database {
   sql: Sql;
   /** `postgres` for a real server, `pglite` for the embedded one. */
   kind: 'postgres' | 'pglite';
+  /**
+   * Whether `sql.listen` can receive notifications. PGlite cannot: its socket server takes one
+   * connection (a second one, which LISTEN needs, is dropped before its first byte: `write
+   * EPIPE`), and it streams a query's output to the socket that sent it without reading it,
+   * so a NOTIFY never reaches another connection nor PGlite's own listeners. Embedded runs in
+   * one process, so a waker in that process and a periodic sweep do the job instead.
+   */
+  notifications: boolean;
   close(): Promise<void>;
 }
 
@@ -37,7 +45,7 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
   } as const;
   if (options.url && options.url !== 'memory') {
     const sql = postgres(options.url, { ...common, max: options.max ?? 10 });
-    return { sql, kind: 'postgres', close: () => sql.end({ timeout: 5 }) };
+    return { sql, kind: 'postgres', notifications: true, close: () => sql.end({ timeout: 5 }) };
   }
 
   const { PGlite } = await import('@electric-sql/pglite');
@@ -69,6 +77,7 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
   return {
     sql,
     kind: 'pglite',
+    notifications: false,
     async close() {
       await sql.end({ timeout: 5 });
       await server.stop();

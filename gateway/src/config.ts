@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { cidrProblem } from './edge/client-ip.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'on', 'off', 'yes', 'no'])
@@ -51,6 +52,13 @@ export const ConfigSchema = z.object({
   API_CORS_ORIGINS: csv.default([]),
   RATE_LIMIT_PER_MINUTE: z.coerce.number().int().min(0).default(600),
   RATE_LIMIT_EXEMPT: csv.default([]),
+  /** Proxies (CIDRs) whose X-Forwarded-For is believed; unset, the socket's peer is the client. */
+  TRUST_PROXY: csv.default([]).superRefine((entries, ctx) => {
+    for (const entry of entries) {
+      const problem = cidrProblem(entry);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    }
+  }),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   EDGE: bool.default(true),
   EDGE_PROCESSES: z.coerce.number().int().min(1).max(256).default(1),

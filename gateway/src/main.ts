@@ -20,6 +20,7 @@ import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
 import { type MetricsSnapshot, ServiceMetrics } from './metrics.ts';
+import { lockDataDir, portInUse, portTaken } from './processes/in-use.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { admission } from './ratelimit/admission.ts';
 import { memoryRateLimiter } from './ratelimit/ratelimit.memory.ts';
@@ -93,13 +94,15 @@ export interface Service {
   close(): Promise<void>;
 }
 
-/** Seams a test may replace; production passes none, except an edge process its place. */
+/** Seams a test may replace, and what an edge process is told by its group; a plain start passes none. */
 export interface ServiceOverrides {
   retireSandboxes?: RetireSandboxesBuiltOn;
   /** Which of EDGE_PROCESSES this process is (0, the default, for the first): a metrics label. */
   edgeProcess?: number;
   /** For a process other than the first: every process's metrics, gathered by the first. */
   gatherMetrics?: () => Promise<MetricsSnapshot[]>;
+  /** This process joins the port of its EDGE_PROCESSES group, which the group's first process checked. */
+  joinsGroupPort?: boolean;
 }
 
 /**
@@ -141,6 +144,16 @@ export async function startService(
   let childrenStopped: Promise<void> | undefined;
   cleanups.push(() => childrenStopped);
   try {
+    // A port held by another instance fails the start at once, before anything is opened. (The
+    // listen itself is the race-free check: exclusive, or probed first for a group.)
+    if (config.PORT !== 0 && !overrides.joinsGroupPort && (await portTaken(config.HOST, config.PORT))) {
+      throw await portInUse(config.HOST, config.PORT);
+    }
+    // The embedded database on disk serves one process; a second would split its writes.
+    if (!config.DATABASE_URL) {
+      const lock = await lockDataDir(config.DATA_DIR, log);
+      cleanups.push(() => lock.release());
+    }
     const key = await masterKey(config, log);
     const keyring = new Keyring(key);
     const db = await openDatabase({
@@ -202,7 +215,7 @@ export async function startService(
     };
     // Events the service emits reach the log through the outbox, written with the state change.
     const relay = new OutboxRelay(
-      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }) },
+      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }), listen: db.notifications },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 500 },
     );
     copier.onDurable((tenant, marks) => {
@@ -389,7 +402,10 @@ export async function startService(
     // Open streams end before the listener closes.
     cleanups.push(async () => streams.close());
     if (!config.EDGE) {
-      await api.listen({ host: config.HOST, port: config.PORT });
+      // Node's listener binds without SO_REUSEPORT: a port anyone holds fails EADDRINUSE.
+      await api.listen({ host: config.HOST, port: config.PORT }).catch(async (err: NodeJS.ErrnoException) => {
+        throw err.code === 'EADDRINUSE' ? await portInUse(config.HOST, config.PORT) : err;
+      });
       const addr = api.server.address();
       boundPort = typeof addr === 'object' && addr ? addr.port : config.PORT;
     } else {
@@ -405,9 +421,11 @@ export async function startService(
       const edge = await startEdge({
         host: config.HOST,
         port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,
+        sharing: overrides.joinsGroupPort ? 'group-member' : config.EDGE_PROCESSES > 1 ? 'group-first' : 'alone',
         limiter,
         rateLimitExempt: config.RATE_LIMIT_EXEMPT,
         metrics,
+        trustProxy: config.TRUST_PROXY,
         forwarder,
         log: log.child({ role: 'edge' }),
         fabric,

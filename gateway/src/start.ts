@@ -1,6 +1,7 @@
 import { resolve } from 'node:path';
 import { type Config, ConfigError, loadConfig } from './config.ts';
 import { createLogger, type Service, startService } from './main.ts';
+import { EXIT_IN_USE, InUseError } from './processes/in-use.ts';
 
 /** What `npm start` prints once the service listens: where it is, what it stores in, what to do next. */
 export function startBanner(config: Config, service: Service): string {
@@ -22,7 +23,8 @@ export function startBanner(config: Config, service: Service): string {
 
 /**
  * `npm start` (gateway/start.mjs): configuration from the environment (exit 78 when it is
- * wrong), the service, the banner, and graceful shutdown on SIGINT and SIGTERM.
+ * wrong), the service (exit 75 when another instance holds DATA_DIR or the port), the banner,
+ * and graceful shutdown on SIGINT and SIGTERM.
  */
 export async function runFromEnv(): Promise<void> {
   let config: Config;
@@ -43,6 +45,10 @@ export async function runFromEnv(): Promise<void> {
     if (err instanceof ConfigError) {
       process.stderr.write(`${err.message}\n`);
       process.exit(78);
+    }
+    if (err instanceof InUseError) {
+      process.stderr.write(`svc cannot start: ${err.message}\n`);
+      process.exit(EXIT_IN_USE);
     }
     log.fatal({ err }, 'could not start');
     process.exit(1);

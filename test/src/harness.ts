@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { type Config, createLogger, loadConfig, type Service, type ServiceOverrides, startService } from '@svc/gateway';
 import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
+import type { Logger } from 'pino';
 import postgres from 'postgres';
 import type { Test } from 'tap';
 import type { RetireTarget } from '../../gateway/src/services/sandboxes.ts';
@@ -73,7 +74,7 @@ export interface TestService extends Service {
 /** Starts the whole service for one test, torn down with it. `env` overrides configuration. */
 export async function startTestService(
   t: Test,
-  options: { backend?: Backend; env?: Record<string, string>; overrides?: ServiceOverrides } = {},
+  options: { backend?: Backend; env?: Record<string, string>; overrides?: ServiceOverrides; log?: Logger } = {},
 ): Promise<TestService> {
   const backend = options.backend ?? primaryBackend();
   const dataDir = await mkdtemp(join(tmpdir(), 'svc-test-data-'));
@@ -97,7 +98,7 @@ export async function startTestService(
     ...options.env,
   };
   const config: Config = loadConfig(env);
-  const service = await startService(config, createLogger(config.LOG_LEVEL), options.overrides);
+  const service = await startService(config, options.log ?? createLogger(config.LOG_LEVEL), options.overrides);
   t.teardown(async () => {
     await service.close();
     await rm(dataDir, { recursive: true, force: true });

@@ -1,5 +1,7 @@
+import { Writable } from 'node:stream';
 import { outbox } from '@svc/db';
 import { createLogger } from '@svc/gateway';
+import pino from 'pino';
 import t from 'tap';
 import type { LogEvent } from '../../gateway/src/log/log.ts';
 import { createConversationRecord, markRead } from '../../gateway/src/services/conversations.ts';
@@ -84,7 +86,7 @@ for (const backend of backends()) {
       const who = { accountId: me.accountId, actor: 'api' as const, ip: null };
       // A second relay, as another node (or this one after a restart) would run.
       const other = new OutboxRelay(
-        { sql, appendEvents: svc.appendEvents, logger: createLogger('silent') },
+        { sql, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: svc.db.notifications },
         { intervalMs: 20, batch: 3 },
       );
       await other.start();
@@ -106,3 +108,35 @@ for (const backend of backends()) {
     });
   });
 }
+
+t.test('an embedded start is quiet: no failed LISTEN, and the outbox is still relayed', async (t) => {
+  const lines: { level: number; msg: string; err?: unknown }[] = [];
+  const sink = new Writable({
+    write(chunk, _enc, done) {
+      for (const line of chunk.toString().split('\n')) if (line) lines.push(JSON.parse(line));
+      done();
+    },
+  });
+  const svc = await startTestService(t, {
+    backend: 'embedded',
+    env: { LOG_COPY_INTERVAL_MS: '50' },
+    log: pino({ level: 'trace' }, sink),
+  });
+  t.equal(svc.db.kind, 'pglite');
+  t.same(
+    lines.filter((l) => l.err || /notification|\bLISTEN\b|EPIPE/.test(l.msg)),
+    [],
+    'no line about notifications or a broken pipe',
+  );
+  const me = await signUp(svc);
+  await createConversationRecord(
+    svc.db.sql,
+    { accountId: me.accountId, actor: 'api', ip: null },
+    {
+      agentId: 'agt_x',
+      title: 'c',
+    },
+  );
+  const found = await tenantEvents(svc, me.accountId, 'conversations', 1);
+  t.equal(found.length, 1, 'the sweep relays the outbox without notifications');
+});

@@ -2,11 +2,19 @@ import fastifyCookie from '@fastify/cookie';
 import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
-import { ApiError } from '@svc/core';
-import Fastify, { type FastifyBaseLogger, type FastifyRequest, LogController } from 'fastify';
+import { ApiError, ErrorBody } from '@svc/core';
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyReply,
+  type FastifyRequest,
+  LogController,
+  type RouteOptions,
+} from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
+import { clientAddress, exemptList } from '../edge/client-ip.ts';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
+import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { StreamServer } from '../streams/streams.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
@@ -47,11 +55,13 @@ export interface ApiOptions {
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
     loggerInstance: deps.log.child({ role: 'api' }) as FastifyBaseLogger,
-    // One line per request would dominate the log at load; errors are logged by the error handler.
+    // Fastify's own pair of lines per request would log the raw URL (a query may hold a token);
+    // the onResponse hook below logs one line with the route pattern instead.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: deps.config.BODY_LIMIT_BYTES,
     trustProxy: false,
-    genReqId: () => Math.random().toString(36).slice(2, 10),
+    // The client's X-Request-Id when usable (behind the edge, the edge settled it), else a new one.
+    genReqId: (req) => requestId(req.headers[REQUEST_ID_HEADER]),
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
   });
   app.setValidatorCompiler(validatorCompiler);
@@ -106,11 +116,48 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     deps.metrics.requestDone(request.method, request.routeOptions.url, reply.statusCode, reply.elapsedTime / 1000);
   });
 
+  // On the raw response, so errors, 404s and hijacked streams carry it too.
+  const replies = new WeakMap<FastifyRequest, FastifyReply>();
+  app.addHook('onRequest', async (request, reply) => {
+    reply.raw.setHeader(REQUEST_ID_HEADER, request.id);
+    replies.set(request, reply);
+  });
+  // One line per request: when the response has gone, or when the client left before (a
+  // stream the watcher closed, a request cut off), then marked `aborted`.
+  const requestLine = (request: FastifyRequest, aborted: boolean) => {
+    const reply = replies.get(request);
+    request.log.info(
+      {
+        method: request.method,
+        route: request.routeOptions.url ?? null,
+        status: reply?.statusCode ?? 0,
+        ms: Math.round((reply?.elapsedTime ?? 0) * 10) / 10,
+        ...(aborted ? { aborted } : {}),
+      },
+      'request',
+    );
+  };
+  app.addHook('onResponse', async (request) => requestLine(request, false));
+  app.addHook('onRequestAbort', async (request) => requestLine(request, true));
+
+  // Behind the edge, the address the edge read; alone, read here the same way (TRUST_PROXY).
+  const trusted = deps.config.TRUST_PROXY.length ? exemptList(deps.config.TRUST_PROXY) : undefined;
+  const clientIpOf = options.behindEdge
+    ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
+    : (r: FastifyRequest) => {
+        const forwarded = r.headers['x-forwarded-for'];
+        return clientAddress(
+          r.socket.remoteAddress ?? '',
+          Array.isArray(forwarded) ? forwarded.join(',') : forwarded,
+          trusted,
+        );
+      };
+
   const alone = options.behindEdge ? undefined : options.alone;
   if (alone) {
     // Before authentication, as at the edge: a refused request costs no credential lookup.
     app.addHook('onRequest', async (request) => {
-      const refused = await alone.admitFor(request.ip, request.url)();
+      const refused = await alone.admitFor(clientIpOf(request) ?? '', request.url)();
       if (refused) throw refused;
     });
   }
@@ -118,9 +165,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   registerAuth(app, {
     sql: deps.sql,
     ownOrigin: () => new URL(deps.publicUrl()).origin,
-    clientIpOf: options.behindEdge
-      ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
-      : (r: FastifyRequest) => r.ip ?? null,
+    clientIpOf,
   });
 
   app.setErrorHandler((err, request, reply) => {

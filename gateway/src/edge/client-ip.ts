@@ -1,3 +1,4 @@
+import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
 import { BlockList, isIP } from 'node:net';
 
 /**
@@ -5,6 +6,8 @@ import { BlockList, isIP } from 'node:net';
  * and audit rows want the canonical form ("127.0.0.1", "::1").
  */
 export function canonicalIp(text: string): string {
+  const dotted = /^::ffff:(\d{1,3}(?:\.\d{1,3}){3})$/i.exec(text);
+  if (dotted?.[1]) return dotted[1];
   const mapped = /^(?:0{1,4}:){5}ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(text);
   if (mapped?.[1] && mapped[2]) {
     const hi = Number.parseInt(mapped[1], 16);
@@ -22,7 +25,7 @@ export function canonicalIp(text: string): string {
   return text;
 }
 
-/** RATE_LIMIT_EXEMPT: a list of CIDRs (or bare addresses) whose requests are never limited. */
+/** A list of CIDRs or bare addresses (RATE_LIMIT_EXEMPT, TRUST_PROXY) to check addresses against. */
 export function exemptList(cidrs: readonly string[]): BlockList {
   const list = new BlockList();
   for (const entry of cidrs) {
@@ -39,4 +42,62 @@ export function isExempt(list: BlockList, ip: string): boolean {
   const family = isIP(ip);
   if (family === 0) return false;
   return list.check(ip, family === 6 ? 'ipv6' : 'ipv4');
+}
+
+/** Why a TRUST_PROXY or RATE_LIMIT_EXEMPT entry cannot be used, or undefined when it can. */
+export function cidrProblem(entry: string): string | undefined {
+  const [addr, bits, extra] = entry.split('/');
+  const family = isIP(addr ?? '');
+  if (!family || extra !== undefined) return `${entry} is not an address or a CIDR`;
+  if (bits === undefined) return undefined;
+  const max = family === 4 ? 32 : 128;
+  return /^\d{1,3}$/.test(bits) && Number(bits) <= max ? undefined : `${entry}: the prefix must be 0 to ${max}`;
+}
+
+/** One X-Forwarded-For entry as an address: without a port or brackets; undefined when none. */
+function forwardedAddress(entry: string): string | undefined {
+  const text = entry.trim();
+  const bracketed = /^\[([^\]]+)\](?::\d+)?$/.exec(text);
+  const v4WithPort = /^(\d{1,3}(?:\.\d{1,3}){3}):\d+$/.exec(text);
+  const addr = bracketed?.[1] ?? v4WithPort?.[1] ?? text;
+  return isIP(addr) ? canonicalIp(addr) : undefined;
+}
+
+/**
+ * The client's address (TRUST_PROXY): the socket's peer, unless the peer is a trusted proxy;
+ * then X-Forwarded-For is walked from the right (each proxy appends the address it saw) past
+ * every trusted hop, and the first address that is not trusted is the client. What the client
+ * wrote itself sits left of that and is never read. When every hop is trusted, the leftmost;
+ * an entry that is not an address ends the walk at the hop before it.
+ * `forwardedFor` is every X-Forwarded-For header of the request, joined with commas.
+ */
+export function clientAddress(peer: string, forwardedFor: string | undefined, trusted: BlockList | undefined): string {
+  let client = canonicalIp(peer);
+  if (!trusted || !forwardedFor || !isExempt(trusted, client)) return client;
+  const hops = forwardedFor.split(',');
+  for (let i = hops.length - 1; i >= 0; i--) {
+    const hop = forwardedAddress(hops[i] as string);
+    if (hop === undefined) return client;
+    client = hop;
+    if (!isExempt(trusted, hop)) return hop;
+  }
+  return client;
+}
+
+/** The client's address of a uWS request; call before the handler returns (uWS frees `req`). */
+export type ClientOf = (res: HttpResponse, req: HttpRequest) => string;
+
+/** The edge's reading of the client's address, trusting the proxies in `trustProxy` (CIDRs). */
+export function edgeClientOf(trustProxy: readonly string[]): ClientOf {
+  const trusted = trustProxy.length ? exemptList(trustProxy) : undefined;
+  return (res, req) => {
+    const peer = Buffer.from(res.getRemoteAddressAsText()).toString();
+    if (!trusted) return canonicalIp(peer);
+    // Every header of the name: a proxy may add its own line rather than extend the client's.
+    let forwardedFor: string | undefined;
+    req.forEach((name, value) => {
+      if (name === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor},${value}`;
+    });
+    return clientAddress(peer, forwardedFor, trusted);
+  };
 }

@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import { type Dispatcher, Pool } from 'undici';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { Admission } from '../ratelimit/admission.ts';
+import { REQUEST_ID_HEADER } from '../request-id.ts';
 import { writeError } from './respond.ts';
 
 /**
@@ -39,9 +40,11 @@ export interface Forwarder {
    * client's upload is paused while the api is not reading, and the api's response is paused
    * while the client is not reading. Must be called synchronously inside the uWS handler (it
    * reads the request, which uWS frees on return). `admit` decides, possibly asynchronously,
-   * whether the request may go on; a refusal is answered as the ApiError it resolves to.
+   * whether the request may go on; a refusal is answered as the ApiError it resolves to. The
+   * api role answers with `requestId` and logs the request; what the edge answers itself
+   * (a refusal, the api unreachable) it logs here.
    */
-  forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission): void;
+  forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission, requestId: string): void;
   /** Requests under way (for draining on shutdown). */
   readonly inFlight: number;
   close(): Promise<void>;
@@ -64,15 +67,17 @@ export function createForwarder(
       : new Pool(upstream.origin, options);
   let inFlight = 0;
 
-  function forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission) {
+  function forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission, requestId: string) {
     const method = req.getCaseSensitiveMethod().toUpperCase();
     const query = req.getQuery();
-    const path = query ? `${req.getUrl()}?${query}` : req.getUrl();
+    const url = req.getUrl();
+    const path = query ? `${url}?${query}` : url;
     const headers: string[] = [];
     let hasBody = false;
     let announced = 0;
     req.forEach((name, value) => {
-      if (NOT_FORWARDED.has(name)) {
+      // The request id is replaced by the one the edge settled on (the client's when usable).
+      if (NOT_FORWARDED.has(name) || name === REQUEST_ID_HEADER) {
         if (name === 'transfer-encoding') hasBody = true;
         return;
       }
@@ -82,9 +87,10 @@ export function createForwarder(
       }
       headers.push(name, value);
     });
-    headers.push(CLIENT_IP_HEADER, clientIp);
+    headers.push(CLIENT_IP_HEADER, clientIp, REQUEST_ID_HEADER, requestId);
 
-    const exchange = new Exchange(res, method, log, () => {
+    // The query stays out of the log: it may carry a token.
+    const exchange = new Exchange(res, method, log.child({ reqId: requestId }), requestId, url, () => {
       inFlight--;
     });
     inFlight++;
@@ -148,12 +154,22 @@ class Exchange implements Dispatcher.DispatchHandler {
    */
   private early: { chunks: Buffer[]; size: number } | undefined;
 
+  private readonly startedAt = performance.now();
+
   constructor(
     private readonly res: HttpResponse,
     private readonly method: string,
     private readonly log: Logger,
+    private readonly requestId: string,
+    private readonly path: string,
     private readonly onFinish: () => void,
   ) {}
+
+  /** The request line of an answer the edge gave itself (the api role logs the others). */
+  private logAnswer(status: number): void {
+    const ms = Math.round((performance.now() - this.startedAt) * 10) / 10;
+    this.log.info({ method: this.method, path: this.path, status, ms }, 'request');
+  }
 
   private finish(): void {
     if (!this.done) {
@@ -202,7 +218,8 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   answer(e: ApiError): void {
     if (this.aborted || this.done) return;
-    this.res.cork(() => writeError(this.res, e, this.uploading));
+    this.res.cork(() => writeError(this.res, e, this.uploading, this.requestId));
+    this.logAnswer(e.status);
     this.finish();
   }
 
@@ -331,7 +348,9 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (!this.started) {
       const code = (err as { code?: string }).code;
       this.log.error({ err: { message: err.message, code } }, 'api role unreachable');
-      this.res.cork(() => writeError(this.res, new ApiError('api_unavailable')));
+      const e = new ApiError('api_unavailable');
+      this.res.cork(() => writeError(this.res, e, false, this.requestId));
+      this.logAnswer(e.status);
     } else {
       // Mid-body: cut the connection so the client sees a truncated answer, not a short one.
       this.res.cork(() => this.res.close());

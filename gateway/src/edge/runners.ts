@@ -4,7 +4,8 @@ import type { runners } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric, RunnerSession } from '../fabric/fabric.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
-import { canonicalIp } from './client-ip.ts';
+import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
+import type { ClientOf } from './client-ip.ts';
 import { writeError } from './respond.ts';
 
 interface SocketData {
@@ -27,6 +28,7 @@ export function registerRunnerSocket(
   fabric: RunnerFabric,
   admitFor: AdmitFor,
   logger: Logger,
+  clientOf: ClientOf,
 ): void {
   app.ws<SocketData>(RUNNER_CONNECT_PATH, {
     compression: uWS.DISABLED,
@@ -38,8 +40,19 @@ export function registerRunnerSocket(
       const protocol = req.getHeader('sec-websocket-protocol');
       const extensions = req.getHeader('sec-websocket-extensions');
       const authorization = req.getHeader('authorization');
-      const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+      const ip = clientOf(res, req);
       const admit = admitFor(ip, req.getUrl());
+      const reqId = requestId(req.getHeader(REQUEST_ID_HEADER));
+      const startedAt = performance.now();
+      const logged = (status: number) =>
+        logger.info(
+          { reqId, method: 'GET', route: RUNNER_CONNECT_PATH, status, ms: Math.round(performance.now() - startedAt) },
+          'request',
+        );
+      const refuse = (e: ApiError) => {
+        res.cork(() => writeError(res, e, false, reqId));
+        logged(e.status);
+      };
       let aborted = false;
       res.onAborted(() => {
         aborted = true;
@@ -47,18 +60,15 @@ export function registerRunnerSocket(
       void (async () => {
         const refused = await admit();
         if (aborted) return;
-        if (refused) return void res.cork(() => writeError(res, refused));
+        if (refused) return refuse(refused);
         const runner = await fabric.authenticate(authorization);
         if (aborted) return;
-        if (!runner) {
-          return void res.cork(() =>
-            writeError(res, new ApiError('unauthorized', 'The runner token was not accepted.')),
-          );
-        }
+        if (!runner) return refuse(new ApiError('unauthorized', 'The runner token was not accepted.'));
         res.cork(() => res.upgrade<SocketData>({ runner, closed: false }, key, protocol, extensions, context));
+        logged(101);
       })().catch((err) => {
-        logger.error({ err }, 'runner upgrade failed');
-        if (!aborted) res.cork(() => writeError(res, new ApiError('internal_error')));
+        logger.error({ err, reqId }, 'runner upgrade failed');
+        if (!aborted) refuse(new ApiError('internal_error'));
       });
     },
     open: (ws) => {

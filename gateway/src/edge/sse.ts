@@ -1,15 +1,28 @@
 import type { HttpRequest, HttpResponse, TemplatedApp } from 'uWebSockets.js';
 import type { ApiError } from '@svc/core';
+import type { Logger } from 'pino';
 import type { AdmitFor } from '../ratelimit/admission.ts';
+import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { Opening, StreamResponse } from '../streams/response.ts';
 import { STREAM_PATHS, type StreamServer } from '../streams/streams.ts';
-import { canonicalIp } from './client-ip.ts';
+import type { ClientOf } from './client-ip.ts';
 import { writeError } from './respond.ts';
 
-/** The edge's transport of the streams: uWS routes, each request read into an Opening. */
-export function registerSse(app: TemplatedApp, streams: StreamServer, admitFor: AdmitFor): void {
+/**
+ * The edge's transport of the streams: uWS routes, each request read into an Opening. Each
+ * stream is logged once, when it ends, with its route and how long it ran.
+ */
+export function registerSse(
+  app: TemplatedApp,
+  streams: StreamServer,
+  admitFor: AdmitFor,
+  log: Logger,
+  clientOf: ClientOf,
+): void {
+  const response = (res: HttpResponse, req: HttpRequest, route: string) =>
+    new UwsStreamResponse(res, requestId(req.getHeader(REQUEST_ID_HEADER)), route, log);
   const opening = (res: HttpResponse, req: HttpRequest): Opening => {
-    const ip = canonicalIp(Buffer.from(res.getRemoteAddressAsText()).toString());
+    const ip = clientOf(res, req);
     return {
       ip,
       authorization: req.getHeader('authorization'),
@@ -22,25 +35,47 @@ export function registerSse(app: TemplatedApp, streams: StreamServer, admitFor: 
   };
   app.get(STREAM_PATHS.conversation, (res, req) => {
     const id = req.getParameter(0) ?? '';
-    streams.conversation(new UwsStreamResponse(res), opening(res, req), id);
+    streams.conversation(response(res, req, STREAM_PATHS.conversation), opening(res, req), id);
   });
-  app.get(STREAM_PATHS.events, (res, req) => streams.events(new UwsStreamResponse(res), opening(res, req)));
-  app.get(STREAM_PATHS.team, (res, req) => streams.team(new UwsStreamResponse(res), opening(res, req)));
+  app.get(STREAM_PATHS.events, (res, req) =>
+    streams.events(response(res, req, STREAM_PATHS.events), opening(res, req)),
+  );
+  app.get(STREAM_PATHS.team, (res, req) => streams.team(response(res, req, STREAM_PATHS.team), opening(res, req)));
 }
 
 /** A uWS response as a StreamResponse. */
 class UwsStreamResponse implements StreamResponse {
   /** Ended, cut or aborted: uWS forbids touching the response from then on. */
   private gone = false;
-  constructor(private readonly res: HttpResponse) {}
+  private status = 0;
+  private loggedOnce = false;
+  private readonly startedAt = performance.now();
+  constructor(
+    private readonly res: HttpResponse,
+    private readonly requestId: string,
+    private readonly route: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** The request line, once the stream is over: ended, cut off by the server, or left by the client. */
+  private logged(how: 'ended' | 'cut' | 'aborted'): void {
+    if (this.loggedOnce) return;
+    this.loggedOnce = true;
+    const ms = Math.round(performance.now() - this.startedAt);
+    const { requestId: reqId, route, status } = this;
+    const end = how === 'ended' ? {} : how === 'cut' ? { cut: true } : { aborted: true };
+    this.log.info({ reqId, method: 'GET', route, status, ms, ...end }, 'request');
+  }
 
   cork(fn: () => void): void {
     this.res.cork(fn);
   }
 
   writeHead(headers: Record<string, string>): void {
+    this.status = 200;
     this.res.writeStatus('200 OK');
     for (const [k, v] of Object.entries(headers)) this.res.writeHeader(k, v);
+    this.res.writeHeader(REQUEST_ID_HEADER, this.requestId);
   }
 
   write(chunk: string | Buffer): boolean {
@@ -72,21 +107,26 @@ class UwsStreamResponse implements StreamResponse {
   end(): void {
     this.gone = true;
     this.res.end();
+    this.logged('ended');
   }
 
   close(): void {
     this.gone = true;
     this.res.close();
+    this.logged('cut');
   }
 
   onAborted(handler: () => void): void {
     this.res.onAborted(() => {
       this.gone = true;
+      this.logged('aborted');
       handler();
     });
   }
 
   error(e: ApiError): void {
-    writeError(this.res, e);
+    this.status = e.status;
+    writeError(this.res, e, false, this.requestId);
+    this.logged('ended');
   }
 }

@@ -63,7 +63,7 @@ process.on('disconnect', () => void stop(0));
 process.once('message', (m: ToChild) => {
   if (m.type !== 'start') return;
   const log = createLogger(m.config.LOG_LEVEL).child({ edgeProcess: m.index });
-  startService(m.config, log, { edgeProcess: m.index, gatherMetrics }).then(
+  startService(m.config, log, { edgeProcess: m.index, gatherMetrics, joinsGroupPort: true }).then(
     (started) => {
       service = started;
       tell({ type: 'ready', port: started.port });

@@ -10,8 +10,9 @@ import { workThroughDirty } from './dirty-tenants.ts';
  * the outbox until the Postgres copy holds them durably: if Redis loses what was appended,
  * they are still here to be relayed again.
  *
- * Woken by the Postgres notification the outbox sends on commit (when the database delivers
- * notifications) and by a sweep every `intervalMs` that also finds rows a crashed node left.
+ * Woken by the Postgres notification the outbox sends on commit (when `listen` says the
+ * database delivers them; embedded PGlite does not), by `flush`/`kick` from this process, and by
+ * a sweep every `intervalMs` that also finds rows a crashed node left.
  */
 export class OutboxRelay {
   /** Per tenant: the highest outbox number the log acknowledged to this node. */
@@ -23,16 +24,22 @@ export class OutboxRelay {
   private unlisten: (() => Promise<void>) | undefined;
 
   constructor(
-    private readonly deps: { sql: Sql; appendEvents: AppendEvents; logger: Logger },
+    private readonly deps: { sql: Sql; appendEvents: AppendEvents; logger: Logger; listen: boolean },
     private readonly options: { intervalMs: number; batch: number } = { intervalMs: 250, batch: 500 },
   ) {}
 
   async start(): Promise<void> {
-    try {
-      const listening = await this.deps.sql.listen(outbox.OUTBOX_CHANNEL, (tenant) => this.kick(tenant));
-      this.unlisten = () => listening.unlisten();
-    } catch (err) {
-      this.deps.logger.info({ err: { message: (err as Error).message } }, 'outbox: no notifications; sweeping only');
+    if (this.deps.listen) {
+      try {
+        const listening = await this.deps.sql.listen(outbox.OUTBOX_CHANNEL, (tenant) => this.kick(tenant));
+        this.unlisten = () => listening.unlisten();
+      } catch (err) {
+        // Other nodes' changes then wait for the sweep: slower, not lost.
+        this.deps.logger.warn(
+          { err: { message: (err as Error).message } },
+          `outbox: LISTEN failed; relaying every ${this.options.intervalMs} ms`,
+        );
+      }
     }
     this.timer = setInterval(() => void this.sweep(), this.options.intervalMs);
     this.timer.unref();

@@ -11,6 +11,12 @@ import type { ApiDeps } from '../deps.ts';
  * Described in OpenAPI with the edge routes (api/routes/meta.ts), so hidden here.
  */
 export async function runnerSocketRoute(app: FastifyInstance, deps: ApiDeps): Promise<void> {
+  // On close, runners hear 1001 going_away (reconnect) before the plugin's own close of every
+  // socket, which gives no code: hooks run in the order they were added.
+  app.addHook('preClose', (done) => {
+    deps.fabric.shutdown();
+    done();
+  });
   await app.register(websocket, { options: { maxPayload: 16 * 1024 * 1024 } });
   const runnerOf = new WeakMap<object, runners.RunnerRow>();
   app.get(

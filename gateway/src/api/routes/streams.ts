@@ -32,7 +32,8 @@ function opening(request: FastifyRequest): Opening {
     return (Array.isArray(v) ? v[0] : v) ?? '';
   };
   return {
-    ip: request.ip,
+    // Read by the authentication hook from the socket or, through trusted proxies, X-Forwarded-For.
+    ip: request.clientIp ?? request.ip,
     authorization: header('authorization'),
     cookie: header('cookie'),
     origin: header('origin'),
