@@ -80,7 +80,7 @@ t.test(
 
     t.equal(
       JSON.parse(readFileSync(ROOT_PACKAGE, 'utf8')).scripts.demo,
-      'node test/demo.mjs',
+      'exec node test/demo.mjs',
       'what npm run demo runs',
     );
     await outputUntil(child, () => out, /API reference: /);

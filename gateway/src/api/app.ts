@@ -2,14 +2,8 @@ import fastifyCookie from '@fastify/cookie';
 import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
 import fastifySwagger from '@fastify/swagger';
-import { ApiError, ErrorBody } from '@svc/core';
-import Fastify, {
-  type FastifyBaseLogger,
-  type FastifyReply,
-  type FastifyRequest,
-  LogController,
-  type RouteOptions,
-} from 'fastify';
+import { ApiError } from '@svc/core';
+import Fastify, { type FastifyBaseLogger, type FastifyReply, type FastifyRequest, LogController } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
 import { clientAddress, exemptList } from '../edge/client-ip.ts';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
