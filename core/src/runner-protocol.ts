@@ -165,7 +165,9 @@ export const SandboxDestroy = z.object({
  * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
  * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
  * notifications come back as `acp` events, its stderr as `stderr`, and the turn ends with a
- * `turn` stage event whose state is the result and whose data is `{"usage": ...}`.
+ * `turn` stage event whose state is the result and whose data is `{"usage": ...}`; a failed turn's
+ * data also carries `code` (TURN_ERROR_CODES) and `error`, the message saying what to fix, and a
+ * failure of the model provider is first reported as stage `model` failed with the same two.
  */
 export const TurnStart = z.object({
   kind: z.literal('turn.start'),
@@ -175,6 +177,11 @@ export const TurnStart = z.object({
   turn_id: z.string().min(1).max(64),
   prompt: z.string().max(1_000_000),
   runtime: z.object({
+    /**
+     * The runtime (`claude`, `codex`, `gemini`, `opencode`), so a failure can say how to install
+     * its agent and which credential to fix. Optional: a service one release older sends none.
+     */
+    name: z.string().min(1).max(40).optional(),
     command: z.string().min(1),
     args: z.array(z.string()),
     env: z.record(z.string(), z.string()),

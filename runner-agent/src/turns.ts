@@ -1,7 +1,14 @@
-import type { RunnerEvent, TurnStartCommand } from '@svc/core';
+import {
+  classifyRuntimeFailure,
+  classifySpawnFailure,
+  PROVIDER_ERROR_CODES,
+  type RunnerEvent,
+  type TurnError,
+  type TurnStartCommand,
+} from '@svc/core';
 import { writeHomeFiles } from './home-files.ts';
 import { ConversationPermissions } from './permissions.ts';
-import { AcpRuntime } from './runtime.ts';
+import { AcpRuntime, RuntimeSpawnError } from './runtime.ts';
 import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
@@ -28,7 +35,8 @@ interface Session {
  * The conversations running on this runner: one ACP runtime per conversation, started on
  * its first turn in the sandbox's directory with the sandbox's environment, kept across
  * turns. Each turn is reported as stage `turn` (started, then done / interrupted / timeout /
- * failed with `{"usage": ...}`), its updates as `acp` events and the runtime's stderr as
+ * failed with `{"usage": ...}`; failed adds `code` and `error`, and stage `model` failed
+ * comes first when the provider was the cause), its updates as `acp` events and the runtime's stderr as
  * `stderr` events.
  *
  * Permission requests follow the turn's `permission_policy` (ConversationPermissions): one
@@ -53,6 +61,15 @@ export class Turns {
     let started = Date.now();
     const end = (state: 'done' | 'interrupted' | 'timeout' | 'failed', data: object) =>
       stage('turn', state, { duration_ms: Date.now() - started, data: JSON.stringify(data) });
+    // A failed turn says why as `{code, error}`; a failure of the model provider says so first
+    // as stage `model` failed (SPEC: the runtime or provider refused the model).
+    const fail = (error: TurnError) => {
+      if (PROVIDER_ERROR_CODES.has(error.code)) {
+        stage('model', 'failed', { data: JSON.stringify({ code: error.code, error: error.message }) });
+      }
+      end('failed', { usage: null, code: error.code, error: error.message });
+    };
+    const who = { runtime: command.runtime.name, command: command.runtime.command };
 
     // The turn starts once its sandbox is built (the build's stages come first).
     let built: Sandbox;
@@ -60,7 +77,7 @@ export class Turns {
       built = await sandbox;
     } catch (err) {
       stage('turn', 'started');
-      return end('failed', { usage: null, error: `the sandbox could not be built: ${(err as Error).message}` });
+      return fail({ code: 'sandbox_failed', message: `The sandbox could not be built: ${(err as Error).message}` });
     }
     started = Date.now();
     stage('turn', 'started');
@@ -121,7 +138,11 @@ export class Turns {
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
         stage('session', 'failed', { duration_ms: Date.now() - sessionStarted, data: (err as Error).message });
-        return end('failed', { usage: null, error: (err as Error).message });
+        return fail(
+          err instanceof RuntimeSpawnError
+            ? classifySpawnFailure(err.errno, err.message, who)
+            : classifyRuntimeFailure((err as Error).message, who),
+        );
       }
     }
     const s = session;
@@ -149,7 +170,7 @@ export class Turns {
       await s.runtime.close().catch(() => {});
       s.permissions.denyAll('turn_end');
       if (s.closing) end('interrupted', { usage: null, error: s.closing });
-      else end('failed', { usage: null, error: (err as Error).message });
+      else fail(classifyRuntimeFailure((err as Error).message, who));
     } finally {
       clearTimeout(limit);
       s.turnId = null;

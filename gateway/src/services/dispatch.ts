@@ -1,4 +1,4 @@
-import type { Runtime } from '@svc/core';
+import { ApiError, type Runtime } from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
 import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
@@ -178,6 +178,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         turn_id: plan.turn.id,
         prompt: plan.turn.prompt,
         runtime: {
+          name: plan.turn.runtime,
           command,
           args: [...args, ...plan.turn.args],
           env: plan.turn.env,
@@ -202,7 +203,14 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
       conversationId,
       plan.build ? sandbox.id : null,
       turnId,
-      waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
+      {
+        // A runner that is away is the machine's failure; anything else kept the sandbox from serving.
+        code:
+          err instanceof ApiError && (err.code === 'runner_offline' || err.code === 'no_runner_online')
+            ? 'runner_offline'
+            : 'sandbox_failed',
+        message: waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
+      },
       waking ? 'reattach' : undefined,
     ).catch(() => {});
   });
