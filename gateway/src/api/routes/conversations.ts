@@ -121,7 +121,14 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   r.get('/api/conversations/:id/turns', {
     config,
-    schema: { tags, summary: 'Turns, oldest first', params: IdParam, response: { 200: listOf(Turn), 404: ErrorBody } },
+    schema: {
+      tags,
+      summary: 'Turns, oldest first',
+      description:
+        "Each turn with its result: `reply` (the agent's answer, stored when the turn ends), `ended_at`, and `error` `{code, message}` on a failed turn, saying what to fix (`invalid_api_key`, `provider_unreachable`, `provider_error`, `agent_not_installed`, `agent_crashed`, `sandbox_failed`, `runner_offline`).",
+      params: IdParam,
+      response: { 200: listOf(Turn), 404: ErrorBody },
+    },
     handler: async (req) => ({ data: await convs.listTurns(deps.sql, requirePrincipal(req).accountId, req.params.id) }),
   });
 
