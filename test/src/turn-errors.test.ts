@@ -6,7 +6,9 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { claudeCodeEnv, startFakeAnthropic } from './fakes/anthropic-messages.ts';
+import { signUp, startTestService } from './harness.ts';
 import { accountWithAgent, launchAndWatch, serviceForRuntime, settledTurn, startRunnerAgent } from './real-runtime.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import type { WireEvent } from './sse-client.ts';
 
 const CLAUDE_ACP = fileURLToPath(import.meta.resolve('@zed-industries/claude-agent-acp/dist/index.js'));
@@ -131,4 +133,18 @@ t.test('an agent command that is not installed fails the turn naming the command
   t.match(turn?.error?.message, 'npm install -g @zed-industries/claude-agent-acp', 'how to install it');
   t.match(turn?.error?.message, 'RUNTIME_CLAUDE_COMMAND', 'or where to point the service at it');
   t.equal(turn?.error?.message, end.error, 'the record says what the stream said');
+});
+
+t.test("a runtime's error that quotes a secret is [REDACTED] on the record as in the log", async (t) => {
+  const svc = await startTestService(t, { env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND } });
+  const { key: token } = await signUp(svc);
+  const { agent } = await claudeOnRunner(t, svc, token);
+  const run = await launchAndWatch(svc, token, agent.id, 'refuse env ANTHROPIC_API_KEY');
+  t.ok(run.ended, JSON.stringify(run.events.slice(-3)));
+  const turn = await settledTurn(svc, token, run.id);
+  t.equal(turn?.error?.code, 'invalid_api_key');
+  t.match(turn?.error?.message, 'The runtime said: Invalid API key: ANTHROPIC_API_KEY=[REDACTED]');
+  // claudeAgent's credential, which the runner put in ANTHROPIC_API_KEY.
+  t.notMatch(turn?.error?.message, 'sk-ant-test-credential-123456', 'the key is not on the record');
+  t.equal(dataOf(run.events, 'turn', 'failed').error, turn?.error?.message, 'the record says what the log says');
 });

@@ -1,6 +1,7 @@
 import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { Redaction } from '../log/log.append.ts';
 import type { EventLog } from '../log/log.ts';
 import { recordPermissionStage } from './permissions.ts';
 import { sandboxBuilt } from './sandboxes.ts';
@@ -19,7 +20,13 @@ type RunnerEventHandlers = Pick<
  * `failed`, and a permission request is on record before its event reaches a client. Each is
  * idempotent, since the fabric may report again after a resend.
  */
-export function runnerEventHandlers(deps: { sql: Sql; log: EventLog; logger: Logger }): RunnerEventHandlers {
+export function runnerEventHandlers(deps: {
+  sql: Sql;
+  log: EventLog;
+  logger: Logger;
+  /** This node's write path's redaction: a turn's error is stored redacted like its log. */
+  redaction: Pick<Redaction, 'setFor'>;
+}): RunnerEventHandlers {
   return {
     onTurnEnd: (tenant, turnId, result, usage, error) => finishTurn(deps, tenant, turnId, result, usage, error),
     onRunnerGone: (runnerId) => failTurnsOfRunner(deps.sql, runnerId),

@@ -8,6 +8,7 @@ import {
   type TurnErrorCode,
 } from '@svc/core';
 import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
+import type { Redaction } from '../log/log.append.ts';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
@@ -166,7 +167,7 @@ export async function failTurnStart(
  * resolved (`turn_end`). False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
-  deps: { sql: Sql; log: EventLog },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'> },
   accountId: string,
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
@@ -176,6 +177,9 @@ export async function finishTurn(
   const turn = await conversations.getTurn(deps.sql, accountId, turnId);
   if (turn?.state !== 'running') return false;
   const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
+  // The runner's words are stored as they reach the log: redacted (the reply is read from it).
+  const secrets = deps.redaction.setFor(accountId, turn.conversation_id);
+  const why = error && secrets ? { ...error, message: secrets.redact(error.message) } : error;
   const ended = await endTurnResolvingRequests(
     deps.sql,
     accountId,
@@ -184,7 +188,7 @@ export async function finishTurn(
     usage,
     [changed('conversations')],
     reply,
-    state === 'failed' ? error : null,
+    state === 'failed' ? why : null,
   );
   if (ended) await auditTurnEnd(deps.sql, accountId, turnId, state);
   return ended;
