@@ -41,15 +41,31 @@ export const PROVIDER_ERROR_CODES: ReadonlySet<TurnErrorCode> = new Set([
 ]);
 
 /** What the service knows of each runtime: its provider's name, its credential, its agent's npm package. */
-const RUNTIMES: Record<string, { provider: string; credentials: string; pkg: string }> = {
+const RUNTIMES: Record<string, { provider: string; credentials: string; baseUrl: string; pkg: string }> = {
   claude: {
     provider: 'Anthropic',
     credentials: 'anthropic_api_key or claude_code_oauth_token',
+    baseUrl: 'ANTHROPIC_BASE_URL',
     pkg: '@zed-industries/claude-agent-acp',
   },
-  codex: { provider: 'OpenAI', credentials: 'openai_api_key', pkg: '@zed-industries/codex-acp' },
-  gemini: { provider: 'Google', credentials: 'gemini_api_key', pkg: '@google/gemini-cli' },
-  opencode: { provider: 'The model provider', credentials: "your model's provider", pkg: 'opencode-ai' },
+  codex: {
+    provider: 'OpenAI',
+    credentials: 'openai_api_key',
+    baseUrl: 'OPENAI_BASE_URL',
+    pkg: '@zed-industries/codex-acp',
+  },
+  gemini: {
+    provider: 'Google',
+    credentials: 'gemini_api_key',
+    baseUrl: "GOOGLE_GEMINI_BASE_URL, or the instance's GEMINI_BASE_URL",
+    pkg: '@google/gemini-cli',
+  },
+  opencode: {
+    provider: 'The model provider',
+    credentials: "your model's provider",
+    baseUrl: 'ANTHROPIC_BASE_URL, OPENAI_BASE_URL or GEMINI_BASE_URL',
+    pkg: 'opencode-ai',
+  },
 };
 
 /** How the runtime ran: its name (`claude`, ...; absent from a service one release older) and command. */
@@ -106,15 +122,16 @@ export function classifyRuntimeFailure(text: string, who: RuntimeIdentity): Turn
     const where = known
       ? `the account's inference credential (${known.credentials}: PUT /api/account/inference-credentials/<provider>)`
       : "the account's inference credential (PUT /api/account/inference-credentials/<provider>)";
+    const status = /\b403\b|forbidden|permission/i.test(text) ? 403 : 401;
     return {
       code: 'invalid_api_key',
-      message: `${provider} refused the API key (401): update ${where}, or the key variable the environment or vault sets. The runtime said: ${quote}`,
+      message: `${provider} refused the API key (${status}): update ${where}, or the key variable the environment or vault sets. The runtime said: ${quote}`,
     };
   }
   if (UNREACHABLE.some((re) => re.test(text))) {
     return {
       code: 'provider_unreachable',
-      message: `${provider}'s API could not be reached from the sandbox: check the base URL the environment, vault or instance sets (ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GOOGLE_GEMINI_BASE_URL), the machine's network, and the environment's allowed_hosts. The runtime said: ${quote}`,
+      message: `${provider}'s API could not be reached from the sandbox: check the base URL the environment, vault or instance sets (${known?.baseUrl ?? 'the provider base URL variable'}), the machine's network, and the environment's allowed_hosts. The runtime said: ${quote}`,
     };
   }
   if (PROVIDER.some((re) => re.test(text))) {

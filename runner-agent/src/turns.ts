@@ -36,8 +36,8 @@ interface Session {
  * its first turn in the sandbox's directory with the sandbox's environment, kept across
  * turns. Each turn is reported as stage `turn` (started, then done / interrupted / timeout /
  * failed with `{"usage": ...}`; failed adds `code` and `error`, and stage `model` failed
- * comes first when the provider was the cause), its updates as `acp` events and the runtime's stderr as
- * `stderr` events.
+ * comes first when the provider was the cause), its updates as `acp` events and the
+ * runtime's stderr as `stderr` events.
  *
  * Permission requests follow the turn's `permission_policy` (ConversationPermissions): one
  * the policy asks about waits for `answer()` (an answer over the API), its timeout, or the
@@ -62,7 +62,7 @@ export class Turns {
     const end = (state: 'done' | 'interrupted' | 'timeout' | 'failed', data: object) =>
       stage('turn', state, { duration_ms: Date.now() - started, data: JSON.stringify(data) });
     // A failed turn says why as `{code, error}`; a failure of the model provider says so first
-    // as stage `model` failed (SPEC: the runtime or provider refused the model).
+    // as stage `model` failed (the stage of a runtime or provider refusing the model).
     const fail = (error: TurnError) => {
       if (PROVIDER_ERROR_CODES.has(error.code)) {
         stage('model', 'failed', { data: JSON.stringify({ code: error.code, error: error.message }) });
