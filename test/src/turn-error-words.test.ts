@@ -52,6 +52,10 @@ t.test(
       classifyRuntimeFailure('unexpected status 401 Unauthorized: Incorrect API key provided', { runtime: 'codex' }),
       { code: 'invalid_api_key', message: /^OpenAI refused/ },
     );
+    t.match(classifyRuntimeFailure('403 Forbidden: permission denied for this API key', { runtime: 'gemini' }), {
+      code: 'invalid_api_key',
+      message: /^Google refused the API key \(403\): .*gemini_api_key/,
+    });
     t.match(
       classifyRuntimeFailure(
         'Internal error: API Error: Unable to connect to API. Check your internet connection',
