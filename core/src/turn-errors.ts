@@ -40,29 +40,29 @@ export const PROVIDER_ERROR_CODES: ReadonlySet<TurnErrorCode> = new Set([
   'provider_error',
 ]);
 
-/** What the service knows of each runtime: its provider's name, its credential, its agent's npm package. */
+/** What the service knows of each runtime: its provider's name, where its credential is set, its base URL variable, its agent's npm package. */
 const RUNTIMES: Record<string, { provider: string; credentials: string; baseUrl: string; pkg: string }> = {
   claude: {
     provider: 'Anthropic',
-    credentials: 'anthropic_api_key or claude_code_oauth_token',
+    credentials: 'PUT /api/account/inference-credentials/anthropic_api_key, or claude_code_oauth_token',
     baseUrl: 'ANTHROPIC_BASE_URL',
     pkg: '@zed-industries/claude-agent-acp',
   },
   codex: {
     provider: 'OpenAI',
-    credentials: 'openai_api_key',
+    credentials: 'PUT /api/account/inference-credentials/openai_api_key',
     baseUrl: 'OPENAI_BASE_URL',
     pkg: '@zed-industries/codex-acp',
   },
   gemini: {
     provider: 'Google',
-    credentials: 'gemini_api_key',
+    credentials: 'PUT /api/account/inference-credentials/gemini_api_key',
     baseUrl: "GOOGLE_GEMINI_BASE_URL, or the instance's GEMINI_BASE_URL",
     pkg: '@google/gemini-cli',
   },
   opencode: {
     provider: 'The model provider',
-    credentials: "your model's provider",
+    credentials: "PUT /api/account/inference-credentials/<your model's provider>",
     baseUrl: 'ANTHROPIC_BASE_URL, OPENAI_BASE_URL or GEMINI_BASE_URL',
     pkg: 'opencode-ai',
   },
@@ -110,17 +110,34 @@ function said(text: string): string {
 
 /**
  * Classifies what a runtime reported when its turn failed (the ACP error message, or the exit
- * with its last stderr lines, in `text`) into a code and a message saying what to fix. Pure:
- * the same text always gives the same answer; an unrecognised failure is `agent_crashed`,
- * quoting what the runtime said.
+ * with its last stderr lines, in `text`) into a code and a message saying what to fix. When
+ * `text` says nothing recognisable (codex-acp answers a refused key with a bare "Internal
+ * error"), the turn's last `stderr` lines are read, newest first, and the first that says
+ * something is quoted. Pure: the same input always gives the same answer; an unrecognised
+ * failure is `agent_crashed`, quoting what the runtime said.
  */
-export function classifyRuntimeFailure(text: string, who: RuntimeIdentity): TurnError {
+export function classifyRuntimeFailure(text: string, who: RuntimeIdentity, stderr: readonly string[] = []): TurnError {
+  const direct = classifyText(text, who);
+  if (direct.code !== 'agent_crashed') return direct;
+  for (let i = stderr.length - 1; i >= 0; i--) {
+    const line = plain(stderr[i] as string);
+    const found = line.trim() ? classifyText(line, who) : direct;
+    if (found.code !== 'agent_crashed') return found;
+  }
+  return direct;
+}
+
+/** A terminal's colours and styles (ANSI escape sequences) taken out of a line. */
+const ANSI = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*[A-Za-z]`, 'g');
+const plain = (line: string) => line.replace(ANSI, '');
+
+function classifyText(text: string, who: RuntimeIdentity): TurnError {
   const known = who.runtime ? RUNTIMES[who.runtime] : undefined;
   const provider = known?.provider ?? 'The model provider';
   const quote = said(text);
   if (AUTH.some((re) => re.test(text))) {
     const where = known
-      ? `the account's inference credential (${known.credentials}: PUT /api/account/inference-credentials/<provider>)`
+      ? `the account's inference credential (${known.credentials})`
       : "the account's inference credential (PUT /api/account/inference-credentials/<provider>)";
     const status = /\b403\b|forbidden|permission/i.test(text) ? 403 : 401;
     return {
@@ -142,7 +159,7 @@ export function classifyRuntimeFailure(text: string, who: RuntimeIdentity): Turn
   }
   return {
     code: 'agent_crashed',
-    message: `The ${who.runtime ?? 'agent'} runtime${who.command ? ` (${who.command})` : ''} failed the turn: ${quote}`,
+    message: `The ${who.runtime ?? 'agent'} runtime failed the turn: ${quote}`,
   };
 }
 

@@ -29,7 +29,12 @@ interface Session {
   ended: Promise<void>;
   /** Set when we stop the runtime on purpose: its turn ends `interrupted`, not `failed`. */
   closing?: string;
+  /** The runtime's last stderr lines of the running turn: a failure's reason is often there. */
+  stderr: string[];
 }
+
+/** How many of a turn's last stderr lines a failure is classified with. */
+const STDERR_KEPT = 20;
 
 /**
  * The conversations running on this runner: one ACP runtime per conversation, started on
@@ -89,6 +94,7 @@ export class Turns {
       const sessionStarted = Date.now();
       stage('session', 'started');
       const current: { turnId: string | null } = { turnId: command.turn_id };
+      const stderr: string[] = [];
       const permissions = new ConversationPermissions((e) =>
         emit({
           ...e,
@@ -116,14 +122,17 @@ export class Turns {
               stream: 'acp',
               data: JSON.stringify(update),
             }),
-          onStderr: (line) =>
+          onStderr: (line) => {
+            stderr.push(line);
+            if (stderr.length > STDERR_KEPT) stderr.shift();
             emit({
               conversation_id: command.conversation_id,
               turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
               kind: 'output',
               stream: 'stderr',
               data: `${line}\n`,
-            }),
+            });
+          },
           onPermission: (request) => permissions.ask(request),
         });
         session = {
@@ -132,6 +141,7 @@ export class Turns {
           permissions,
           turnId: null,
           timedOut: false,
+          stderr,
           ended: Promise.resolve(),
         };
         this.sessions.set(command.conversation_id, session);
@@ -141,12 +151,13 @@ export class Turns {
         return fail(
           err instanceof RuntimeSpawnError
             ? classifySpawnFailure(err.errno, err.message, who)
-            : classifyRuntimeFailure((err as Error).message, who),
+            : classifyRuntimeFailure((err as Error).message, who, stderr),
         );
       }
     }
     const s = session;
     s.turnId = command.turn_id;
+    s.stderr.length = 0;
     s.timedOut = false;
     let turnEnded = () => {};
     s.ended = new Promise<void>((resolve) => {
@@ -170,7 +181,7 @@ export class Turns {
       await s.runtime.close().catch(() => {});
       s.permissions.denyAll('turn_end');
       if (s.closing) end('interrupted', { usage: null, error: s.closing });
-      else fail(classifyRuntimeFailure((err as Error).message, who));
+      else fail(classifyRuntimeFailure((err as Error).message, who, s.stderr));
     } finally {
       clearTimeout(limit);
       s.turnId = null;

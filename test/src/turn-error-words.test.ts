@@ -71,7 +71,25 @@ t.test(
     });
     t.match(classifyRuntimeFailure('ACP agent node (pid 4) exited with code 1 and wrote nothing to stderr', claude), {
       code: 'agent_crashed',
-      message: 'The claude runtime (claude-agent-acp) failed the turn: ACP agent node (pid 4) exited with code 1',
+      message: 'The claude runtime failed the turn: ACP agent node (pid 4) exited with code 1',
+    });
+    const codexSaid = [
+      'WARNING: proceeding, even though we could not update PATH',
+      '\u001b[2m2026-11-25T04:24:02.149111Z\u001b[0m \u001b[31mERROR\u001b[0m codex_acp::thread: Unhandled error during turn: unexpected status 401 Unauthorized: Incorrect API key provided., url: http://127.0.0.1:39405/v1/responses',
+      '',
+    ];
+    t.match(
+      classifyRuntimeFailure('Internal error', { runtime: 'codex' }, codexSaid),
+      {
+        code: 'invalid_api_key',
+        message:
+          /The runtime said: 2026-11-25T04:24:02.149111Z ERROR codex_acp::thread: Unhandled error during turn: unexpected status 401/,
+      },
+      'a bare ACP error is explained by the newest stderr line that says something, its colours gone',
+    );
+    t.match(classifyRuntimeFailure('Internal error', { runtime: 'codex' }, ['all is well']), {
+      code: 'agent_crashed',
+      message: 'The codex runtime failed the turn: Internal error',
     });
     t.match(classifySpawnFailure('ENOENT', 'spawn gemini ENOENT', { runtime: 'gemini', command: 'gemini' }), {
       code: 'agent_not_installed',

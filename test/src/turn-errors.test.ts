@@ -6,12 +6,14 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { claudeCodeEnv, startFakeAnthropic } from './fakes/anthropic-messages.ts';
+import { startFakeOpenAI } from './fakes/openai-responses.ts';
 import { signUp, startTestService } from './harness.ts';
 import { accountWithAgent, launchAndWatch, serviceForRuntime, settledTurn, startRunnerAgent } from './real-runtime.ts';
 import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import type { WireEvent } from './sse-client.ts';
 
 const CLAUDE_ACP = fileURLToPath(import.meta.resolve('@zed-industries/claude-agent-acp/dist/index.js'));
+const CODEX_ACP = fileURLToPath(import.meta.resolve('@zed-industries/codex-acp/bin/codex-acp.js'));
 const KEY = 'sk-ant-api03-the-one-key-the-fake-takes';
 
 /** A local address where nothing listens (a port just freed). */
@@ -147,4 +149,69 @@ t.test("a runtime's error that quotes a secret is [REDACTED] on the record as in
   // claudeAgent's credential, which the runner put in ANTHROPIC_API_KEY.
   t.notMatch(turn?.error?.message, 'sk-ant-test-credential-123456', 'the key is not on the record');
   t.equal(dataOf(run.events, 'turn', 'failed').error, turn?.error?.message, 'the record says what the log says');
+});
+
+t.test('a codex turn says why from its stderr, where codex-acp puts the reason its ACP error leaves out', async (t) => {
+  const fake = await startFakeOpenAI({
+    apiKey: 'sk-proj-the-one-key-the-fake-takes',
+    models: ['gpt-5.4'],
+    reply: () => ({ output: [{ type: 'text', text: 'unreachable with a wrong key' }] }),
+  });
+  const svc = await serviceForRuntime(t, {
+    RUNTIME_CODEX_COMMAND: `${process.execPath} ${CODEX_ACP}`,
+    OPENAI_BASE_URL: fake.url,
+  });
+  const { token, agent } = await accountWithAgent(t, svc, {
+    credential: 'openai_api_key',
+    key: 'sk-proj-a-key-the-provider-refuses',
+    validate: false,
+    environment: { name: 'codex' },
+    agent: { name: 'wrong key', runtime: 'codex', model: 'openai/gpt-5.4' },
+  });
+  const runner = await startRunnerAgent(t, svc, token, () => fake.close());
+  const log = (events: WireEvent[]) => `runner said: ${runner.output()}\nevents: ${JSON.stringify(events.slice(-6))}`;
+
+  t.test('a refused key', async (t) => {
+    const run = await launchAndWatch(svc, token, agent.id, 'Hello?');
+    t.ok(run.ended, log(run.events));
+    t.same(stages(run.events).slice(-2), ['model failed', 'turn failed'], log(run.events));
+    const turn = await settledTurn(svc, token, run.id);
+    t.equal(turn?.error?.code, 'invalid_api_key', log(run.events));
+    t.match(turn?.error?.message, /^OpenAI refused the API key \(401\): .*inference-credentials\/openai_api_key/);
+    t.match(turn?.error?.message, /The runtime said: .*401 Unauthorized/, 'quoting the stderr line that said so');
+    t.notMatch(turn?.error?.message, '\u001b', 'without its terminal colours');
+  });
+
+  t.test('a provider nobody answers for', async (t) => {
+    const nowhere = await closedPort();
+    const env = (
+      await svc.http.post('/api/environments', {
+        token,
+        body: { name: 'nowhere', env_vars: { OPENAI_BASE_URL: `${nowhere}/v1` } },
+      })
+    ).body;
+    const lost = (
+      await svc.http.post('/api/agents', {
+        token,
+        body: {
+          name: 'lost',
+          runtime: 'codex',
+          model: 'openai/gpt-5.4',
+          environment_id: env.id,
+          sandbox_provider: 'runner',
+        },
+      })
+    ).body;
+    const run = await launchAndWatch(svc, token, lost.id, 'Anyone there?');
+    t.ok(run.ended, log(run.events));
+    const turn = await settledTurn(svc, token, run.id);
+    t.match(
+      turn,
+      { state: 'failed', error: { code: 'provider_unreachable', message: /OPENAI_BASE_URL/ } },
+      log(run.events),
+    );
+    // codex-acp retried twice (the service's bound), not its default of five.
+    const retries = run.events.filter((e) => e.stream === 'stderr' && /Reconnecting\.\.\. \d+\/\d+/.test(e.data ?? ''));
+    t.match(retries.at(-1)?.data, /Reconnecting\.\.\. 2\/2/, log(run.events));
+  });
 });
