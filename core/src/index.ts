@@ -19,3 +19,4 @@ export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
 export * from './schemas/streams.ts';
 export * from './schemas/vaults.ts';
+export * from './turn-errors.ts';

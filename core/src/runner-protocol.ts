@@ -162,12 +162,6 @@ export const SandboxDestroy = z.object({
 });
 
 /**
- * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
- * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
- * notifications come back as `acp` events, its stderr as `stderr`, and the turn ends with a
- * `turn` stage event whose state is the result and whose data is `{"usage": ...}`.
- */
-/**
  * A RUNTIME_<NAME>_COMMAND line split into its command and arguments: words separated by
  * spaces, quotes ("..." or '...') grouping words. The service and a runner read it alike.
  */
@@ -176,6 +170,14 @@ export function commandLine(line: string): { command: string; args: string[] } {
   return { command: words[0] ?? '', args: words.slice(1) };
 }
 
+/**
+ * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
+ * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
+ * notifications come back as `acp` events, its stderr as `stderr`, and the turn ends with a
+ * `turn` stage event whose state is the result and whose data is `{"usage": ...}`; a failed turn's
+ * data also carries `code` (TURN_ERROR_CODES) and `error`, the message saying what to fix, and a
+ * failure of the model provider is first reported as stage `model` failed with the same two.
+ */
 export const TurnStart = z.object({
   kind: z.literal('turn.start'),
   sandbox: z.string().min(1).max(64),
@@ -187,10 +189,11 @@ export const TurnStart = z.object({
     command: z.string().min(1),
     args: z.array(z.string()),
     /**
-     * Which runtime this is, and the tail of `args` that the agent's settings add after the
-     * service's command line (RUNTIME_<NAME>_COMMAND). A runner whose own environment sets
-     * that variable starts its own command line followed by `settings_args` instead of
-     * `command` and `args`. Optional: a runner one release older runs `command` and `args`.
+     * Which runtime this is (`claude`, `codex`, `gemini`, `opencode`), and the tail of `args`
+     * that the agent's settings add after the service's command line (RUNTIME_<NAME>_COMMAND).
+     * A runner whose own environment sets that variable starts its own command line followed
+     * by `settings_args` instead of `command` and `args`; a failure names the runtime's agent
+     * package and credential. Optional: a runner one release older runs `command` and `args`.
      * A string, not the list of runtimes, so a runtime added later does not make an older
      * runner refuse the whole command.
      */

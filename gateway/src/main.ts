@@ -233,7 +233,7 @@ export async function startService(
         sql: db.sql,
         logger: log.child({ role: 'fabric' }),
         appendEvents,
-        ...runnerEventHandlers({ sql: db.sql, log: eventLog, logger: log.child({ role: 'fabric' }) }),
+        ...runnerEventHandlers({ sql: db.sql, log: eventLog, logger: log.child({ role: 'fabric' }), redaction }),
       },
       {
         heartbeatMs: config.RUNNER_HEARTBEAT_MS,

@@ -6,6 +6,7 @@ import { Readable, Writable } from 'node:stream';
 // entrypoint's types leave out. The wire protocol is the same ACP v1 either way.
 import * as acp from '@agentclientprotocol/sdk/unstable';
 import { AGENT_VERSION } from './agent.ts';
+import { foldDumpedObjects } from './stderr-lines.ts';
 
 /** The answer to one `session/request_permission`: an option the agent offered, or none. */
 export type PermissionAnswer = { outcome: 'selected'; optionId: string } | { outcome: 'cancelled' };
@@ -38,8 +39,9 @@ export interface AcpRuntimeOptions {
    */
   onUpdate(update: unknown): void;
   /**
-   * The agent's stderr, one line at a time (without the line ending). A pipe of its own, so a
-   * line has no order with the updates: it may come after the response of its turn.
+   * The agent's stderr, one line at a time (without the line ending), an object it dumped over
+   * many lines folded into one (foldDumpedObjects). A pipe of its own, so a line has no order
+   * with the updates: it may come after the response of its turn.
    */
   onStderr(line: string): void;
   /**
@@ -106,6 +108,15 @@ function turnUsage(usage: acp.Usage | null | undefined): TurnUsage | null {
   return out;
 }
 
+/** The agent's command could not be started (`errno` says why: ENOENT when it is not installed). */
+export class RuntimeSpawnError extends Error {
+  readonly errno: string | undefined;
+  constructor(command: string, cause: NodeJS.ErrnoException) {
+    super(`cannot start ${command}: ${cause.message}`);
+    this.errno = cause.code;
+  }
+}
+
 /**
  * One ACP agent process (a runtime such as `claude-agent-acp` or `gemini --experimental-acp`)
  * and its one session, driven over stdio as an ACP client (DESIGN "The life of a prompt", 4).
@@ -150,7 +161,7 @@ export class AcpRuntime {
     child.stderr.on('data', (chunk: string) => {
       const lines = (partial + chunk).split('\n');
       partial = lines.pop() ?? '';
-      for (const l of lines) line(l);
+      for (const l of foldDumpedObjects(lines)) line(l);
       // A line without end is passed on in pieces rather than held without bound.
       if (partial.length > STDERR_MAX_LINE_CHARS) {
         line(partial);
@@ -201,8 +212,8 @@ export class AcpRuntime {
 
   /**
    * Spawns the agent and opens its session: `initialize` (ACP v1, no fs, no terminal), then
-   * `session/new` in `cwd`. Rejects, with the process gone, when the command cannot start, the
-   * agent speaks another protocol version, or either request fails.
+   * `session/new` in `cwd`. Rejects, with the process gone, when the command cannot start (a
+   * RuntimeSpawnError), the agent speaks another protocol version, or either request fails.
    */
   static async start(options: AcpRuntimeOptions): Promise<AcpRuntime> {
     const env = { ...options.env };
@@ -218,7 +229,7 @@ export class AcpRuntime {
     });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
-      child.on('error', (err) => reject(new Error(`cannot start ${options.command}: ${err.message}`)));
+      child.on('error', (err) => reject(new RuntimeSpawnError(options.command, err)));
     });
     const runtime = new AcpRuntime(child, options);
     try {

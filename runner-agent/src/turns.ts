@@ -1,7 +1,14 @@
-import type { RunnerEvent, TurnStartCommand } from '@svc/core';
+import {
+  classifyRuntimeFailure,
+  classifySpawnFailure,
+  PROVIDER_ERROR_CODES,
+  type RunnerEvent,
+  type TurnError,
+  type TurnStartCommand,
+} from '@svc/core';
 import { writeHomeFiles } from './home-files.ts';
 import { ConversationPermissions } from './permissions.ts';
-import { AcpRuntime } from './runtime.ts';
+import { AcpRuntime, RuntimeSpawnError } from './runtime.ts';
 import { type Sandbox, sandboxEnv } from './sandbox.ts';
 
 type Emit = (event: RunnerEvent) => void;
@@ -34,14 +41,20 @@ interface Session {
   ended: Promise<void>;
   /** Set when we stop the runtime on purpose: its turn ends `interrupted`, not `failed`. */
   closing?: string;
+  /** The runtime's last stderr lines of the running turn: a failure's reason is often there. */
+  stderr: string[];
 }
+
+/** How many of a turn's last stderr lines a failure is classified with. */
+const STDERR_KEPT = 20;
 
 /**
  * The conversations running on this runner: one ACP runtime per conversation, started on
  * its first turn in the sandbox's directory with the sandbox's environment, kept across
  * turns. Each turn is reported as stage `turn` (started, then done / interrupted / timeout /
- * failed with `{"usage": ...}`), its updates as `acp` events and the runtime's stderr as
- * `stderr` events.
+ * failed with `{"usage": ...}`; failed adds `code` and `error`, and stage `model` failed
+ * comes first when the provider was the cause), its updates as `acp` events and the
+ * runtime's stderr as `stderr` events.
  *
  * Permission requests follow the turn's `permission_policy` (ConversationPermissions): one
  * the policy asks about waits for `answer()` (an answer over the API), its timeout, or the
@@ -74,12 +87,21 @@ export class Turns {
     };
     const end = (
       state: 'done' | 'interrupted' | 'timeout' | 'failed',
-      data: { usage: unknown; error?: string; stop_reason?: string },
+      data: { usage: unknown; code?: string; error?: string; stop_reason?: string },
     ) => {
       const durationMs = Date.now() - started;
       stage('turn', state, { duration_ms: durationMs, data: JSON.stringify(data) });
       this.onTurn({ ...ids, state, durationMs, ...(data.error ? { error: data.error } : {}) });
     };
+    // A failed turn says why as `{code, error}`; a failure of the model provider says so first
+    // as stage `model` failed (the stage of a runtime or provider refusing the model).
+    const fail = (error: TurnError) => {
+      if (PROVIDER_ERROR_CODES.has(error.code)) {
+        stage('model', 'failed', { data: JSON.stringify({ code: error.code, error: error.message }) });
+      }
+      end('failed', { usage: null, code: error.code, error: error.message });
+    };
+    const who = { runtime: command.runtime.name, command: command.runtime.command };
 
     // The turn starts once its sandbox is built (the build's stages come first).
     let built: Sandbox;
@@ -87,7 +109,7 @@ export class Turns {
       built = await sandbox;
     } catch (err) {
       start();
-      return end('failed', { usage: null, error: `the sandbox could not be built: ${(err as Error).message}` });
+      return fail({ code: 'sandbox_failed', message: `The sandbox could not be built: ${(err as Error).message}` });
     }
     started = Date.now();
     start();
@@ -99,6 +121,7 @@ export class Turns {
       const sessionStarted = Date.now();
       stage('session', 'started');
       const current: { turnId: string | null } = { turnId: command.turn_id };
+      const stderr: string[] = [];
       const permissions = new ConversationPermissions((e) =>
         emit({
           ...e,
@@ -126,14 +149,17 @@ export class Turns {
               stream: 'acp',
               data: JSON.stringify(update),
             }),
-          onStderr: (line) =>
+          onStderr: (line) => {
+            stderr.push(line);
+            if (stderr.length > STDERR_KEPT) stderr.shift();
             emit({
               conversation_id: command.conversation_id,
               turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
               kind: 'output',
               stream: 'stderr',
               data: `${line}\n`,
-            }),
+            });
+          },
           onPermission: (request) => permissions.ask(request),
         });
         session = {
@@ -142,17 +168,23 @@ export class Turns {
           permissions,
           turnId: null,
           timedOut: false,
+          stderr,
           ended: Promise.resolve(),
         };
         this.sessions.set(command.conversation_id, session);
         stage('session', 'done', { duration_ms: Date.now() - sessionStarted });
       } catch (err) {
         stage('session', 'failed', { duration_ms: Date.now() - sessionStarted, data: (err as Error).message });
-        return end('failed', { usage: null, error: (err as Error).message });
+        return fail(
+          err instanceof RuntimeSpawnError
+            ? classifySpawnFailure(err.errno, err.message, who)
+            : classifyRuntimeFailure((err as Error).message, who, stderr),
+        );
       }
     }
     const s = session;
     s.turnId = command.turn_id;
+    s.stderr.length = 0;
     s.timedOut = false;
     let turnEnded = () => {};
     s.ended = new Promise<void>((resolve) => {
@@ -176,7 +208,7 @@ export class Turns {
       await s.runtime.close().catch(() => {});
       s.permissions.denyAll('turn_end');
       if (s.closing) end('interrupted', { usage: null, error: s.closing });
-      else end('failed', { usage: null, error: (err as Error).message });
+      else fail(classifyRuntimeFailure((err as Error).message, who, s.stderr));
     } finally {
       clearTimeout(limit);
       s.turnId = null;

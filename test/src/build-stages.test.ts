@@ -256,6 +256,11 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
     t.notMatch(output(events, 'stdout'), /should not run/, 'the setup script did not run');
     const sandbox = (await http.get(`/api/sandboxes/${sandboxId}`, { token })).body;
     t.equal(sandbox.status, 'failed');
+    t.match(
+      turn.error,
+      { code: 'sandbox_failed', message: /^The sandbox could not be built: .*missing\.git/ },
+      'its record says why',
+    );
   });
 
   t.test('apt packages on a runner not started with --allow-apt: packages failed, naming them and why', async (t) => {

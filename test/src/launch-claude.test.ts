@@ -114,5 +114,10 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
   const turn = await settledTurn(svc, token, id);
   t.equal(turn?.state, 'done', log());
   t.match(turn?.usage, { input: fake.usageSent.input, output: fake.usageSent.output }, 'usage as the API reported');
+  t.match(
+    turn,
+    { reply: 'Done: the marker file exists now.', error: null, ended_at: String },
+    'the reply on the record, no error, and when it ended',
+  );
   t.comment(`launch to turn end took ${Date.now() - started} ms`);
 });

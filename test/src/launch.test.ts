@@ -209,11 +209,16 @@ for (const backend of backends()) {
           await sleep(50);
         }
         t.equal(turns[0]?.state, 'failed', 'the turn failed once the grace ran out');
+        t.match(turns[0], { error: { code: 'runner_offline', message: /runner/ } }, 'its record says why');
         for (let i = 0; i < 100 && !(await feed()).some((e) => e.stage === 'turn' && e.state === 'failed'); i++) {
           await sleep(50);
         }
         const end = (await feed()).find((e) => e.stage === 'turn' && e.state === 'failed');
-        t.match(JSON.parse(end?.data ?? '{}'), { error: /runner went offline/ }, 'and says why in the log');
+        t.match(
+          JSON.parse(end?.data ?? '{}'),
+          { code: 'runner_offline', error: /runner went offline/ },
+          'and says why in the log',
+        );
         t.match((await http.get(`/api/conversations/${id}`, { token })).body, { status: 'idle' });
         const [sandbox] = await svc.db.sql<
           { status: string }[]

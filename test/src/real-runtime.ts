@@ -35,6 +35,8 @@ export async function accountWithAgent(
   o: {
     credential: string;
     key: string;
+    /** False stores the credential unchecked (a key the provider will refuse). */
+    validate?: boolean;
     validated?: { seen: () => string[]; expected: string[] };
     environment: Record<string, unknown>;
     agent: Record<string, unknown>;
@@ -44,7 +46,7 @@ export async function accountWithAgent(
   const { key: token } = await signUp(svc);
   const put = await http.put(`/api/account/inference-credentials/${o.credential}`, {
     token,
-    body: { value: o.key, validate: true },
+    body: { value: o.key, validate: o.validate ?? true },
   });
   t.equal(put.status, 200, JSON.stringify(put.body));
   if (o.validated) t.same(o.validated.seen(), o.validated.expected, 'the credential was validated against the fake');
@@ -133,7 +135,13 @@ export const blockText = (events: WireEvent[], kind: string) =>
 
 /** The turn's record once it has left `running` (the log may end a moment before it). */
 export async function settledTurn(svc: Pick<TestService, 'http'>, token: string, conversationId: string) {
-  let turns: { state: string; usage: { input: number; output: number } | null }[] = [];
+  let turns: {
+    state: string;
+    usage: { input: number; output: number } | null;
+    error: { code: string; message: string } | null;
+    reply: string | null;
+    ended_at: string | null;
+  }[] = [];
   for (let i = 0; i < 100; i++) {
     turns = (await svc.http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data;
     if (turns[0]?.state !== 'running') break;

@@ -13,7 +13,11 @@ const INSTANCE = {
 
 t.test("a runtime is sent to the instance's endpoint of its provider unless the sandbox names its own", async (t) => {
   const claude = runtimeSettings({ runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', system: '' }, {}, INSTANCE);
-  t.same(claude.env, { ANTHROPIC_BASE_URL: 'https://api.anthropic.com', ANTHROPIC_MODEL: 'claude-sonnet-4-5' });
+  t.same(claude.env, {
+    ANTHROPIC_BASE_URL: 'https://api.anthropic.com',
+    ANTHROPIC_MODEL: 'claude-sonnet-4-5',
+    CLAUDE_CODE_MAX_RETRIES: '2',
+  });
   const gemini = runtimeSettings(
     { runtime: 'gemini', model: 'google/gemini-2.5-pro', system: '' },
     { GOOGLE_GEMINI_BASE_URL: 'https://gemini.proxy.example' },
@@ -124,4 +128,17 @@ t.test('opencode on an Anthropic model needs an API key: it reads no Claude Code
   t.same(names('opencode', 'anthropic'), ['anthropic_api_key ANTHROPIC_API_KEY']);
   t.same(names('opencode', 'openai'), ['openai_api_key OPENAI_API_KEY']);
   t.equal(names('opencode', 'openrouter'), undefined, 'a provider whose key opencode finds in its own configuration');
+});
+
+t.test("a runtime's retries of its provider are bounded unless the sandbox sets its own", async (t) => {
+  const agent = { runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', system: '' } as const;
+  t.equal(runtimeSettings(agent, {}, INSTANCE).env.CLAUDE_CODE_MAX_RETRIES, '2', 'Claude Code: a few, not 10');
+  t.equal(
+    runtimeSettings(agent, { CLAUDE_CODE_MAX_RETRIES: '7' }, INSTANCE).env.CLAUDE_CODE_MAX_RETRIES,
+    '7',
+    "the sandbox's own value",
+  );
+  const codex = runtimeSettings({ runtime: 'codex', model: 'openai/gpt-5.4', system: '' }, {}, INSTANCE);
+  t.ok(codex.args.includes('model_providers.svc_openai.request_max_retries=2'), codex.args.join(' '));
+  t.ok(codex.args.includes('model_providers.svc_openai.stream_max_retries=2'), codex.args.join(' '));
 });

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { TurnError } from '../turn-errors.ts';
 import { contentText, Timestamp } from './common.ts';
 
 export const CONVERSATION_STATUSES = ['idle', 'running', 'terminated'] as const;
@@ -39,8 +40,16 @@ export const Turn = z
       .meta({
         description: 'Reported once by the runtime when the turn ends; null while running or when none was reported.',
       }),
+    error: TurnError.nullable().meta({
+      description:
+        'Why the turn failed, in words a user can act on; null unless `state` is `failed` (and on failed turns older than the field).',
+    }),
+    reply: z.string().nullable().meta({
+      description:
+        "The agent's answer for the turn: the text of its messages, joined and redacted, stored when the turn ends (at most 200,000 characters). Null while running, and when the service ended the turn without its runtime (its runner went away).",
+    }),
     created_at: Timestamp,
-    ended_at: Timestamp.nullable(),
+    ended_at: Timestamp.nullable().meta({ description: 'When the turn ended; null while running.' }),
   })
   .meta({ id: 'Turn' });
 

@@ -33,6 +33,8 @@ export interface TurnRow {
   usage: { input: number; output: number; cache_read?: number; cache_write?: number } | null;
   /** The agent's messages joined, stored when the turn ended. */
   reply: string | null;
+  /** Why a failed turn failed (`{code, message}`); null otherwise. */
+  error: { code: string; message: string } | null;
   created_at: Date;
   ended_at: Date | null;
 }
@@ -272,7 +274,8 @@ export async function terminate(
 
 /**
  * Ends a running turn (compare-and-set on state: a turn ends once); the conversation goes
- * idle and active now. `usage` is the figure the runtime reported once, or null.
+ * idle and active now. `usage` is the figure the runtime reported once, or null; `error` why
+ * a failed turn failed, or null.
  */
 export async function endTurn(
   sql: Sql,
@@ -282,11 +285,12 @@ export async function endTurn(
   usage: TurnRow['usage'],
   events: OutboxEvent[] = [],
   reply: string | null = null,
+  error: TurnRow['error'] = null,
 ): Promise<boolean> {
   return transaction(sql, async (s) => {
     const rows = await s<{ conversation_id: string }[]>`
       UPDATE turns SET state = ${state}, usage = ${usage === null ? null : s.json(usage as postgres.JSONValue)},
-                       reply = ${reply}, ended_at = now()
+                       reply = ${reply}, error = ${error === null ? null : s.json(error)}, ended_at = now()
       WHERE account_id = ${accountId} AND id = ${turnId} AND state = 'running' RETURNING conversation_id`;
     const conversationId = rows[0]?.conversation_id;
     if (!conversationId) return false;

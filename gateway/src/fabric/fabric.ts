@@ -11,6 +11,8 @@ import {
   type RunnerOutput,
   type ServiceMessage,
   sandboxProducer,
+  type TurnError,
+  turnErrorOf,
 } from '@svc/core';
 import { conversations, logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
@@ -166,8 +168,17 @@ export class RunnerFabric {
       onRunnerGone: (runnerId: string) => Promise<unknown>;
       /** A runner connected holding these sandboxes: their running conversations are reattached. */
       onReattach?: (runnerId: string, sandboxIds: string[]) => Promise<unknown>;
-      /** A turn's end arrived from its runner: record the result (once). */
-      onTurnEnd: (tenant: string, turnId: string, result: TurnResult, usage: Usage | null) => Promise<unknown>;
+      /**
+       * A turn's end arrived from its runner: record the result (once), with why it failed
+       * (`error`, from the end's data; null when it names none).
+       */
+      onTurnEnd: (
+        tenant: string,
+        turnId: string,
+        result: TurnResult,
+        usage: Usage | null,
+        error: TurnError | null,
+      ) => Promise<unknown>;
       /** A sandbox build ended on its runner (stage `sandbox` done or failed): record it (once). */
       onSandboxBuilt: (sandboxId: string, incarnation: number, ok: boolean) => Promise<unknown>;
       /**
@@ -442,7 +453,8 @@ export class RunnerFabric {
       if (e.kind !== 'stage' || e.stage !== 'turn' || !e.turnId || !TURN_RESULTS.has(e.state ?? '')) continue;
       whole = await appendUpTo(i);
       if (!whole) break;
-      await this.deps.onTurnEnd(tenant, e.turnId, e.state as TurnResult, usageOf(e.data ?? null));
+      const data = e.data ?? null;
+      await this.deps.onTurnEnd(tenant, e.turnId, e.state as TurnResult, usageOf(data), turnErrorOf(data) ?? null);
     }
     if (whole) await appendUpTo(events.length);
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });

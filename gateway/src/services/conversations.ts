@@ -1,4 +1,4 @@
-import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId, orNotFound } from '@svc/core';
+import { ApiError, blocksOf, CONVERSATION_STATUSES, LOG_STREAMS, newId, orNotFound, type TurnError } from '@svc/core';
 import { conversations, credentials, type Sql } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -34,6 +34,9 @@ export function shapeTurn(row: conversations.TurnRow) {
     image_count: row.image_count,
     state: row.state,
     usage: row.usage,
+    // Only a failed turn says why; a row written before the column has none.
+    error: row.state === 'failed' ? (row.error as TurnError | null) : null,
+    reply: row.state === 'running' ? null : row.reply,
     created_at: row.created_at.toISOString(),
     ended_at: row.ended_at?.toISOString() ?? null,
   };

@@ -1,4 +1,4 @@
-import { commandLine, type Runtime } from '@svc/core';
+import { ApiError, commandLine, type Runtime } from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
 import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
@@ -198,7 +198,14 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
       conversationId,
       plan.build ? sandbox.id : null,
       turnId,
-      waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
+      {
+        // A runner that is away is the machine's failure; anything else kept the sandbox from serving.
+        code:
+          err instanceof ApiError && (err.code === 'runner_offline' || err.code === 'no_runner_online')
+            ? 'runner_offline'
+            : 'sandbox_failed',
+        message: waking ? `the suspended sandbox could not be woken: ${err.message}` : err.message,
+      },
       waking ? 'reattach' : undefined,
     ).catch(() => {});
   });

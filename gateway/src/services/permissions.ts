@@ -177,6 +177,7 @@ export async function endTurnResolvingRequests(
   usage: conversations.TurnRow['usage'],
   events: NewEvent[],
   reply: string | null = null,
+  error: conversations.TurnRow['error'] = null,
 ): Promise<boolean> {
   return sql
     .begin(async (tx) => {
@@ -190,6 +191,7 @@ export async function endTurnResolvingRequests(
         usage,
         [...turnEndEvents(expired), ...events],
         reply,
+        error,
       );
       // A turn that had already ended keeps whatever its requests were.
       if (!ended) throw new TurnAlreadyEnded();

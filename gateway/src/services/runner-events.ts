@@ -1,6 +1,7 @@
 import type { Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import type { Redaction } from '../log/log.append.ts';
 import type { EventLog } from '../log/log.ts';
 import { recordPermissionStage } from './permissions.ts';
 import { sandboxBuilt } from './sandboxes.ts';
@@ -14,14 +15,20 @@ type RunnerEventHandlers = Pick<
 
 /**
  * What the service does with what runners report over the fabric: a turn's end is recorded
- * (once), a runner gone past its grace fails its running turns, a runner that reconnects
+ * (once, with why it failed), a runner gone past its grace fails its running turns, a runner that reconnects
  * holding sandboxes gets their turns reattached, a build's end moves its sandbox to `ready` or
  * `failed`, and a permission request is on record before its event reaches a client. Each is
  * idempotent, since the fabric may report again after a resend.
  */
-export function runnerEventHandlers(deps: { sql: Sql; log: EventLog; logger: Logger }): RunnerEventHandlers {
+export function runnerEventHandlers(deps: {
+  sql: Sql;
+  log: EventLog;
+  logger: Logger;
+  /** This node's write path's redaction: a turn's error is stored redacted like its log. */
+  redaction: Pick<Redaction, 'setFor'>;
+}): RunnerEventHandlers {
   return {
-    onTurnEnd: (tenant, turnId, result, usage) => finishTurn(deps, tenant, turnId, result, usage),
+    onTurnEnd: (tenant, turnId, result, usage, error) => finishTurn(deps, tenant, turnId, result, usage, error),
     onRunnerGone: (runnerId) => failTurnsOfRunner(deps.sql, runnerId),
     onReattach: (runnerId, sandboxIds) => reattached(deps.sql, runnerId, sandboxIds),
     onSandboxBuilt: (sandboxId, incarnation, ok) => sandboxBuilt(deps.sql, sandboxId, incarnation, ok),

@@ -68,6 +68,14 @@ function tomlString(text: string): string {
   return JSON.stringify(wellFormed).replace(/\u007f/g, '\\u007f');
 }
 
+/**
+ * How often a runtime retries a failed call to its provider, where it lets us say so. Their own
+ * defaults (Claude Code 10, with backoff) keep a turn with a wrong key or an unreachable
+ * provider `running` and silent for minutes; a few retries still ride out a passing 429 or 529.
+ * A sandbox that sets the runtime's own variable keeps its value.
+ */
+const PROVIDER_MAX_RETRIES = 2;
+
 /** The id of the model provider the service defines for Codex (see `codex` below). */
 const CODEX_PROVIDER = 'svc_openai';
 
@@ -93,10 +101,14 @@ const RUNTIMES: Record<Runtime, RuntimeWay> = {
    * the model named by ANTHROPIC_MODEL among the session's model choices, and claude-agent-acp
    * opens every session on its first choice ("default") whatever the environment says, so the
    * runner also selects it in the session. The system prompt goes in `_meta.systemPrompt` of
-   * `session/new`; `{append}` keeps Claude Code's own prompt, which its tools rely on.
+   * `session/new`; `{append}` keeps Claude Code's own prompt, which its tools rely on. Its
+   * retries of a failed API call are CLAUDE_CODE_MAX_RETRIES (a 401 is retried like a 5xx).
    */
-  claude: ({ model, system }) => ({
-    env: { ANTHROPIC_MODEL: model },
+  claude: ({ model, system, sandboxEnv }) => ({
+    env: {
+      ANTHROPIC_MODEL: model,
+      CLAUDE_CODE_MAX_RETRIES: sandboxEnv.CLAUDE_CODE_MAX_RETRIES || String(PROVIDER_MAX_RETRIES),
+    },
     args: [],
     sessionModel: model,
     sessionMeta: system.trim() ? { systemPrompt: { append: system } } : undefined,
@@ -110,7 +122,8 @@ const RUNTIMES: Record<Runtime, RuntimeWay> = {
    * service defines a provider of its own that is the same OpenAI Responses API but reads the
    * key from OPENAI_API_KEY on every request (`env_key`) at the base URL given here. The
    * system prompt is `developer_instructions`: sent as a developer message after Codex's own
-   * instructions, which its tools rely on.
+   * instructions, which its tools rely on. The provider's `request_max_retries` and
+   * `stream_max_retries` bound its retries.
    */
   codex: ({ model, system, baseUrl }) => {
     const config: [string, string][] = [
@@ -118,6 +131,8 @@ const RUNTIMES: Record<Runtime, RuntimeWay> = {
       [`model_providers.${CODEX_PROVIDER}.name`, tomlString('OpenAI')],
       [`model_providers.${CODEX_PROVIDER}.env_key`, tomlString('OPENAI_API_KEY')],
       [`model_providers.${CODEX_PROVIDER}.wire_api`, tomlString('responses')],
+      [`model_providers.${CODEX_PROVIDER}.request_max_retries`, String(PROVIDER_MAX_RETRIES)],
+      [`model_providers.${CODEX_PROVIDER}.stream_max_retries`, String(PROVIDER_MAX_RETRIES)],
       ...(baseUrl ? [[`model_providers.${CODEX_PROVIDER}.base_url`, tomlString(baseUrl)] as [string, string]] : []),
       ['model', tomlString(model)],
       ...(system.trim() ? [['developer_instructions', tomlString(system)] as [string, string]] : []),

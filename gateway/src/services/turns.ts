@@ -1,5 +1,14 @@
-import { ApiError, AVATAR_TYPES, blocksOf, PROMPT_IMAGE_MAX_BYTES, sniffImage } from '@svc/core';
+import {
+  ApiError,
+  AVATAR_TYPES,
+  blocksOf,
+  PROMPT_IMAGE_MAX_BYTES,
+  sniffImage,
+  type TurnError,
+  type TurnErrorCode,
+} from '@svc/core';
 import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
+import type { Redaction } from '../log/log.append.ts';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
@@ -89,8 +98,17 @@ export async function openTurn(
   return turn;
 }
 
-/** The `turn` stage event that ends a turn the service ended itself. */
-export function turnEndEvent(conversationId: string, turnId: string, state: string, error: string) {
+/**
+ * The `turn` stage event that ends a turn the service ended itself: `error` says why, and a
+ * failed turn's `code` (TURN_ERROR_CODES) goes beside it, as the runner reports its failures.
+ */
+export function turnEndEvent(
+  conversationId: string,
+  turnId: string,
+  state: string,
+  error: string,
+  code?: TurnErrorCode,
+) {
   return {
     conversationId,
     turnId,
@@ -98,13 +116,13 @@ export function turnEndEvent(conversationId: string, turnId: string, state: stri
     stream: 'stage',
     stage: 'turn',
     state,
-    data: JSON.stringify({ usage: null, error }),
+    data: JSON.stringify(code ? { usage: null, code, error } : { usage: null, error }),
   };
 }
 
 /**
  * The launch or turn could not start after the answer: say so in the log, end the turn
- * `failed`, and fail the sandbox whose build it was.
+ * `failed` with `error` on its record, and fail the sandbox whose build it was.
  */
 export async function failTurnStart(
   sql: Sql,
@@ -112,10 +130,11 @@ export async function failTurnStart(
   conversationId: string,
   sandboxId: string | null,
   turnId: string | null,
-  message: string,
+  error: TurnError,
   /** The stage that failed, when it is not the build's (`sandbox`) or the turn's: `reattach` for a wake. */
   stage?: string,
 ) {
+  const { message } = error;
   if (sandboxId) await sandboxes.moveStatus(sql, sandboxId, ['provisioning'], 'failed');
   await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
@@ -127,32 +146,40 @@ export async function failTurnStart(
         stream: 'stage',
         stage: stage ?? (sandboxId ? 'sandbox' : 'turn'),
         state: 'failed',
-        data: message,
+        data: stage || sandboxId ? message : JSON.stringify({ usage: null, code: error.code, error: message }),
       },
       // A failed wake also says, in the turn's own terms, that the turn did not run.
-      ...(stage && turnId ? [turnEndEvent(conversationId, turnId, 'failed', message)] : []),
+      ...(stage && turnId ? [turnEndEvent(conversationId, turnId, 'failed', message, error.code)] : []),
     ]);
   });
-  if (turnId && (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')]))) {
+  if (
+    turnId &&
+    (await conversations.endTurn(sql, accountId, turnId, 'failed', null, [changed('conversations')], null, error))
+  ) {
     await auditTurnEnd(sql, accountId, turnId, 'failed', 'launch_failed');
   }
 }
 
 /**
- * Ends a running turn with its result and usage; the conversation goes idle, and its watchers
- * hear `conversations` changed; a permission request of the turn still pending is resolved
- * (`turn_end`). False when the turn had already ended (a turn ends once).
+ * Ends a running turn with its result, usage and, when it failed, why (`error`, as the runner
+ * reported it); its reply is read from the log and stored. The conversation goes idle, and its
+ * watchers hear `conversations` changed; a permission request of the turn still pending is
+ * resolved (`turn_end`). False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
-  deps: { sql: Sql; log: EventLog },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'> },
   accountId: string,
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
   usage: conversations.TurnRow['usage'],
+  error: TurnError | null = null,
 ): Promise<boolean> {
   const turn = await conversations.getTurn(deps.sql, accountId, turnId);
   if (turn?.state !== 'running') return false;
   const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
+  // The runner's words are stored as they reach the log: redacted (the reply is read from it).
+  const secrets = deps.redaction.setFor(accountId, turn.conversation_id);
+  const why = error && secrets ? { ...error, message: secrets.redact(error.message) } : error;
   const ended = await endTurnResolvingRequests(
     deps.sql,
     accountId,
@@ -161,6 +188,7 @@ export async function finishTurn(
     usage,
     [changed('conversations')],
     reply,
+    state === 'failed' ? why : null,
   );
   if (ended) await auditTurnEnd(deps.sql, accountId, turnId, state);
   return ended;
@@ -213,19 +241,22 @@ async function replyOf(
  */
 export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<number> {
   let failed = 0;
+  const error: TurnError = {
+    code: 'runner_offline',
+    message:
+      'The runner went offline and did not come back in time: check that svc-runner is running and can reach the service, then send the prompt again.',
+  };
   for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
-    const ended = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, 'failed', null, [
-      {
-        conversationId: t.conversation_id,
-        turnId: t.turn_id,
-        kind: 'stage',
-        stream: 'stage',
-        stage: 'turn',
-        state: 'failed',
-        data: JSON.stringify({ usage: null, error: 'the runner went offline and did not come back in time' }),
-      },
-      changed('conversations'),
-    ]);
+    const ended = await endTurnResolvingRequests(
+      sql,
+      t.account_id,
+      t.turn_id,
+      'failed',
+      null,
+      [turnEndEvent(t.conversation_id, t.turn_id, 'failed', error.message, error.code), changed('conversations')],
+      null,
+      error,
+    );
     if (ended) {
       failed++;
       await auditTurnEnd(sql, t.account_id, t.turn_id, 'failed', 'runner_gone');
@@ -285,11 +316,21 @@ async function endTurnAdrift(
   t: { account_id: string; turn_id: string; conversation_id: string; sandbox_id: string },
   { state, error, reason }: AdriftTurnEnd,
 ): Promise<boolean> {
-  const done = await endTurnResolvingRequests(sql, t.account_id, t.turn_id, state, null, [
-    { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
-    { ...stageEvent(t.conversation_id, t.turn_id, 'turn', state), data: JSON.stringify({ usage: null, error }) },
-    changed('conversations'),
-  ]);
+  const failed = state === 'failed' ? ({ code: 'runner_offline', message: error } as const) : null;
+  const done = await endTurnResolvingRequests(
+    sql,
+    t.account_id,
+    t.turn_id,
+    state,
+    null,
+    [
+      { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
+      turnEndEvent(t.conversation_id, t.turn_id, state, error, failed?.code),
+      changed('conversations'),
+    ],
+    null,
+    failed,
+  );
   if (done) await auditTurnEnd(sql, t.account_id, t.turn_id, state, reason);
   await sandboxes.moveStatus(sql, t.sandbox_id, ['provisioning', 'ready'], 'failed');
   return done;

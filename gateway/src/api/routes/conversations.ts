@@ -155,7 +155,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Turns, oldest first',
       description:
-        "Every turn of the conversation with its prompt, origin, state (running, done, failed, interrupted, timeout) and the usage the runtime reported. 404 for an unknown conversation or another account's.",
+        "Each turn with its result: `reply` (the agent's answer, stored when the turn ends), `ended_at`, and `error` `{code, message}` on a failed turn, saying what to fix (`invalid_api_key`, `provider_unreachable`, `provider_error`, `agent_not_installed`, `agent_crashed`, `sandbox_failed`, `runner_offline`).",
       operationId: 'listConversationTurns',
       params: IdParam,
       response: { 200: listOf(Turn), 404: ErrorBody },
