@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
+import { collectOutput } from './child-output.ts';
 import { DEMO_PROMPT } from './demo/walkthrough.ts';
 import { blockText } from './real-runtime.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
@@ -64,15 +65,7 @@ t.test(
       env: { ...process.env, PORT: '0', DEMO_DATA_DIR: dataDir },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
-    let out = '';
-    let err = '';
-    child.stdout?.on('data', (d) => {
-      out += d;
-    });
-    child.stderr?.on('data', (d) => {
-      err += d;
-    });
-    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    const { out, err, exited } = collectOutput(child);
     t.teardown(async () => {
       if (child.exitCode === null) child.kill('SIGKILL');
       rmSync(dataDir, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
@@ -83,12 +76,12 @@ t.test(
       'exec node test/demo.mjs',
       'what npm run demo runs',
     );
-    await outputUntil(child, () => out, /API reference: /);
-    const said = () => `stdout:\n${out}\nstderr:\n${err}`;
-    t.match(out, /API reference: /, said());
+    await outputUntil(child, out, /API reference: /);
+    const said = () => `stdout:\n${out()}\nstderr:\n${err()}`;
+    t.match(out(), /API reference: /, said());
 
     // The calls a user would make, in order, each printed before its result.
-    const calls = out
+    const calls = out()
       .split('\n')
       .filter((l) => l.startsWith('> '))
       .map((l) =>
@@ -114,24 +107,24 @@ t.test(
       ],
       'the API calls, in order',
     );
-    t.match(out, `$ cat ${join(dataDir, 'mail')}/`, 'the verification token read from the mail file');
-    t.match(out, /^< 201 \{"key":"svc_/m, 'the key');
-    t.match(out, /^< 200 turn trn_\w+ done, usage \d+ in \/ \d+ out$/m, 'the finished turn, with its usage');
-    t.match(out, /^ {2}tool call: /m, 'the tool call, as it arrived');
-    t.match(out, `tool result: ${join(dataDir, 'local-sandboxes')}/`, "and its result: the sandbox's directory");
+    t.match(out(), `$ cat ${join(dataDir, 'mail')}/`, 'the verification token read from the mail file');
+    t.match(out(), /^< 201 \{"key":"svc_/m, 'the key');
+    t.match(out(), /^< 200 turn trn_\w+ done, usage \d+ in \/ \d+ out$/m, 'the finished turn, with its usage');
+    t.match(out(), /^ {2}tool call: /m, 'the tool call, as it arrived');
+    t.match(out(), `tool result: ${join(dataDir, 'local-sandboxes')}/`, "and its result: the sandbox's directory");
     t.equal(
-      out.match(/^ {2}\(stand-in model API: POST \/v1\/messages/gm)?.length,
+      out().match(/^ {2}\(stand-in model API: POST \/v1\/messages/gm)?.length,
       2,
       "the stand-in's two Messages calls, each on a line of its own",
     );
-    t.match(out, /^ {2}agent: Hello! I am not a real model/m, "the agent's answer, as it arrived");
-    t.match(out, `You said: "${DEMO_PROMPT}"`, 'echoing the prompt');
+    t.match(out(), /^ {2}agent: Hello! I am not a real model/m, "the agent's answer, as it arrived");
+    t.match(out(), `You said: "${DEMO_PROMPT}"`, 'echoing the prompt');
 
     // The conversation stays there to look at, with the printed key.
-    const base = /the service on (http:\/\/[\d.:]+)/.exec(out)?.[1] as string;
+    const base = /the service on (http:\/\/[\d.:]+)/.exec(out())?.[1] as string;
     const curl =
       /curl -N '\S+\/api\/conversations\/(cnv_\w+)\/stream\?blocks=true' -H 'authorization: Bearer (svc_\S+)'/.exec(
-        out,
+        out(),
       );
     t.ok(base && curl, 'the printed curl for the SSE stream');
     const [, conversationId, key] = curl ?? [];
@@ -163,7 +156,7 @@ t.test(
     );
     child.kill('SIGTERM');
     t.equal(await exited, 0, said());
-    t.match(out, /\nStopping the service, its runner-agent and the stand-in\.\n$/, 'saying so');
+    t.match(out(), /\nStopping the service, its runner-agent and the stand-in\.\n$/, 'saying so');
     t.same(
       below.filter((p) => alive(p.pid)),
       [],
@@ -184,21 +177,13 @@ t.test('npm run demo on a port that is taken says so and starts nothing', async 
     env: { ...process.env, PORT: String(port), DEMO_DATA_DIR: dataDir },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  let out = '';
-  let err = '';
-  child.stdout?.on('data', (d) => {
-    out += d;
-  });
-  child.stderr?.on('data', (d) => {
-    err += d;
-  });
-  const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
-  t.equal(code, 1, err);
+  const { out, err, exited } = collectOutput(child);
+  t.equal(await exited, 1, err());
   t.equal(
-    err,
+    err(),
     `Port ${port} on 127.0.0.1 is taken (is \`npm start\` or another demo running?).\n` +
       'Stop it, or run the demo on another port: PORT=8081 npm run demo\n',
   );
-  t.equal(out, '', 'nothing started');
+  t.equal(out(), '', 'nothing started');
   t.same(readdirSync(dataDir), [], 'and nothing was written');
 });

@@ -16,6 +16,7 @@ import t, { type Test } from 'tap';
 import { startEdge } from '../../gateway/src/edge/edge.ts';
 import { createForwarder } from '../../gateway/src/edge/forward.ts';
 import { freePort } from '../../gateway/src/processes/supervisor.ts';
+import { collectOutput } from './child-output.ts';
 import { createDatabase, startTestService } from './harness.ts';
 
 const root = join(import.meta.dirname, '..', '..');
@@ -45,24 +46,16 @@ function startProcess(t: Test, env: Record<string, string>): Started {
   t.teardown(() => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   });
-  let out = '';
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const { both: output, exited } = collectOutput(child);
   const listening = new Promise<string>((resolve, reject) => {
-    const seen = () => {
-      const m = /listening on (\S+)/.exec(out);
+    child.stdout?.on('data', () => {
+      const m = /listening on (\S+)/.exec(output());
       if (m) resolve(m[1] as string);
-    };
-    child.stdout?.on('data', (d: Buffer) => {
-      out += d.toString();
-      seen();
     });
-    child.stderr?.on('data', (d: Buffer) => {
-      out += d.toString();
-    });
-    void exited.then((code) => reject(new Error(`exited with ${code} before listening:\n${out}`)));
+    void exited.then((code) => reject(new Error(`exited with ${code} before listening:\n${output()}`)));
   });
   listening.catch(() => {});
-  return { child, output: () => out, exited, listening };
+  return { child, output, exited, listening };
 }
 
 t.test('a second npm start on one DATA_DIR is refused, naming the pid that holds it', async (t) => {

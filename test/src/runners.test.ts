@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { encodeFrame, RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import WebSocket from 'ws';
+import { collectOutput } from './child-output.ts';
 import { signUp, startTestService, transportSetups } from './harness.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -15,24 +16,16 @@ const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', impor
 /** A real `svc-runner` process, its output collected. */
 function runner(args: string[]) {
   const child: ChildProcess = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  child.stdout?.on('data', (d) => {
-    out += d;
-  });
-  child.stderr?.on('data', (d) => {
-    err += d;
-  });
-  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  const { out, err, exited } = collectOutput(child);
   return {
     child,
     exited,
-    out: () => out,
-    err: () => err,
+    out,
+    err,
     /** Waits until stdout matches (or 15 s). */
     async saw(re: RegExp): Promise<boolean> {
-      for (let i = 0; i < 300 && !re.test(out); i++) await sleep(50);
-      return re.test(out);
+      for (let i = 0; i < 300 && !re.test(out()); i++) await sleep(50);
+      return re.test(out());
     },
   };
 }

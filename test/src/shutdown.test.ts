@@ -10,6 +10,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
+import { collectOutput } from './child-output.ts';
 import { PASSWORD, signUp, startTestService, tokenFrom, uniqueEmail, waitForMail } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
 
@@ -94,20 +95,14 @@ async function npmStart(t: Test) {
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  let out = '';
-  npm.stdout?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  npm.stderr?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  const url = await until('the banner', () => /listening on (\S+)/.exec(out)?.[1], 60_000);
+  const { both: output } = collectOutput(npm);
+  const url = await until('the banner', () => /listening on (\S+)/.exec(output())?.[1], 60_000);
   // `node gateway/start.mjs`, not a shell that runs it.
   const node = descendants(npm.pid as number).find((p) => argv(p)[1] === 'gateway/start.mjs') as number;
   t.teardown(() => {
     for (const pid of [node, npm.pid as number]) if (!gone(pid)) process.kill(pid, 'SIGKILL');
   });
-  return { npm, node, url, port: Number(new URL(url).port), dataDir, output: () => out };
+  return { npm, node, url, port: Number(new URL(url).port), dataDir, output };
 }
 
 /** An account on the service at `url`, signed up through its API: its key. */
