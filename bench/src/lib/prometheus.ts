@@ -32,3 +32,9 @@ export function total(samples: Sample[], name: string, match: Record<string, str
   const hits = samples.filter((s) => s.name === name && Object.entries(match).every(([k, v]) => s.labels[k] === v));
   return hits.length ? hits.reduce((a, s) => a + s.value, 0) : Number.NaN;
 }
+
+/** The largest value of `name` over every sample (the worst process), or NaN when absent. */
+export function largest(samples: Sample[], name: string): number {
+  const hits = samples.filter((s) => s.name === name);
+  return hits.length ? Math.max(...hits.map((s) => s.value)) : Number.NaN;
+}
