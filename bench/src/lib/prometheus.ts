@@ -7,18 +7,24 @@ export interface Sample {
   line: string;
 }
 
-const SAMPLE = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/;
+const SAMPLE = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/;
 const LABEL = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
 
-/** The samples of a text exposition; comments (`# HELP`, `# TYPE`) and blank lines are skipped. */
+/**
+ * The samples of a text exposition (version 0.0.4); comments (`# HELP`, `# TYPE`) and blank
+ * lines are skipped, any other line that is not a sample throws (a scrape that cannot be read
+ * is a failure, not an empty result). Label values are unescaped.
+ */
 export function parseExposition(text: string): Sample[] {
   const out: Sample[] = [];
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
     const m = SAMPLE.exec(line);
-    if (!m) continue;
+    if (!m) throw new Error(`not an exposition line: ${line}`);
     const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(LABEL)) labels[l[1] as string] = (l[2] as string).replace(/\\(.)/g, '$1');
+    for (const l of (m[2] ?? '').matchAll(LABEL)) {
+      labels[l[1] as string] = (l[2] as string).replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c));
+    }
     out.push({ name: m[1] as string, labels, value: Number(m[3]), line });
   }
   return out;
