@@ -143,6 +143,8 @@ export const metrics: Scenario = {
         (opts.duration * 1000) / 2,
       ),
     );
+    // Awaited after the load; a failed scrape must not go unhandled meanwhile.
+    middle.catch(() => {});
     const [health, me] = await Promise.all([
       autocannon({ url: `${ours.url}/api/health`, connections: perRoute, seconds: opts.duration }),
       autocannon({
