@@ -2,31 +2,10 @@ import { randomBytes } from 'node:crypto';
 import { get } from 'node:http';
 import { networkInterfaces } from 'node:os';
 import t from 'tap';
+import { parseExposition, type Sample } from '../../bench/src/lib/prometheus.ts';
 import { signUp, startTestService, type TestService, transportSetups } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
 import { rawGet } from './sse-client.ts';
-
-interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-/** The samples of a Prometheus text exposition (version 0.0.4); comments and blank lines skipped. */
-function parseExposition(text: string): Sample[] {
-  const samples: Sample[] = [];
-  for (const line of text.split('\n')) {
-    if (!line || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m) throw new Error(`not an exposition line: ${line}`);
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) {
-      labels[l[1] as string] = (l[2] as string).replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c));
-    }
-    samples.push({ name: m[1] as string, labels, value: Number(m[3]) });
-  }
-  return samples;
-}
 
 async function scrape(svc: TestService, headers: Record<string, string> = {}) {
   const res = await fetch(`${svc.url}/metrics`, { headers });

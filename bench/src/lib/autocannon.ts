@@ -5,6 +5,8 @@ import { cpuSecondsOf } from './proc.ts';
 
 export interface LoadResult {
   requestsPerSecond: number;
+  /** Responses received over the whole run. */
+  requests: number;
   p50: number;
   p99: number;
   errors: number;
@@ -61,13 +63,14 @@ export async function autocannon(opts: {
   clearInterval(sample);
   if (code !== 0) throw new Error(`autocannon exited with ${code}: ${err}`);
   const j = JSON.parse(out) as {
-    requests: { average: number };
+    requests: { average: number; total: number };
     latency: { p50: number; p99: number };
     errors: number;
     non2xx: number;
   };
   return {
     requestsPerSecond: j.requests.average,
+    requests: j.requests.total,
     p50: j.latency.p50,
     p99: j.latency.p99,
     errors: j.errors,

@@ -1,6 +1,7 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
 import { ingest } from './ingest.ts';
+import { metrics } from './metrics.ts';
 import { replay } from './replay.ts';
 import { runners } from './runners.ts';
 import { scaling } from './scaling.ts';
@@ -21,4 +22,5 @@ export const scenarios: Scenario[] = [
   slowWatcher,
   scaling,
   sseCeiling,
+  metrics,
 ];
