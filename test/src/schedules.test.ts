@@ -1,5 +1,6 @@
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -20,7 +21,10 @@ function nextMidnightAfter(iso: string): string {
 
 for (const backend of backends()) {
   t.test(`schedules on ${backend}`, async (t) => {
-    const svc = await startTestService(t, { backend, env: { LOG_COPY_INTERVAL_MS: '50' } });
+    const svc = await startTestService(t, {
+      backend,
+      env: { LOG_COPY_INTERVAL_MS: '50', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+    });
     const { http } = svc;
     const me = await signUp(svc);
     const other = await signUp(svc);
@@ -147,6 +151,71 @@ for (const backend of backends()) {
       );
       t.match(rows[1].metadata, { fields: ['prompt'] });
       t.notOk(JSON.stringify(rows).includes('words'), 'no prompt text');
+    });
+
+    t.test(
+      'run now of an in-thread schedule: 404 while the agent is not on the team, stamped and audited',
+      async (t) => {
+        const s = (await http.post(base, { token, body: { cron: '@daily', prompt: 'in thread' } })).body;
+        const res = await http.post(`${base}/${s.id}/run`, { token });
+        t.equal(res.status, 404);
+        t.equal(res.body.error, 'not_found');
+        t.match(res.body.message, /not on the team/);
+        const after = (await http.get(`${base}/${s.id}`, { token })).body;
+        t.ok(after.last_run_at, 'last_run_at stamped');
+        t.match(after.last_error, /not on the team/);
+        t.equal(after.last_conversation_id, null);
+        t.equal(after.next_run_at, s.next_run_at, 'the next slot is unchanged');
+        const audit = (await http.get('/api/audit?action_prefix=team.schedule.run', { token })).body.data;
+        t.match(audit[0], {
+          action: 'team.schedule.run',
+          resource_id: s.id,
+          metadata: { trigger: 'now', error: 'not_found', conversation_id: null },
+        });
+        t.equal(
+          (await http.post(`/api/team/${second.id}/schedules/${s.id}/run`, { token })).status,
+          404,
+          'wrong agent',
+        );
+        t.equal((await http.post(`${base}/${s.id}/run`, { token: other.key })).status, 404, 'another tenant');
+      },
+    );
+
+    t.test('run now of a one-off schedule opens a fresh conversation with the prompt', async (t) => {
+      const s = (await http.post(base, { token, body: { cron: '@daily', prompt: 'fresh run', one_off: true } })).body;
+      const refused = await http.post(`${base}/${s.id}/run`, { token });
+      t.equal(refused.status, 422, 'no inference credential yet');
+      t.equal(refused.body.error, 'missing_credential');
+      const failed = (await http.get(`${base}/${s.id}`, { token })).body;
+      t.ok(failed.last_run_at, 'stamped when it could not start');
+      t.equal(failed.last_error, refused.body.message);
+
+      const credential = await http.put('/api/account/inference-credentials/anthropic_api_key', {
+        token,
+        body: { value: 'sk-ant-test-credential-123456' },
+      });
+      t.equal(credential.status, 200);
+      const res = await http.post(`${base}/${s.id}/run`, { token });
+      t.equal(res.status, 202);
+      t.same(Object.keys(res.body).sort(), ['conversation_id', 'status']);
+      t.equal(res.body.status, 'queued');
+      const conversation = (await http.get(`/api/conversations/${res.body.conversation_id}`, { token })).body;
+      t.equal(conversation.agent_id, agent.id);
+      const turns = (await http.get(`/api/conversations/${res.body.conversation_id}/turns`, { token })).body.data;
+      t.equal(turns[0]?.prompt, 'fresh run');
+      const after = (await http.get(`${base}/${s.id}`, { token })).body;
+      t.equal(after.last_conversation_id, res.body.conversation_id);
+      t.equal(after.last_error, null, 'the error of the failed run is cleared');
+      t.ok(after.last_run_at >= failed.last_run_at);
+
+      const again = await http.post(`${base}/${s.id}/run`, { token });
+      t.equal(again.status, 202);
+      t.not(again.body.conversation_id, res.body.conversation_id, 'each run opens its own conversation');
+      const done = await until(async () => {
+        const list = (await http.get(`/api/conversations/${again.body.conversation_id}/turns`, { token })).body.data;
+        return list[0]?.state !== 'running';
+      }, 30_000);
+      t.ok(done, 'the turn ran to its end');
     });
 
     t.test('/api/team/stream tells of each create, update and delete', async (t) => {

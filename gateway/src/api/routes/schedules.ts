@@ -1,8 +1,18 @@
-import { AgentIdParam, ErrorBody, listOf, Schedule, ScheduleCreate, ScheduleParams, SchedulePatch } from '@svc/core';
+import {
+  AgentIdParam,
+  ErrorBody,
+  listOf,
+  Schedule,
+  ScheduleCreate,
+  ScheduleParams,
+  SchedulePatch,
+  ScheduleRunQueued,
+} from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf } from '../../services/principal.ts';
+import { type RunDeps, runScheduleNow } from '../../services/schedule-runs.ts';
 import * as schedules from '../../services/schedules.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
@@ -15,7 +25,7 @@ const CRON_RULES =
 export function scheduleRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const config = { auth: 'user' as const };
-  const scheduleDeps: schedules.ScheduleDeps = { sql: deps.sql, now: () => new Date() };
+  const scheduleDeps: RunDeps = { sql: deps.sql, launch: deps.launch, now: () => new Date() };
 
   r.get('/api/team/schedules', {
     config,
@@ -118,5 +128,38 @@ export function scheduleRoutes(app: FastifyInstance, deps: ApiDeps): void {
       await schedules.deleteSchedule(deps, actorOf(requirePrincipal(req)), req.params.agent_id, req.params.id);
       return reply.code(204).send(null);
     },
+  });
+
+  r.post('/api/team/:agent_id/schedules/:id/run', {
+    config,
+    schema: {
+      tags,
+      summary: 'Run a schedule now',
+      description:
+        "202 `{status: queued, conversation_id}` once the prompt is handed over. `one_off: true` opens a fresh conversation for the agent on a new machine (its environment, as a launch does; the launch's errors apply: 422 `missing_credential`, 409 `no_runner_online`, 429 `sandbox_quota_exceeded`, 503 `fleet_full`). An in-thread schedule prompts the teammate's own conversation: 404 when the agent is not on the team, 400 `conversation_busy` while its previous turn runs, 503 `provisioning` while its machine starts. `last_run_at` and `last_error` are stamped either way, and the run is audited as `team.schedule.run`. 404 as for GET.",
+      params: ScheduleParams,
+      errors: [
+        'not_found',
+        'conversation_busy',
+        'missing_credential',
+        'no_runner_online',
+        'sandbox_quota_exceeded',
+        'fleet_full',
+        'provisioning',
+        'runner_offline',
+      ],
+      response: {
+        202: ScheduleRunQueued,
+        400: ErrorBody,
+        404: ErrorBody,
+        409: ErrorBody,
+        422: ErrorBody,
+        503: ErrorBody,
+      },
+    },
+    handler: async (req, reply) =>
+      reply
+        .code(202)
+        .send(await runScheduleNow(scheduleDeps, actorOf(requirePrincipal(req)), req.params.agent_id, req.params.id)),
   });
 }
