@@ -1,5 +1,7 @@
 -- Schedules: a cron routine that prompts an agent (SPEC "Schedules"). `next_run_at` is null
--- while disabled; the scheduler claims rows whose `next_run_at` has passed.
+-- while disabled; the scheduler claims rows whose `next_run_at` has passed. A claim is a lease
+-- (`claimed_until`) with the id the run's conversation will get (`claim_conversation_id`), so a
+-- worker that takes over an expired claim can tell whether the run already happened.
 
 CREATE TABLE schedules (
   id                    text PRIMARY KEY,
@@ -14,6 +16,8 @@ CREATE TABLE schedules (
   last_run_at           timestamptz,
   last_conversation_id  text,
   last_error            text,
+  claimed_until         timestamptz,
+  claim_conversation_id text,
   created_at            timestamptz NOT NULL DEFAULT now(),
   updated_at            timestamptz NOT NULL DEFAULT now()
 );

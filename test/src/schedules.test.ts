@@ -23,7 +23,7 @@ for (const backend of backends()) {
   t.test(`schedules on ${backend}`, async (t) => {
     const svc = await startTestService(t, {
       backend,
-      env: { LOG_COPY_INTERVAL_MS: '50', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+      env: { LOG_COPY_INTERVAL_MS: '50', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND, SCHEDULER_INTERVAL_MS: '0' },
     });
     const { http } = svc;
     const me = await signUp(svc);

@@ -1,4 +1,4 @@
-import type { Sql } from '../connect.ts';
+import { type Sql, transaction } from '../connect.ts';
 
 export interface ScheduleValues {
   name: string;
@@ -16,6 +16,8 @@ export interface ScheduleRow extends ScheduleValues {
   last_run_at: Date | null;
   last_conversation_id: string | null;
   last_error: string | null;
+  claimed_until: Date | null;
+  claim_conversation_id: string | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -87,18 +89,53 @@ export interface RunOutcome {
 
 /**
  * Stamps a run's outcome. `last_conversation_id` keeps the previous conversation when this run
- * started none. Undefined when the schedule is gone (deleted while it ran).
+ * started none. With `advance` (a run of the scheduler's claim), `next_run_at` moves to the slot
+ * given and the claim is released. Undefined when the schedule is gone (deleted while it ran).
  */
 export async function stampRun(
   sql: Sql,
   accountId: string,
   id: string,
   outcome: RunOutcome,
+  advance?: { nextRunAt: Date | null },
 ): Promise<ScheduleRow | undefined> {
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET last_run_at = ${outcome.at}, last_error = ${outcome.error},
       last_conversation_id = coalesce(${outcome.conversationId}, last_conversation_id)
+      ${advance ? sql`, next_run_at = ${advance.nextRunAt}, claimed_until = NULL, claim_conversation_id = NULL` : sql``}
     WHERE account_id = ${accountId} AND id = ${id}
     RETURNING *`;
   return rows[0];
+}
+
+/**
+ * Claims up to `limit` schedules due at `now` (enabled, `next_run_at` passed) that no live lease
+ * holds, for `leaseUntil`. Rows another transaction is claiming are skipped (`FOR UPDATE SKIP
+ * LOCKED`), so concurrent workers never claim one row twice; a lease that expired (its worker
+ * died) is claimed again. A row keeps the `claim_conversation_id` of an expired claim, so the
+ * next claimant launches under the same id; `newConversationId` names a first claim's.
+ */
+export async function claimDue(
+  sql: Sql,
+  now: Date,
+  leaseUntil: Date,
+  limit: number,
+  newConversationId: () => string,
+): Promise<ScheduleRow[]> {
+  return transaction(sql, async (tx) => {
+    const due = await tx<{ id: string; claim_conversation_id: string | null }[]>`
+      SELECT id, claim_conversation_id FROM schedules
+      WHERE enabled AND next_run_at <= ${now} AND (claimed_until IS NULL OR claimed_until <= ${now})
+      ORDER BY next_run_at LIMIT ${limit}
+      FOR UPDATE SKIP LOCKED`;
+    const claimed: ScheduleRow[] = [];
+    for (const row of due) {
+      const [updated] = await tx<ScheduleRow[]>`
+        UPDATE schedules SET claimed_until = ${leaseUntil},
+          claim_conversation_id = ${row.claim_conversation_id ?? newConversationId()}
+        WHERE id = ${row.id} RETURNING *`;
+      if (updated) claimed.push(updated);
+    }
+    return claimed;
+  });
 }

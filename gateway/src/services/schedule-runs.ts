@@ -1,5 +1,5 @@
 import { ApiError } from '@svc/core';
-import { outbox, type Sql, schedules, transaction } from '@svc/db';
+import { conversations, outbox, type Sql, schedules, transaction } from '@svc/db';
 import { recordAudit } from './audit.ts';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
@@ -25,20 +25,37 @@ export type RunTrigger = 'now' | 'cron';
 export type RunResult = { conversationId: string; error: null } | { conversationId: null; error: ApiError };
 
 /**
+ * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and the
+ * slot the schedule moves to once the run is stamped (the claim is released with it).
+ */
+export interface ClaimedRun {
+  conversationId: string;
+  nextRunAt: Date | null;
+}
+
+/**
  * Sends the schedule's prompt where it belongs and stamps the outcome. `one_off: true` opens a
  * fresh conversation for the agent (its own environment, a new machine). An in-thread schedule
  * (`one_off: false`) prompts the agent's teammate conversation; until the agent is on the team
  * it is 404 `not_found`. Never throws for a run that could not start: the caller decides
  * whether the error is answered (run now) or only recorded (the scheduler).
+ *
+ * With `claim`, the launch uses the claim's conversation id, and a conversation that already
+ * has it means an earlier claimant launched and died before stamping: that launch is the run,
+ * stamped now, never a second one.
  */
 export async function fireSchedule(
   deps: RunDeps,
   who: ActorRef,
   row: schedules.ScheduleRow,
   trigger: RunTrigger,
+  claim?: ClaimedRun,
 ): Promise<RunResult> {
   let result: RunResult;
-  if (!row.one_off) {
+  const launched = claim && (await conversations.getConversation(deps.sql, who.accountId, claim.conversationId));
+  if (launched) {
+    result = { conversationId: launched.id, error: null };
+  } else if (!row.one_off) {
     result = {
       conversationId: null,
       error: new ApiError(
@@ -48,7 +65,13 @@ export async function fireSchedule(
     };
   } else {
     try {
-      const conversation = await startConversation(deps.launch, who, { agent_id: row.agent_id, prompt: row.prompt });
+      const conversation = await startConversation(
+        deps.launch,
+        who,
+        { agent_id: row.agent_id, prompt: row.prompt },
+        null,
+        claim ? { conversationId: claim.conversationId } : {},
+      );
       result = { conversationId: conversation.id, error: null };
     } catch (err) {
       const error = err instanceof ApiError ? err : new ApiError('internal_error', 'The run could not start.');
@@ -57,11 +80,13 @@ export async function fireSchedule(
     }
   }
   await transaction(deps.sql, async (tx) => {
-    const stamped = await schedules.stampRun(tx, who.accountId, row.id, {
-      at: deps.now(),
-      conversationId: result.conversationId,
-      error: result.error?.message ?? null,
-    });
+    const stamped = await schedules.stampRun(
+      tx,
+      who.accountId,
+      row.id,
+      { at: deps.now(), conversationId: result.conversationId, error: result.error?.message ?? null },
+      claim ? { nextRunAt: claim.nextRunAt } : undefined,
+    );
     if (!stamped) return;
     await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
     await recordAudit(
