@@ -218,7 +218,7 @@ for (const backend of backends()) {
       t.ok(done, 'the turn ran to its end');
     });
 
-    t.test('/api/team/stream tells of each create, update and delete', async (t) => {
+    t.test('/api/team/stream tells of each create, delete and run', async (t) => {
       const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${token}` });
       t.teardown(() => w.sock.destroy());
       const changes = () =>
@@ -233,6 +233,11 @@ for (const backend of backends()) {
       const afterCreate = changes().length;
       await http.delete(`${base}/${s.id}`, { token });
       t.ok(await until(() => changes().length > afterCreate), 'told of the delete');
+      const fired = (await http.post(base, { token, body: { cron: '@daily', prompt: 'p' } })).body;
+      t.ok(await until(() => changes().length > afterCreate + 1), 'told of the create');
+      const afterSecond = changes().length;
+      t.equal((await http.post(`${base}/${fired.id}/run`, { token })).status, 404, 'the agent is not on the team');
+      t.ok(await until(() => changes().length > afterSecond), 'told of the run, which was stamped');
     });
   });
 }

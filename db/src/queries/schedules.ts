@@ -56,17 +56,22 @@ export async function insertSchedule(
   return rows[0] as ScheduleRow;
 }
 
-/** Writes every value; undefined when the agent has no such schedule. */
+/**
+ * Writes every value; `next_run_at` only when given, so an edit that leaves the timing alone
+ * never puts back a slot the scheduler has moved on from meanwhile. Undefined when the agent
+ * has no such schedule.
+ */
 export async function updateSchedule(
   sql: Sql,
   accountId: string,
   agentId: string,
   id: string,
-  v: ScheduleValues,
+  v: Omit<ScheduleValues, 'next_run_at'> & { next_run_at?: Date | null },
 ): Promise<ScheduleRow | undefined> {
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET name = ${v.name}, cron = ${v.cron}, prompt = ${v.prompt}, one_off = ${v.one_off},
-      enabled = ${v.enabled}, next_run_at = ${v.next_run_at}, updated_at = now()
+      enabled = ${v.enabled}, updated_at = now()
+      ${v.next_run_at === undefined ? sql`` : sql`, next_run_at = ${v.next_run_at}`}
     WHERE account_id = ${accountId} AND agent_id = ${agentId} AND id = ${id}
     RETURNING *`;
   return rows[0];

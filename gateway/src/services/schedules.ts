@@ -105,13 +105,12 @@ export async function updateSchedule(
   patch: z.infer<typeof SchedulePatch>,
 ) {
   const current = await getSchedule(deps.sql, who.accountId, agentId, id);
-  const values: schedules.ScheduleValues = {
+  const values: Parameters<typeof schedules.updateSchedule>[4] = {
     name: patch.name ?? current.name,
     cron: patch.cron ?? current.cron,
     prompt: patch.prompt ?? current.prompt,
     one_off: patch.one_off ?? current.one_off,
     enabled: patch.enabled ?? current.enabled,
-    next_run_at: current.next_run_at,
   };
   if (patch.cron !== undefined || patch.enabled !== undefined) {
     values.next_run_at = nextRunAt(values.cron, values.enabled, deps.now());
