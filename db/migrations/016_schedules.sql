@@ -1,4 +1,4 @@
--- Schedules: a cron routine that prompts an agent (SPEC "Schedules"). `next_run_at` is null
+-- Schedules: cron routines that prompt an agent. `next_run_at` is null
 -- while disabled; the scheduler claims rows whose `next_run_at` has passed. A claim is a lease
 -- (`claimed_until`) with the id the run's conversation will get (`claim_conversation_id`), so a
 -- worker that takes over an expired claim can tell whether the run already happened.

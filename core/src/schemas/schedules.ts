@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { contentText, Timestamp } from './common.ts';
 
-/** SPEC "Schedule": a cron routine that prompts an agent. */
+/** A schedule: a cron routine that prompts an agent. */
 export const Schedule = z
   .object({
     id: z.string(),

@@ -7,7 +7,7 @@ import type { ActorRef } from './principal.ts';
 import { changed } from './tenant-events.ts';
 
 /*
- * Schedules (SPEC "Schedules"): cron routines that prompt an agent. Every write records its
+ * Schedules: cron routines that prompt an agent. Every write records its
  * audit row and the tenant's `schedule` change event in the transaction of the change.
  */
 

@@ -8,7 +8,7 @@ import { fireSchedule, type RunDeps } from '../services/schedule-runs.ts';
 const BATCH = 50;
 
 /**
- * The scheduler (DESIGN "Workers and time"): every `periodMs` it claims the schedules due by its
+ * The scheduler: every `periodMs` it claims the schedules due by its
  * clock and fires each once. A claim is a lease of `leaseMs` taken with `FOR UPDATE SKIP
  * LOCKED`, so any number of workers share the due rows and none fires a row another holds.
  * The run is stamped, and `next_run_at` moved to the first slot after the clock, in one
