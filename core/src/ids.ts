@@ -24,4 +24,5 @@ export type IdPrefix =
   | 'cnv'
   | 'trn'
   | 'rnr'
-  | 'sbx';
+  | 'sbx'
+  | 'sch';

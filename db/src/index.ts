@@ -14,6 +14,7 @@ export * as outbox from './queries/outbox.ts';
 export * as permissionRequests from './queries/permission-requests.ts';
 export * as runners from './queries/runners.ts';
 export * as sandboxes from './queries/sandboxes.ts';
+export * as schedules from './queries/schedules.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
 export * as vaults from './queries/vaults.ts';

@@ -86,6 +86,8 @@ export const ConfigSchema = z.object({
     .default(1024 * 1024),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
+  /** How often the scheduler looks for due schedules; 0 turns it off. */
+  SCHEDULER_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
   RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),

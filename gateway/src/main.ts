@@ -32,6 +32,7 @@ import { runnerProvider } from './sandboxes/provider.runner.ts';
 import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
+import type { LaunchDeps } from './services/launch.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { StreamServer } from './streams/streams.ts';
@@ -39,6 +40,7 @@ import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
+import { SchedulerWorker } from './workers/scheduler.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
@@ -85,6 +87,8 @@ export interface Service {
   local: LocalSandboxes;
   /** The sandbox providers this instance offers. */
   providers: SandboxProviders;
+  /** What starting a conversation needs (the scheduler's runs use it too). */
+  launch: LaunchDeps;
   /** This process's metrics (`GET /metrics`). */
   metrics: ServiceMetrics;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
@@ -364,6 +368,14 @@ export async function startService(
       },
     };
 
+    // A claim outlives any launch by far; only a worker that died lets one expire.
+    const scheduler = new SchedulerWorker(
+      { sql: db.sql, launch: deps.launch, now: () => new Date(), logger: log.child({ role: 'scheduler' }) },
+      { periodMs: config.SCHEDULER_INTERVAL_MS, leaseMs: 5 * 60_000 },
+    );
+    scheduler.start();
+    cleanups.push(() => scheduler.stop());
+
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({
       sql: db.sql,
@@ -468,6 +480,7 @@ export async function startService(
       fabric,
       local,
       providers,
+      launch: deps.launch,
       metrics,
       edgeProcesses,
       routes: routeTable.entries,

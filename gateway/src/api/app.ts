@@ -31,6 +31,7 @@ import { permissionRoutes } from './routes/permissions.ts';
 import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
+import { scheduleRoutes } from './routes/schedules.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
@@ -192,6 +193,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   applyRoutes(app, deps);
   conversationRoutes(app, deps);
   sandboxRoutes(app, deps);
+  scheduleRoutes(app, deps);
   permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);

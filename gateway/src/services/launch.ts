@@ -63,7 +63,8 @@ const permits = (list: string[] | null, id: string) => list === null || list.inc
  * identity's own machine when it exists (503 `provisioning` while it is being built) and makes
  * it otherwise; an ephemeral launch gets a new sandbox. A sub-conversation names its parent
  * (`X-Svc-Parent-Conversation-Id`); a sandbox token may start one only under its own
- * conversation.
+ * conversation. `options.conversationId` launches under an id chosen beforehand (the scheduler's
+ * claim), so a caller that retries can see whether the launch already happened.
  */
 export async function startConversation(
   deps: LaunchDeps,
@@ -78,6 +79,7 @@ export async function startConversation(
     sandbox_mode?: 'ephemeral' | 'persistent';
   },
   parentId: string | null = null,
+  options: { conversationId?: string } = {},
 ) {
   const { sql } = deps;
   if (who.actor === 'sprite') {
@@ -144,7 +146,7 @@ export async function startConversation(
         runnerId: await provider.place(who.accountId),
       };
 
-  const conversationId = newId('cnv');
+  const conversationId = options.conversationId ?? newId('cnv');
   const turnId = input.prompt ? newId('trn') : null;
   const { sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;

@@ -1,0 +1,114 @@
+import { ApiError } from '@svc/core';
+import { conversations, outbox, type Sql, schedules, transaction } from '@svc/db';
+import { recordAudit } from './audit.ts';
+import { type LaunchDeps, startConversation } from './launch.ts';
+import type { ActorRef } from './principal.ts';
+import { getSchedule } from './schedules.ts';
+import { changed } from './tenant-events.ts';
+
+/*
+ * A schedule's run, whether asked for (run now) or due (the scheduler): where the prompt goes,
+ * and the stamp of the outcome (`last_run_at`, `last_error`, `last_conversation_id`), its
+ * `team.schedule.run` audit row and the `schedule` change event, written together.
+ */
+
+export interface RunDeps {
+  sql: Sql;
+  launch: LaunchDeps;
+  /** The clock `last_run_at` is read from. */
+  now: () => Date;
+}
+
+export type RunTrigger = 'now' | 'cron';
+
+/** A run's outcome: the conversation the prompt went to, or why it went nowhere. */
+export type RunResult = { conversationId: string; error: null } | { conversationId: null; error: ApiError };
+
+/**
+ * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and the
+ * slot the schedule moves to once the run is stamped (the claim is released with it).
+ */
+export interface ClaimedRun {
+  conversationId: string;
+  nextRunAt: Date | null;
+}
+
+/**
+ * Sends the schedule's prompt where it belongs and stamps the outcome. `one_off: true` opens a
+ * fresh conversation for the agent (its own environment, a new machine). An in-thread schedule
+ * (`one_off: false`) prompts the agent's teammate conversation; until the agent is on the team
+ * it is 404 `not_found`. Never throws for a run that could not start: the caller decides
+ * whether the error is answered (run now) or only recorded (the scheduler).
+ *
+ * With `claim`, the launch uses the claim's conversation id, and a conversation that already
+ * has it means an earlier claimant launched and died before stamping: that launch is the run,
+ * stamped now, never a second one.
+ */
+export async function fireSchedule(
+  deps: RunDeps,
+  who: ActorRef,
+  row: schedules.ScheduleRow,
+  trigger: RunTrigger,
+  claim?: ClaimedRun,
+): Promise<RunResult> {
+  let result: RunResult;
+  const launched = claim && (await conversations.getConversation(deps.sql, who.accountId, claim.conversationId));
+  if (launched) {
+    result = { conversationId: launched.id, error: null };
+  } else if (!row.one_off) {
+    result = {
+      conversationId: null,
+      error: new ApiError(
+        'not_found',
+        `Agent ${row.agent_id} is not on the team, so it has no conversation to prompt.`,
+      ),
+    };
+  } else {
+    try {
+      const conversation = await startConversation(
+        deps.launch,
+        who,
+        { agent_id: row.agent_id, prompt: row.prompt },
+        null,
+        claim ? { conversationId: claim.conversationId } : {},
+      );
+      result = { conversationId: conversation.id, error: null };
+    } catch (err) {
+      const error = err instanceof ApiError ? err : new ApiError('internal_error', 'The run could not start.');
+      if (!(err instanceof ApiError)) deps.launch.logger.error({ err, scheduleId: row.id }, 'schedule run failed');
+      result = { conversationId: null, error };
+    }
+  }
+  await transaction(deps.sql, async (tx) => {
+    const stamped = await schedules.stampRun(
+      tx,
+      who.accountId,
+      row.id,
+      { at: deps.now(), conversationId: result.conversationId, error: result.error?.message ?? null },
+      claim ? { nextRunAt: claim.nextRunAt } : undefined,
+    );
+    if (!stamped) return;
+    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
+    await recordAudit(
+      tx,
+      who,
+      'team.schedule.run',
+      { type: 'schedule', id: row.id },
+      {
+        agent_id: row.agent_id,
+        trigger,
+        conversation_id: result.conversationId,
+        error: result.error?.code ?? null,
+      },
+    );
+  });
+  return result;
+}
+
+/** Run now: 202 `{status: queued, conversation_id}`, or the error that kept the run from starting. */
+export async function runScheduleNow(deps: RunDeps, who: ActorRef, agentId: string, id: string) {
+  const row = await getSchedule(deps.sql, who.accountId, agentId, id);
+  const result = await fireSchedule(deps, who, row, 'now');
+  if (result.error) throw result.error;
+  return { status: 'queued' as const, conversation_id: result.conversationId };
+}

@@ -1,0 +1,80 @@
+import { newId } from '@svc/core';
+import { schedules } from '@svc/db';
+import type { Logger } from 'pino';
+import { nextSlot } from '../services/cron.ts';
+import { fireSchedule, type RunDeps } from '../services/schedule-runs.ts';
+
+/** How many due schedules one pass claims at most; the next pass takes the rest. */
+const BATCH = 50;
+
+/**
+ * The scheduler: every `periodMs` it claims the schedules due by its
+ * clock and fires each once. A claim is a lease of `leaseMs` taken with `FOR UPDATE SKIP
+ * LOCKED`, so any number of workers share the due rows and none fires a row another holds.
+ * The run is stamped, and `next_run_at` moved to the first slot after the clock, in one
+ * transaction that also releases the claim: after downtime a schedule that missed several
+ * slots fires once, not once per slot. A worker killed mid-fire leaves its lease to expire;
+ * the next claimant reuses the claim's conversation id, so the run is neither lost nor
+ * launched twice. A pass never overlaps the previous one. With `periodMs` 0 it never starts.
+ */
+export class SchedulerWorker {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<number> | undefined;
+
+  constructor(
+    private readonly deps: RunDeps & { logger: Logger },
+    private readonly options: { periodMs: number; leaseMs: number },
+  ) {}
+
+  start(): void {
+    if (this.options.periodMs <= 0) return;
+    this.timer = setInterval(() => void this.pass(), this.options.periodMs);
+    this.timer.unref();
+  }
+
+  /** One pass (or the one already running); resolves to how many runs it fired. Never rejects. */
+  pass(): Promise<number> {
+    this.running ??= this.fireDue()
+      .catch((err: Error) => {
+        this.deps.logger.warn({ err: { message: err.message } }, 'firing due schedules');
+        return 0;
+      })
+      .finally(() => {
+        this.running = undefined;
+      });
+    return this.running;
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  private async fireDue(): Promise<number> {
+    const now = this.deps.now();
+    const claimed = await schedules.claimDue(
+      this.deps.sql,
+      now,
+      new Date(now.getTime() + this.options.leaseMs),
+      BATCH,
+      () => newId('cnv'),
+    );
+    for (const row of claimed) {
+      let nextRunAt: Date | null = null;
+      try {
+        nextRunAt = nextSlot(row.cron, now);
+      } catch {
+        // A stored expression no longer parses: the run is recorded and the schedule stops.
+      }
+      const who = { accountId: row.account_id, actor: 'system' as const, ip: null };
+      const result = await fireSchedule(this.deps, who, row, 'cron', {
+        conversationId: row.claim_conversation_id as string,
+        nextRunAt,
+      });
+      if (result.error) {
+        this.deps.logger.info({ scheduleId: row.id, error: result.error.code }, 'scheduled run did not start');
+      }
+    }
+    return claimed.length;
+  }
+}

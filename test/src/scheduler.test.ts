@@ -1,0 +1,133 @@
+import { newId } from '@svc/core';
+import { schedules } from '@svc/db';
+import t from 'tap';
+import { startConversation } from '../../gateway/src/services/launch.ts';
+import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
+import { backends, signUp, startTestService } from './harness.ts';
+import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+
+const HOUR = 3_600_000;
+const LEASE_MS = 60_000;
+
+/** The first top of the hour strictly after `d`. */
+const nextHourAfter = (d: Date) => new Date(Math.floor(d.getTime() / HOUR) * HOUR + HOUR).toISOString();
+
+for (const backend of backends()) {
+  t.test(`the scheduler on ${backend}`, async (t) => {
+    const svc = await startTestService(t, {
+      backend,
+      // The service's own scheduler stays off: the workers here run on a clock the test moves.
+      env: { SCHEDULER_INTERVAL_MS: '0', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+    });
+    const { http } = svc;
+    const me = await signUp(svc);
+    const token = me.key;
+    const { agent } = await claudeAgent(t, http, token);
+    const base = `/api/team/${agent.id}/schedules`;
+    let clock = new Date();
+    const worker = () =>
+      new SchedulerWorker(
+        { sql: svc.db.sql, launch: svc.launch, now: () => clock, logger: svc.log },
+        { periodMs: 0, leaseMs: LEASE_MS },
+      );
+    const [a, b] = [worker(), worker()];
+    const create = async (body: Record<string, unknown>) => {
+      const res = await http.post(base, { token, body: { cron: '@hourly', prompt: 'scheduled', ...body } });
+      t.equal(res.status, 201, res.text);
+      return res.body as { id: string; next_run_at: string };
+    };
+    const get = async (id: string) => (await http.get(`${base}/${id}`, { token })).body;
+    const runsOf = async (id: string) =>
+      ((await http.get('/api/audit?action_prefix=team.schedule.run', { token })).body.data as { resource_id: string }[])
+        .filter((r) => r.resource_id === id)
+        .map((r) => r);
+    const conversationIds = async () =>
+      ((await http.get(`/api/conversations?agent_id=${agent.id}`, { token })).body.data as { id: string }[]).map(
+        (c) => c.id,
+      );
+    const removeAll = async (ids: string[]) => {
+      for (const id of ids) await http.delete(`${base}/${id}`, { token });
+    };
+
+    t.test('two workers fire each due schedule exactly once', async (t) => {
+      const inThread = await Promise.all(Array.from({ length: 6 }, (_, i) => create({ name: `s${i}` })));
+      const fresh = await create({ one_off: true, prompt: 'fresh every hour' });
+      const all = [...inThread, fresh];
+      const before = await conversationIds();
+      clock = new Date(Date.parse(fresh.next_run_at) + 1000);
+      const fired = await Promise.all([a.pass(), b.pass()]);
+      t.equal(fired[0] + fired[1], all.length, 'every due schedule fired, by one worker or the other');
+      for (const s of all) {
+        const runs = await runsOf(s.id);
+        t.equal(runs.length, 1, `${s.id} ran once`);
+        t.match(runs[0], { actor: 'system', metadata: { trigger: 'cron' } });
+        const after = await get(s.id);
+        t.equal(after.next_run_at, nextHourAfter(clock), 'moved to the next slot after the clock');
+        t.equal(after.last_run_at, clock.toISOString());
+      }
+      t.match((await get(inThread[0]?.id as string)).last_error, /not on the team/);
+      const opened = (await conversationIds()).filter((id) => !before.includes(id));
+      t.equal(opened.length, 1, 'the one-off schedule opened one conversation');
+      const stamped = await get(fresh.id);
+      t.same([stamped.last_conversation_id, stamped.last_error], [opened[0], null]);
+      const turns = (await http.get(`/api/conversations/${opened[0]}/turns`, { token })).body.data;
+      t.equal(turns[0]?.prompt, 'fresh every hour');
+      t.same(await Promise.all([a.pass(), b.pass()]), [0, 0], 'nothing is due until the next slot');
+      await removeAll(all.map((s) => s.id));
+    });
+
+    t.test('after downtime a missed schedule fires once, and next from now', async (t) => {
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 5 * HOUR + 30 * 60_000);
+      t.equal(await a.pass(), 1);
+      t.equal((await runsOf(s.id)).length, 1, 'once, not once per missed slot');
+      t.equal((await get(s.id)).next_run_at, nextHourAfter(clock));
+      t.equal(await b.pass(), 0);
+      await removeAll([s.id]);
+    });
+
+    t.test('a disabled schedule never fires', async (t) => {
+      const s = await create({ enabled: false });
+      clock = new Date(clock.getTime() + 48 * HOUR);
+      t.equal(await a.pass(), 0);
+      t.same(await runsOf(s.id), []);
+      await removeAll([s.id]);
+    });
+
+    t.test('a worker killed mid-fire: the run is neither lost nor launched twice', async (t) => {
+      const s = await create({ one_off: true, prompt: 'exactly once' });
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      // What a worker did before it died: it claimed the row and launched, but never stamped.
+      const [claim] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        newId('cnv'),
+      );
+      t.equal(claim?.id, s.id);
+      const who = { accountId: me.accountId, actor: 'system' as const, ip: null };
+      const launched = await startConversation(svc.launch, who, { agent_id: agent.id, prompt: 'exactly once' }, null, {
+        conversationId: claim?.claim_conversation_id as string,
+      });
+      const before = await conversationIds();
+      t.equal(await b.pass(), 0, 'the live lease keeps the row from the other worker');
+      clock = new Date(clock.getTime() + LEASE_MS + 1000);
+      t.equal(await b.pass(), 1, 'the expired lease is taken over');
+      t.same(await conversationIds(), before, 'no second conversation');
+      const after = await get(s.id);
+      t.equal(after.last_conversation_id, launched.id, 'the dead worker’s launch is the run');
+      t.equal(after.next_run_at, nextHourAfter(clock));
+      t.equal((await runsOf(s.id)).length, 1);
+
+      // Killed after claiming and before launching: the next claimant launches it, once.
+      clock = new Date(Date.parse(after.next_run_at) + 1000);
+      const [second] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        newId('cnv'),
+      );
+      t.equal(second?.id, s.id);
+      clock = new Date(clock.getTime() + LEASE_MS + 1000);
+      t.equal(await a.pass(), 1);
+      const opened = (await conversationIds()).filter((id) => !before.includes(id));
+      t.same(opened, [second?.claim_conversation_id], 'launched under the claim’s id, not lost');
+      t.equal((await get(s.id)).last_conversation_id, second?.claim_conversation_id);
+      t.equal((await runsOf(s.id)).length, 2);
+    });
+  });
+}
