@@ -221,7 +221,8 @@ export async function startConversation(
 }
 
 /**
- * `POST /api/conversations/:id/prompts`: the next turn. Refused while a turn runs (400
+ * `POST /api/conversations/:id/prompts`: the next turn. An autonomous turn running ends
+ * `done` first (endAutonomousTurnForPrompt). Refused while a user's turn runs (400
  * `conversation_busy`), after the conversation ended (410), while another conversation runs
  * a turn on a one-turn sandbox (409 `sandbox_at_capacity`), and when its runner is away (503
  * `runner_offline`), and while another request is building its machine (503 `provisioning`,
@@ -238,8 +239,12 @@ export async function sendPrompt(
   const conv = await conversations.getConversation(sql, who.accountId, conversationId);
   if (!conv) throw new ApiError('not_found', 'Conversation not found.');
   if (conv.status === 'terminated') throw new ApiError('conversation_terminated');
-  // An autonomous turn gives way to a person's prompt; a user's turn running is busy.
-  if (conv.status === 'running' && !(await endAutonomousTurnForPrompt(deps, who.accountId, conversationId))) {
+  // An autonomous turn gives way to a person's prompt (below, once the prompt can run); a
+  // user's turn running is busy.
+  if (
+    conv.status === 'running' &&
+    (await conversations.runningTurn(sql, who.accountId, conversationId))?.origin !== 'autonomous'
+  ) {
     throw new ApiError('conversation_busy');
   }
   const agent = await agents.getAgent(sql, who.accountId, conv.agent_id);
@@ -257,6 +262,7 @@ export async function sendPrompt(
   if (!current) throw new ApiError('not_found', 'The conversation has no sandbox.');
   const seen = await machineOf(deps, who.accountId, current);
 
+  await endAutonomousTurnForPrompt(deps, who.accountId, conversationId);
   const turnId = newId('trn');
   const { turn, sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
