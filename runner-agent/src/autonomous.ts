@@ -10,7 +10,7 @@ export const AUTONOMOUS_IDLE_MS_DEFAULT = 3000;
  * `AUTONOMOUS_TURN_DATA`, an id the runner chose) at the first such update, and ends `done`
  * (`{"usage": null, "stop_reason": "idle" | "prompt" | "closed"}`) once the runtime has been
  * quiet for the idle time, when a user's turn is about to start, or when the conversation
- * closes. At most one is open at a time.
+ * closes; an interrupt ends it `interrupted`. At most one is open at a time.
  */
 export class AutonomousTurn {
   private open: { turnId: string; started: number; timer: NodeJS.Timeout } | null = null;
@@ -19,7 +19,7 @@ export class AutonomousTurn {
     private readonly conversationId: string,
     private readonly emit: (event: RunnerEvent) => void,
     /** Told when the turn starts and ends, as the runner reports its other turns. */
-    private readonly report: (state: 'started' | 'done', turnId: string, durationMs: number) => void,
+    private readonly report: (state: 'started' | 'done' | 'interrupted', turnId: string, durationMs: number) => void,
     /** The quiet time that ends it; the latest `turn.start` may change it. */
     public idleMs: number = AUTONOMOUS_IDLE_MS_DEFAULT,
   ) {}
@@ -51,8 +51,8 @@ export class AutonomousTurn {
     return turnId;
   }
 
-  /** Ends the open autonomous turn `done`, saying why; nothing when none is open. */
-  end(why: 'idle' | 'prompt' | 'closed'): void {
+  /** Ends the open autonomous turn `done` (`interrupted` for an interrupt), saying why; nothing when none is open. */
+  end(why: 'idle' | 'prompt' | 'closed' | 'interrupted'): void {
     const open = this.open;
     if (!open) return;
     this.open = null;
@@ -64,10 +64,10 @@ export class AutonomousTurn {
       kind: 'stage',
       stream: 'stage',
       stage: 'turn',
-      state: 'done',
+      state: why === 'interrupted' ? 'interrupted' : 'done',
       duration_ms: durationMs,
       data: JSON.stringify({ usage: null, stop_reason: why }),
     });
-    this.report('done', open.turnId, durationMs);
+    this.report(why === 'interrupted' ? 'interrupted' : 'done', open.turnId, durationMs);
   }
 }

@@ -242,10 +242,18 @@ export class Turns {
     }
   }
 
-  /** Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. */
+  /**
+   * Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. An
+   * autonomous turn ends `interrupted` at once, and the runtime is asked to stop its work
+   * (`session/cancel`); what it says after that opens a new autonomous turn.
+   */
   interrupt(conversationId: string, turnId: string): void {
     const s = this.sessions.get(conversationId);
     if (s?.turnId === turnId) cancel(s);
+    else if (s && s.autonomous.current === turnId) {
+      s.autonomous.end('interrupted');
+      void s.runtime.cancel().catch(() => {});
+    }
   }
 
   /**

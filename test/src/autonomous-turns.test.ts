@@ -176,4 +176,24 @@ t.test('a user prompt ends a running autonomous turn first, then runs', async (t
   t.same(order, ['1 started', '1 done', '2 started', '2 done', '3 started', '3 done'], 'the turns follow each other');
   const idle = await http.get(`/api/conversations/${id}`, { token });
   t.equal(idle.body.status, 'idle');
+
+  t.test('an interrupt ends a running autonomous turn `interrupted`, keeping what it said', async (t) => {
+    const again = await http.post(`/api/conversations/${id}/prompts`, { token, body: { prompt: 'background again' } });
+    t.equal(again.status, 201, JSON.stringify(again.body));
+    const open = await turnsWhen(
+      id,
+      (ts) => ts.some((x) => x.number === 5 && x.origin === 'autonomous' && x.state === 'running'),
+      'a second autonomous turn',
+    );
+    const fifth = open.find((x) => x.number === 5) as TurnWire;
+    for (let i = 0; i < 200 && textOf(await feed(id), fifth.id) !== BACKGROUND; i++) await sleep(50);
+    const stopped = await http.post(`/api/conversations/${id}/interrupt`, { token });
+    t.equal(stopped.status, 200, JSON.stringify(stopped.body));
+    const ended = await turnsWhen(id, (ts) => ts.every((x) => x.state !== 'running'), 'the interrupted turn ended');
+    t.match(
+      ended.find((x) => x.number === 5),
+      { origin: 'autonomous', state: 'interrupted', reply: BACKGROUND },
+    );
+    t.equal((await http.get(`/api/conversations/${id}`, { token })).body.status, 'idle');
+  });
 });
