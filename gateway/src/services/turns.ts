@@ -105,7 +105,7 @@ export const AUTONOMOUS_TURN_PROMPT = '(the agent kept working after its last an
  * Records the autonomous turn a runner opened for a conversation whose runtime spoke while no
  * turn ran (runner protocol: AUTONOMOUS_TURN_DATA): origin `autonomous`, the marker prompt,
  * and the conversation `running` until the runner ends it like any turn (finishTurn stores
- * its reply and charges it). Idempotent: a resend finds the turn on record. Nothing is
+ * its reply). Idempotent: a resend finds the turn on record. Nothing is
  * recorded when the conversation ended, or when a user's turn already runs (its `turn.start`
  * is on its way to the runner, which ends the autonomous turn before it): its output stays
  * in the log under the runner's id. True when the turn was recorded now.
