@@ -277,7 +277,9 @@ export type TurnStartCommand = z.infer<typeof TurnStart>;
  * stage `turn` started with this data, the output under its id, then stage `turn` done
  * (`{"usage": null, "stop_reason": "idle" | "prompt" | "closed"}`) once the runtime is quiet
  * for `autonomous_idle_ms`, before a `turn.start` of the conversation runs, or when the
- * conversation closes. The service records it with origin `autonomous`. A service one release
+ * conversation closes; `turn.interrupt` naming it ends it `interrupted`, and the last
+ * `turn.start`'s `time_limit_ms` `timeout` (both send the runtime `session/cancel`). The
+ * service records it with origin `autonomous`. A service one release
  * older finds no record of the id and keeps the output in the log under it.
  */
 export const AUTONOMOUS_TURN_DATA = { origin: 'autonomous' } as const;

@@ -2,6 +2,10 @@ import { AUTONOMOUS_TURN_DATA, newId, type RunnerEvent } from '@svc/core';
 
 /** How long a runtime stays quiet before its autonomous turn ends, when the service names none. */
 export const AUTONOMOUS_IDLE_MS_DEFAULT = 3000;
+/** How long an autonomous turn may last, when no `turn.start` named a time limit. */
+const AUTONOMOUS_LIMIT_MS_DEFAULT = 30 * 60_000;
+
+type Why = 'idle' | 'prompt' | 'closed' | 'interrupted' | 'timeout';
 
 /**
  * The autonomous turn of one conversation: what its runtime says while none of its turns runs
@@ -10,18 +14,27 @@ export const AUTONOMOUS_IDLE_MS_DEFAULT = 3000;
  * `AUTONOMOUS_TURN_DATA`, an id the runner chose) at the first such update, and ends `done`
  * (`{"usage": null, "stop_reason": "idle" | "prompt" | "closed"}`) once the runtime has been
  * quiet for the idle time, when a user's turn is about to start, or when the conversation
- * closes; an interrupt ends it `interrupted`. At most one is open at a time.
+ * closes. An interrupt ends it `interrupted`, and reaching the turn time limit `timeout`;
+ * both ask the runtime to stop its work (`stopRuntime`). At most one is open at a time.
  */
 export class AutonomousTurn {
-  private open: { turnId: string; started: number; timer: NodeJS.Timeout } | null = null;
+  private open: { turnId: string; started: number; idle: NodeJS.Timeout; limit: NodeJS.Timeout } | null = null;
+  /** The quiet time that ends it; the latest `turn.start` may change it. */
+  idleMs = AUTONOMOUS_IDLE_MS_DEFAULT;
+  /** The longest it may last (the turn time limit); the latest `turn.start` sets it. */
+  limitMs = AUTONOMOUS_LIMIT_MS_DEFAULT;
 
   constructor(
     private readonly conversationId: string,
     private readonly emit: (event: RunnerEvent) => void,
     /** Told when the turn starts and ends, as the runner reports its other turns. */
-    private readonly report: (state: 'started' | 'done' | 'interrupted', turnId: string, durationMs: number) => void,
-    /** The quiet time that ends it; the latest `turn.start` may change it. */
-    public idleMs: number = AUTONOMOUS_IDLE_MS_DEFAULT,
+    private readonly report: (
+      state: 'started' | 'done' | 'interrupted' | 'timeout',
+      turnId: string,
+      durationMs: number,
+    ) => void,
+    /** Asks the runtime to stop what it is doing (ACP `session/cancel`). */
+    private readonly stopRuntime: () => void,
   ) {}
 
   /** The open autonomous turn, if any (output that does not open one still goes there). */
@@ -32,12 +45,13 @@ export class AutonomousTurn {
   /** The autonomous turn for an update that arrived now: the open one, else a new one; its idle time starts again. */
   touch(): string {
     if (this.open) {
-      this.open.timer.refresh();
+      this.open.idle.refresh();
       return this.open.turnId;
     }
     const turnId = newId('trn');
-    const timer = setTimeout(() => this.end('idle'), this.idleMs);
-    this.open = { turnId, started: Date.now(), timer };
+    const idle = setTimeout(() => this.end('idle'), this.idleMs);
+    const limit = setTimeout(() => this.end('timeout'), this.limitMs);
+    this.open = { turnId, started: Date.now(), idle, limit };
     this.emit({
       conversation_id: this.conversationId,
       turn_id: turnId,
@@ -51,12 +65,17 @@ export class AutonomousTurn {
     return turnId;
   }
 
-  /** Ends the open autonomous turn `done` (`interrupted` for an interrupt), saying why; nothing when none is open. */
-  end(why: 'idle' | 'prompt' | 'closed' | 'interrupted'): void {
+  /**
+   * Ends the open autonomous turn, saying why: `interrupted` and `timeout` are its state (and
+   * stop the runtime's work), every other reason ends it `done`. Nothing when none is open.
+   */
+  end(why: Why): void {
     const open = this.open;
     if (!open) return;
     this.open = null;
-    clearTimeout(open.timer);
+    clearTimeout(open.idle);
+    clearTimeout(open.limit);
+    const state = why === 'interrupted' || why === 'timeout' ? why : 'done';
     const durationMs = Date.now() - open.started;
     this.emit({
       conversation_id: this.conversationId,
@@ -64,10 +83,11 @@ export class AutonomousTurn {
       kind: 'stage',
       stream: 'stage',
       stage: 'turn',
-      state: why === 'interrupted' ? 'interrupted' : 'done',
+      state,
       duration_ms: durationMs,
-      data: JSON.stringify({ usage: null, stop_reason: why }),
+      data: JSON.stringify(state === 'done' ? { usage: null, stop_reason: why } : { usage: null }),
     });
-    this.report(why === 'interrupted' ? 'interrupted' : 'done', open.turnId, durationMs);
+    this.report(state, open.turnId, durationMs);
+    if (state !== 'done') this.stopRuntime();
   }
 }

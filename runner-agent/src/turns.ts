@@ -185,12 +185,16 @@ export class Turns {
           runtime,
           permissions,
           turnId: null,
-          autonomous: new AutonomousTurn(command.conversation_id, emit, (state, turnId, durationMs) =>
-            this.onTurn(
-              state === 'started'
-                ? { conversationId: command.conversation_id, turnId, state }
-                : { conversationId: command.conversation_id, turnId, state, durationMs },
-            ),
+          autonomous: new AutonomousTurn(
+            command.conversation_id,
+            emit,
+            (state, turnId, durationMs) =>
+              this.onTurn(
+                state === 'started'
+                  ? { conversationId: command.conversation_id, turnId, state }
+                  : { conversationId: command.conversation_id, turnId, state, durationMs },
+              ),
+            () => void runtime.cancel().catch(() => {}),
           ),
           timedOut: false,
           stderr,
@@ -217,6 +221,7 @@ export class Turns {
     });
     s.permissions.configure(command.permission_policy, command.permission_timeout_ms);
     if (command.autonomous_idle_ms) s.autonomous.idleMs = command.autonomous_idle_ms;
+    s.autonomous.limitMs = command.time_limit_ms;
     const limit = setTimeout(() => {
       s.timedOut = true;
       cancel(s);
@@ -250,10 +255,7 @@ export class Turns {
   interrupt(conversationId: string, turnId: string): void {
     const s = this.sessions.get(conversationId);
     if (s?.turnId === turnId) cancel(s);
-    else if (s && s.autonomous.current === turnId) {
-      s.autonomous.end('interrupted');
-      void s.runtime.cancel().catch(() => {});
-    }
+    else if (s && s.autonomous.current === turnId) s.autonomous.end('interrupted');
   }
 
   /**

@@ -22,13 +22,14 @@ interface TurnWire {
 }
 
 /** A service running the scripted agent on a real runner, an account and its agent. */
-async function setUp(t: Test, idleMs: string) {
+async function setUp(t: Test, idleMs: string, env: Record<string, string> = {}) {
   const svc = await startTestService(t, {
     env: {
       RUNNER_HEARTBEAT_MS: '500',
       RUNNER_GRACE_MS: '5000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
       AUTONOMOUS_IDLE_MS: idleMs,
+      ...env,
     },
   });
   const { key: token } = await signUp(svc);
@@ -196,4 +197,26 @@ t.test('a user prompt ends a running autonomous turn first, then runs', async (t
     );
     t.equal((await http.get(`/api/conversations/${id}`, { token })).body.status, 'idle');
   });
+});
+
+t.test('an autonomous turn that never goes quiet ends `timeout` at the turn time limit', async (t) => {
+  // The agent talks every 200 ms for a minute; only the time limit (3 s) ends its turn.
+  const { svc, token, agent, runner } = await setUp(t, '600000', { TURN_TIME_LIMIT_MS: '3000' });
+  const { http, turnsWhen, feed } = client(svc, token, runner);
+  const launched = await http.post('/api/conversations', {
+    token,
+    body: { agent_id: agent.id, prompt: 'keep talking' },
+  });
+  t.equal(launched.status, 201, JSON.stringify(launched.body));
+  const id = launched.body.id as string;
+  const turns = await turnsWhen(
+    id,
+    (ts) => ts.some((x) => x.origin === 'autonomous' && x.state !== 'running'),
+    'the autonomous turn ended',
+  );
+  const autonomous = turns.find((x) => x.origin === 'autonomous') as TurnWire;
+  t.match(autonomous, { number: 2, state: 'timeout', usage: null });
+  t.match(autonomous.reply, /^tick 0\. tick 1\. /, 'what it said until then is its reply');
+  t.match(textOf(await feed(id), autonomous.id), /^tick 0\. tick 1\. /, 'and in the log under it');
+  t.equal(turns.find((x) => x.number === 1)?.state, 'done', 'the user turn itself was within the limit');
 });
