@@ -21,7 +21,7 @@ t.test('only a turn start marked autonomous, with its turn id, opens an autonomo
   t.notOk(opensAutonomousTurn({ ...start, data: '{"origin":"user"}' }));
   t.notOk(opensAutonomousTurn({ ...start, state: 'done' }), "the turn's end");
   t.notOk(opensAutonomousTurn({ ...start, stage: 'session' }));
-  t.notOk(opensAutonomousTurn({ ...start, kind: 'output', stream: 'acp' }));
+  t.notOk(opensAutonomousTurn({ ...start, kind: 'output' }), 'output, not a stage');
   t.notOk(opensAutonomousTurn({ ...start, turn_id: null }), 'no turn id: nothing to record');
   t.notOk(opensAutonomousTurn({ ...start, data: 'null' }));
   t.notOk(opensAutonomousTurn({ ...start, data: '{"origin":' }), 'data that is not JSON');
