@@ -1,9 +1,14 @@
 // The runner protocol's seam for autonomous turns, below the end-to-end test
-// (autonomous-turns): which runner events open one, whatever bytes a runner sends, and a
-// turn.start with and without the optional idle time.
-import { opensAutonomousTurn, RunnerCommandBody, RunnerEvent } from '@svc/core';
+// (autonomous-turns): which runner events open one, whatever bytes a runner sends, a
+// turn.start with and without the optional idle time, and what the service records for the
+// turn ids a runner names.
+import { newId, opensAutonomousTurn, RunnerCommandBody, RunnerEvent } from '@svc/core';
+import { conversations } from '@svc/db';
 import fc from 'fast-check';
 import t from 'tap';
+import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
+import { AUTONOMOUS_TURN_PROMPT, openAutonomousTurn } from '../../gateway/src/services/turns.ts';
+import { backends, signUp, startTestService } from './harness.ts';
 
 const start = {
   conversation_id: 'cnv_1',
@@ -54,3 +59,43 @@ t.test('turn.start takes autonomous_idle_ms as an optional field', async (t) => 
   t.match(RunnerCommandBody.parse({ ...command, autonomous_idle_ms: 2000 }), { autonomous_idle_ms: 2000 });
   t.notOk(RunnerCommandBody.safeParse({ ...command, autonomous_idle_ms: 10 }).success, 'under 100 ms is refused');
 });
+
+for (const backend of backends()) {
+  t.test(
+    `the service records a runner's autonomous turn once, and only under a fresh turn id (${backend})`,
+    async (t) => {
+      const svc = await startTestService(t, { backend });
+      const { sql } = svc.db;
+      const me = await signUp(svc);
+      const other = await signUp(svc);
+      const open = async (accountId: string, title: string) =>
+        createConversationRecord(sql, { accountId, actor: 'api', ip: null }, { agentId: 'agt_x', title });
+      const mine = await open(me.accountId, 'mine');
+      const theirs = await open(other.accountId, 'theirs');
+
+      const turnId = newId('trn');
+      t.equal(await openAutonomousTurn({ sql }, me.accountId, mine.id, turnId), true, 'recorded');
+      t.match(await conversations.getTurn(sql, me.accountId, turnId), {
+        conversation_id: mine.id,
+        origin: 'autonomous',
+        prompt: AUTONOMOUS_TURN_PROMPT,
+        state: 'running',
+      });
+      t.equal((await conversations.getConversation(sql, me.accountId, mine.id))?.status, 'running');
+      t.equal(await openAutonomousTurn({ sql }, me.accountId, mine.id, turnId), false, 'a resend records nothing');
+
+      t.equal(
+        await openAutonomousTurn({ sql }, other.accountId, theirs.id, turnId),
+        false,
+        "another account's turn id is not taken, and nothing fails",
+      );
+      t.equal((await conversations.getConversation(sql, other.accountId, theirs.id))?.status, 'idle');
+      t.equal(await openAutonomousTurn({ sql }, other.accountId, theirs.id, 'not-a-turn-id'), false);
+      t.equal(
+        await openAutonomousTurn({ sql }, me.accountId, mine.id, newId('trn')),
+        false,
+        'a second one while a turn runs is not recorded',
+      );
+    },
+  );
+}

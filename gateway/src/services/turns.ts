@@ -108,7 +108,9 @@ export const AUTONOMOUS_TURN_PROMPT = '(the agent kept working after its last an
  * its reply). Idempotent: a resend finds the turn on record. Nothing is
  * recorded when the conversation ended, or when a user's turn already runs (its `turn.start`
  * is on its way to the runner, which ends the autonomous turn before it): its output stays
- * in the log under the runner's id. True when the turn was recorded now.
+ * in the log under the runner's id. An id that is not a turn id (`trn_` and a ULID), or that
+ * names a turn of another account, records nothing either: a runner cannot take a turn it did
+ * not open. True when the turn was recorded now.
  */
 export async function openAutonomousTurn(
   deps: { sql: Sql },
@@ -116,14 +118,24 @@ export async function openAutonomousTurn(
   conversationId: string,
   turnId: string,
 ): Promise<boolean> {
+  if (!RUNNER_TURN_ID.test(turnId)) return false;
   if (await conversations.getTurn(deps.sql, accountId, turnId)) return false;
-  const turn = await conversations.startTurn(
-    deps.sql,
-    { id: turnId, accountId, conversationId, prompt: AUTONOMOUS_TURN_PROMPT, origin: 'autonomous' },
-    [changed('conversations')],
-  );
-  return typeof turn !== 'string';
+  try {
+    const turn = await conversations.startTurn(
+      deps.sql,
+      { id: turnId, accountId, conversationId, prompt: AUTONOMOUS_TURN_PROMPT, origin: 'autonomous' },
+      [changed('conversations')],
+    );
+    return typeof turn !== 'string';
+  } catch (err) {
+    // The id is another account's turn (unique violation); anything else is the database's failure.
+    if ((err as { code?: string }).code === '23505') return false;
+    throw err;
+  }
 }
+
+/** A turn id as a runner names an autonomous turn (`newId('trn')`). */
+const RUNNER_TURN_ID = /^trn_[0-9a-z]{26}$/;
 
 /**
  * A user's prompt arrived while the conversation's autonomous turn runs: that turn ends
