@@ -248,6 +248,11 @@ export const TurnStart = z.object({
   /** A request that waits this long unanswered is denied (PERMISSION_TIMEOUT_S); absent: 300 s. */
   permission_timeout_ms: z.number().int().min(100).optional(),
   /**
+   * How long the runtime stays quiet before the conversation's autonomous turn ends (see
+   * AUTONOMOUS_TURN_DATA). Absent: the runner's default (3 s). Optional: an older runner ignores it.
+   */
+  autonomous_idle_ms: z.number().int().min(100).optional(),
+  /**
    * The agent's MCP servers, passed to the runtime in ACP `session/new` as stdio servers
    * (`env` empty: they inherit the runtime's). Read when the conversation's runtime starts.
    */
@@ -264,6 +269,30 @@ export const TurnStart = z.object({
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;
+
+/**
+ * Autonomous turns: a runtime that speaks while none of its conversation's turns runs (an
+ * agent that keeps working after its answer) gets a turn the runner opens, so its output is
+ * never outside a turn. The runner names it (`trn_` and a ULID) and reports it like any turn:
+ * stage `turn` started with this data, the output under its id, then stage `turn` done
+ * (`{"usage": null, "stop_reason": "idle" | "prompt" | "closed"}`) once the runtime is quiet
+ * for `autonomous_idle_ms`, before a `turn.start` of the conversation runs, or when the
+ * conversation closes; `turn.interrupt` naming it ends it `interrupted`, and the last
+ * `turn.start`'s `time_limit_ms` `timeout` (both send the runtime `session/cancel`). The
+ * service records it with origin `autonomous`. A service one release
+ * older finds no record of the id and keeps the output in the log under it.
+ */
+export const AUTONOMOUS_TURN_DATA = { origin: 'autonomous' } as const;
+
+/** Whether a runner event opens an autonomous turn (see AUTONOMOUS_TURN_DATA). */
+export function opensAutonomousTurn(e: Pick<RunnerEvent, 'kind' | 'stage' | 'state' | 'data' | 'turn_id'>): boolean {
+  if (e.kind !== 'stage' || e.stage !== 'turn' || e.state !== 'started' || !e.turn_id || !e.data) return false;
+  try {
+    return (JSON.parse(e.data) as { origin?: unknown } | null)?.origin === AUTONOMOUS_TURN_DATA.origin;
+  } catch {
+    return false;
+  }
+}
 
 export const TurnInterrupt = z.object({
   kind: z.literal('turn.interrupt'),

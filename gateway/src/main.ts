@@ -355,6 +355,8 @@ export async function startService(
           opencode: config.RUNTIME_OPENCODE_COMMAND,
         },
         turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+        autonomousIdleMs: config.AUTONOMOUS_IDLE_MS,
+        log: eventLog,
         permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
         providers,
         relay,

@@ -6,6 +6,7 @@ import {
   type TurnError,
   type TurnStartCommand,
 } from '@svc/core';
+import { AutonomousTurn } from './autonomous.ts';
 import { writeHomeFiles } from './home-files.ts';
 import { ConversationPermissions } from './permissions.ts';
 import { AcpRuntime, RuntimeSpawnError } from './runtime.ts';
@@ -35,6 +36,8 @@ interface Session {
   permissions: ConversationPermissions;
   /** The turn running now, if any. */
   turnId: string | null;
+  /** Where the runtime's output goes while no turn runs. */
+  autonomous: AutonomousTurn;
   /** Set when the turn was ended by its time limit (the cancel then reports `timeout`). */
   timedOut: boolean;
   /** Resolves when the running turn has reported its end. */
@@ -69,6 +72,19 @@ export class Turns {
     private readonly onTurn: (report: TurnReport) => void = () => {},
   ) {}
 
+  /**
+   * Which turn the conversation's output belongs to: the running turn, else, for an update
+   * (`opens`), the autonomous turn (opened for it when none is open), else the open
+   * autonomous turn, else `fallback` (the first turn, while the runtime is still starting).
+   */
+  private turnOf(conversationId: string, fallback: string | null, opens: boolean): string | null {
+    const s = this.sessions.get(conversationId);
+    if (!s) return fallback;
+    if (s.turnId) return s.turnId;
+    if (opens && !s.closing) return s.autonomous.touch();
+    return s.autonomous.current ?? fallback;
+  }
+
   /** The turn `conversationId` is running now, if any. */
   runningTurn(conversationId: string): string | null {
     return this.sessions.get(conversationId)?.turnId ?? null;
@@ -81,6 +97,8 @@ export class Turns {
       emit({ ...at, kind: 'stage', stream: 'stage', stage: name, state, ...extra });
     let started = Date.now();
     const ids = { conversationId: command.conversation_id, turnId: command.turn_id };
+    // A user's turn ends the autonomous one first: nothing of the two is interleaved.
+    this.sessions.get(command.conversation_id)?.autonomous.end('prompt');
     const start = () => {
       stage('turn', 'started');
       this.onTurn({ ...ids, state: 'started' });
@@ -126,7 +144,7 @@ export class Turns {
         emit({
           ...e,
           conversation_id: command.conversation_id,
-          turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
+          turn_id: this.turnOf(command.conversation_id, current.turnId, false),
         }),
       );
       try {
@@ -144,7 +162,7 @@ export class Turns {
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,
-              turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
+              turn_id: this.turnOf(command.conversation_id, current.turnId, true),
               kind: 'output',
               stream: 'acp',
               data: JSON.stringify(update),
@@ -154,7 +172,7 @@ export class Turns {
             if (stderr.length > STDERR_KEPT) stderr.shift();
             emit({
               conversation_id: command.conversation_id,
-              turn_id: this.sessions.get(command.conversation_id)?.turnId ?? current.turnId,
+              turn_id: this.turnOf(command.conversation_id, current.turnId, false),
               kind: 'output',
               stream: 'stderr',
               data: `${line}\n`,
@@ -167,6 +185,17 @@ export class Turns {
           runtime,
           permissions,
           turnId: null,
+          autonomous: new AutonomousTurn(
+            command.conversation_id,
+            emit,
+            (state, turnId, durationMs) =>
+              this.onTurn(
+                state === 'started'
+                  ? { conversationId: command.conversation_id, turnId, state }
+                  : { conversationId: command.conversation_id, turnId, state, durationMs },
+              ),
+            () => void runtime.cancel().catch(() => {}),
+          ),
           timedOut: false,
           stderr,
           ended: Promise.resolve(),
@@ -191,6 +220,8 @@ export class Turns {
       turnEnded = resolve;
     });
     s.permissions.configure(command.permission_policy, command.permission_timeout_ms);
+    if (command.autonomous_idle_ms) s.autonomous.idleMs = command.autonomous_idle_ms;
+    s.autonomous.limitMs = command.time_limit_ms;
     const limit = setTimeout(() => {
       s.timedOut = true;
       cancel(s);
@@ -216,10 +247,15 @@ export class Turns {
     }
   }
 
-  /** Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. */
+  /**
+   * Interrupts the conversation's running turn (it ends `interrupted`); the sandbox stays. An
+   * autonomous turn ends `interrupted` at once, and the runtime is asked to stop its work
+   * (`session/cancel`); what it says after that opens a new autonomous turn.
+   */
   interrupt(conversationId: string, turnId: string): void {
     const s = this.sessions.get(conversationId);
     if (s?.turnId === turnId) cancel(s);
+    else if (s && s.autonomous.current === turnId) s.autonomous.end('interrupted');
   }
 
   /**
@@ -238,6 +274,7 @@ export class Turns {
     const s = this.sessions.get(conversationId);
     if (!s) return;
     this.sessions.delete(conversationId);
+    s.autonomous.end('closed');
     if (s.turnId) {
       // The turn ends `interrupted` as the runtime answers the cancel; one that does not
       // answer in time is stopped with its runtime.
@@ -259,7 +296,10 @@ export class Turns {
   async closeAll(): Promise<void> {
     const all = [...this.sessions.values()];
     this.sessions.clear();
-    for (const s of all) s.closing = 'the runner stopped';
+    for (const s of all) {
+      s.closing = 'the runner stopped';
+      s.autonomous.end('closed');
+    }
     await Promise.all(all.map((s) => s.runtime.close().catch(() => {})));
   }
 }

@@ -30,8 +30,14 @@ export const Turn = z
   .object({
     id: z.string(),
     number: z.int(),
-    prompt: z.string(),
-    origin: z.enum(['user', 'autonomous']),
+    prompt: z.string().meta({
+      description:
+        'What a person asked; on an autonomous turn a marker, `(the agent kept working after its last answer)`.',
+    }),
+    origin: z.enum(['user', 'autonomous']).meta({
+      description:
+        '`autonomous`: opened by the server for output the agent sent after answering its prompt; it ends `done` when the runtime goes quiet (AUTONOMOUS_IDLE_MS) or when a prompt arrives, which then runs after it.',
+    }),
     image_count: z.int(),
     state: z.enum(['running', 'done', 'failed', 'interrupted', 'timeout']),
     usage: z

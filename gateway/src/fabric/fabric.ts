@@ -2,6 +2,7 @@ import {
   ApiError,
   decodeFrame,
   encodeFrame,
+  opensAutonomousTurn,
   PERMISSION_REQUEST_STAGE,
   RUNNER_CLOSE,
   RUNNER_PROTOCOL_VERSION,
@@ -187,6 +188,12 @@ export class RunnerFabric {
        * resend: it must be idempotent.
        */
       onPermissionStage: (tenant: string, event: RunnerEvent) => Promise<unknown>;
+      /**
+       * A runner opened an autonomous turn (`opensAutonomousTurn`): record it, before its
+       * events are appended, so its output reaches clients under a turn on record. Called
+       * again for a resend: it must be idempotent.
+       */
+      onAutonomousTurn?: (tenant: string, conversationId: string, turnId: string) => Promise<unknown>;
     },
     readonly options: FabricOptions,
   ) {
@@ -415,6 +422,8 @@ export class RunnerFabric {
       if (deleted?.has(e.conversation_id)) continue;
       if (e.kind === 'stage' && e.stage === PERMISSION_REQUEST_STAGE)
         await this.deps.onPermissionStage(sbx.accountId, e);
+      if (e.turn_id && opensAutonomousTurn(e))
+        await this.deps.onAutonomousTurn?.(sbx.accountId, e.conversation_id, e.turn_id);
     }
     const producer = sandboxProducer(m.sandbox, m.incarnation);
     this.bySandbox.set(m.sandbox, s);

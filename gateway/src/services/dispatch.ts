@@ -184,6 +184,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         time_limit_ms: deps.turnTimeLimitMs,
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
+        autonomous_idle_ms: deps.autonomousIdleMs,
         mcp_servers: plan.turn.mcpServers,
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }

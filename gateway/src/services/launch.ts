@@ -3,6 +3,7 @@ import { agents, conversations, credentials, environments, outbox, type Sql, san
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
+import type { EventLog } from '../log/log.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
@@ -15,7 +16,7 @@ import type { ActorRef } from './principal.ts';
 import { findCredential } from './runtime-env.ts';
 import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
 import { changed } from './tenant-events.ts';
-import { decodeImages, openTurn, turnEndEvent } from './turns.ts';
+import { decodeImages, endAutonomousTurnForPrompt, openTurn, turnEndEvent } from './turns.ts';
 
 /*
  * The conversation lifecycle: a launch (POST /api/conversations), each prompt after it, an
@@ -33,6 +34,10 @@ export interface LaunchDeps {
   /** The command line that starts each runtime's ACP agent on the runner (RUNTIME_<NAME>_COMMAND). */
   runtimeCommands: Record<Runtime, string>;
   turnTimeLimitMs: number;
+  /** The runtime's quiet time that ends an autonomous turn (AUTONOMOUS_IDLE_MS). */
+  autonomousIdleMs: number;
+  /** The log, to store the reply of an autonomous turn a prompt ends. */
+  log: EventLog;
   /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
   permissionTimeoutMs: number;
   /** Where sandboxes' machines come from, by provider (and the default for agents naming none). */
@@ -218,7 +223,8 @@ export async function startConversation(
 }
 
 /**
- * `POST /api/conversations/:id/prompts`: the next turn. Refused while a turn runs (400
+ * `POST /api/conversations/:id/prompts`: the next turn. An autonomous turn running ends
+ * `done` first (endAutonomousTurnForPrompt). Refused while a user's turn runs (400
  * `conversation_busy`), after the conversation ended (410), while another conversation runs
  * a turn on a one-turn sandbox (409 `sandbox_at_capacity`), and when its runner is away (503
  * `runner_offline`), and while another request is building its machine (503 `provisioning`,
@@ -235,7 +241,14 @@ export async function sendPrompt(
   const conv = await conversations.getConversation(sql, who.accountId, conversationId);
   if (!conv) throw new ApiError('not_found', 'Conversation not found.');
   if (conv.status === 'terminated') throw new ApiError('conversation_terminated');
-  if (conv.status === 'running') throw new ApiError('conversation_busy');
+  // An autonomous turn gives way to a person's prompt (below, once the prompt can run); a
+  // user's turn running is busy.
+  if (
+    conv.status === 'running' &&
+    (await conversations.runningTurn(sql, who.accountId, conversationId))?.origin !== 'autonomous'
+  ) {
+    throw new ApiError('conversation_busy');
+  }
   const agent = await agents.getAgent(sql, who.accountId, conv.agent_id);
   if (!agent) throw new ApiError('not_found', 'The conversation’s agent was deleted.');
   const environment = await environments.getEnvironment(
@@ -251,6 +264,7 @@ export async function sendPrompt(
   if (!current) throw new ApiError('not_found', 'The conversation has no sandbox.');
   const seen = await machineOf(deps, who.accountId, current);
 
+  await endAutonomousTurnForPrompt(deps, who.accountId, conversationId);
   const turnId = newId('trn');
   const { turn, sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;

@@ -98,6 +98,62 @@ export async function openTurn(
   return turn;
 }
 
+/** The prompt of an autonomous turn: a marker saying where it came from, not a person's words. */
+export const AUTONOMOUS_TURN_PROMPT = '(the agent kept working after its last answer)';
+
+/**
+ * Records the autonomous turn a runner opened for a conversation whose runtime spoke while no
+ * turn ran (runner protocol: AUTONOMOUS_TURN_DATA): origin `autonomous`, the marker prompt,
+ * and the conversation `running` until the runner ends it like any turn (finishTurn stores
+ * its reply). Idempotent: a resend finds the turn on record. Nothing is
+ * recorded when the conversation ended, or when a user's turn already runs (its `turn.start`
+ * is on its way to the runner, which ends the autonomous turn before it): its output stays
+ * in the log under the runner's id. An id that is not a turn id (`trn_` and a ULID), or that
+ * names a turn of another account, records nothing either: a runner cannot take a turn it did
+ * not open. True when the turn was recorded now.
+ */
+export async function openAutonomousTurn(
+  deps: { sql: Sql },
+  accountId: string,
+  conversationId: string,
+  turnId: string,
+): Promise<boolean> {
+  if (!RUNNER_TURN_ID.test(turnId)) return false;
+  if (await conversations.getTurn(deps.sql, accountId, turnId)) return false;
+  try {
+    const turn = await conversations.startTurn(
+      deps.sql,
+      { id: turnId, accountId, conversationId, prompt: AUTONOMOUS_TURN_PROMPT, origin: 'autonomous' },
+      [changed('conversations')],
+    );
+    return typeof turn !== 'string';
+  } catch (err) {
+    // The id is another account's turn (unique violation); anything else is the database's failure.
+    if ((err as { code?: string }).code === '23505') return false;
+    throw err;
+  }
+}
+
+/** A turn id as a runner names an autonomous turn (`newId('trn')`). */
+const RUNNER_TURN_ID = /^trn_[0-9a-z]{26}$/;
+
+/**
+ * A user's prompt arrived while the conversation's autonomous turn runs: that turn ends
+ * `done` here with the reply the log holds so far, so the user's turn can open at once (the
+ * runner ends it too before it starts the user's turn; that later end finds it ended). False
+ * when no autonomous turn runs.
+ */
+export async function endAutonomousTurnForPrompt(
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'> },
+  accountId: string,
+  conversationId: string,
+): Promise<boolean> {
+  const running = await conversations.runningTurn(deps.sql, accountId, conversationId);
+  if (running?.origin !== 'autonomous') return false;
+  await finishTurn(deps, accountId, running.id, 'done', null);
+  return true;
+}
+
 /**
  * The `turn` stage event that ends a turn the service ended itself: `error` says why, and a
  * failed turn's `code` (TURN_ERROR_CODES) goes beside it, as the runner reports its failures.

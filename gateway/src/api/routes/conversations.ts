@@ -170,7 +170,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       summary: 'Send the next prompt: a follow-up turn',
       operationId: 'sendPrompt',
       description:
-        'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs; 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
+        'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs (an autonomous turn, opened for output the agent sent after answering, is not refused but ended `done` first); 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
       params: IdParam,
       body: PromptCreate,
       errors: [
