@@ -372,7 +372,7 @@ export async function startService(
 
     // A claim outlives any launch by far; only a worker that died lets one expire.
     const scheduler = new SchedulerWorker(
-      { sql: db.sql, launch: deps.launch, now: () => new Date(), logger: log.child({ role: 'scheduler' }) },
+      { sql: db.sql, launch: deps.launch, now: () => new Date(), logger: log.child({ role: 'scheduler' }), metrics },
       { periodMs: config.SCHEDULER_INTERVAL_MS, leaseMs: 5 * 60_000 },
     );
     scheduler.start();

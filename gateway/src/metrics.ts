@@ -13,6 +13,11 @@ export interface AdmissionMetrics {
   rateLimited(): void;
 }
 
+/** What the scheduler reports per run it fires: `started` when the run began, else `failed`. */
+export interface SchedulerMetrics {
+  scheduleRun(outcome: 'started' | 'failed'): void;
+}
+
 /** What the log's write path reports per append, counted as it happens (one add, no I/O). */
 export interface AppendMetrics {
   appended(events: number): void;
@@ -48,12 +53,13 @@ const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIO
  * method, route pattern, status; no ids, accounts or tokens. With several processes on one
  * port, a scrape lands on any of them and answers with the series of all (`gatherWith`).
  */
-export class ServiceMetrics implements RequestMetrics, AppendMetrics, AdmissionMetrics {
+export class ServiceMetrics implements RequestMetrics, AppendMetrics, AdmissionMetrics, SchedulerMetrics {
   readonly registry = new Registry();
   private readonly requests: Counter<'method' | 'route' | 'status'>;
   private readonly durations: Histogram<'method' | 'route'>;
   private readonly appends: Counter;
   private readonly refusals: Counter;
+  private readonly scheduleRuns: Counter<'outcome'>;
   private gather: (() => Promise<MetricsSnapshot[]>) | undefined;
 
   constructor(options: { edgeProcess: number }) {
@@ -83,6 +89,12 @@ export class ServiceMetrics implements RequestMetrics, AppendMetrics, AdmissionM
       help: 'Requests under /api refused 429 rate_limited by this process, whichever server answered.',
       registers,
     });
+    this.scheduleRuns = new Counter({
+      name: 'svc_schedule_runs_total',
+      help: "Schedule runs this process's scheduler fired, by outcome: started, or failed (last_error stamped).",
+      labelNames: ['outcome'],
+      registers,
+    });
   }
 
   requestDone(method: string, route: string | undefined, status: number, seconds: number): void {
@@ -98,6 +110,10 @@ export class ServiceMetrics implements RequestMetrics, AppendMetrics, AdmissionM
 
   rateLimited(): void {
     this.refusals.inc();
+  }
+
+  scheduleRun(outcome: 'started' | 'failed'): void {
+    this.scheduleRuns.inc({ outcome });
   }
 
   /** Registers the gauges read from `sources` at each scrape. Called once, by the composition root. */

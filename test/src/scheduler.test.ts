@@ -1,6 +1,7 @@
 import { newId } from '@svc/core';
 import { schedules } from '@svc/db';
 import t from 'tap';
+import { ServiceMetrics } from '../../gateway/src/metrics.ts';
 import { startConversation } from '../../gateway/src/services/launch.ts';
 import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
 import { backends, signUp, startTestService } from './harness.ts';
@@ -25,9 +26,10 @@ for (const backend of backends()) {
     const { agent } = await claudeAgent(t, http, token);
     const base = `/api/team/${agent.id}/schedules`;
     let clock = new Date();
+    const metrics = new ServiceMetrics({ edgeProcess: 0 });
     const worker = () =>
       new SchedulerWorker(
-        { sql: svc.db.sql, launch: svc.launch, now: () => clock, logger: svc.log },
+        { sql: svc.db.sql, launch: svc.launch, now: () => clock, logger: svc.log, metrics },
         { periodMs: 0, leaseMs: LEASE_MS },
       );
     const [a, b] = [worker(), worker()];
@@ -73,6 +75,17 @@ for (const backend of backends()) {
       const turns = (await http.get(`/api/conversations/${opened[0]}/turns`, { token })).body.data;
       t.equal(turns[0]?.prompt, 'fresh every hour');
       t.same(await Promise.all([a.pass(), b.pass()]), [0, 0], 'nothing is due until the next slot');
+      const scrape = (await metrics.scrape()).body;
+      t.match(
+        scrape,
+        /^svc_schedule_runs_total\{outcome="started",edge_process="0"\} 1$/m,
+        'the run that began, counted',
+      );
+      t.match(
+        scrape,
+        /^svc_schedule_runs_total\{outcome="failed",edge_process="0"\} 6$/m,
+        'and the six that could not',
+      );
       await removeAll(all.map((s) => s.id));
     });
 

@@ -1,6 +1,7 @@
 import { newId } from '@svc/core';
 import { schedules } from '@svc/db';
 import type { Logger } from 'pino';
+import type { SchedulerMetrics } from '../metrics.ts';
 import { nextSlot } from '../services/cron.ts';
 import { fireSchedule, type RunDeps } from '../services/schedule-runs.ts';
 
@@ -22,7 +23,7 @@ export class SchedulerWorker {
   private running: Promise<number> | undefined;
 
   constructor(
-    private readonly deps: RunDeps & { logger: Logger },
+    private readonly deps: RunDeps & { logger: Logger; metrics?: SchedulerMetrics },
     private readonly options: { periodMs: number; leaseMs: number },
   ) {}
 
@@ -71,6 +72,7 @@ export class SchedulerWorker {
         conversationId: row.claim_conversation_id as string,
         nextRunAt,
       });
+      this.deps.metrics?.scheduleRun(result.error ? 'failed' : 'started');
       if (result.error) {
         this.deps.logger.info({ scheduleId: row.id, error: result.error.code }, 'scheduled run did not start');
       }
