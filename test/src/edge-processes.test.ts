@@ -10,19 +10,10 @@ import t, { type Test } from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { createDatabase, signUp, startTestService, type TestService } from './harness.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const root = join(import.meta.dirname, '..', '..');
-
-async function until<T>(what: string, check: () => T | undefined | null | false, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = check();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(50);
-  }
-}
 
 /** Whether a process is gone (a zombie nobody reaped counts as gone: it runs nothing). */
 function gone(pid: number): boolean {

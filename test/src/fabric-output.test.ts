@@ -7,15 +7,10 @@ import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { RunnerAgent } from '../../runner-agent/src/agent.ts';
 import { backends, signUp, startTestService } from './harness.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-async function until(check: () => boolean | Promise<boolean>, ms = 10_000): Promise<boolean> {
-  for (let waited = 0; waited < ms; waited += 25) {
-    if (await check()) return true;
-    await sleep(25);
-  }
-  return check();
-}
+const until = (check: () => boolean | Promise<boolean>, ms = 10_000) => eventually(check, ms);
 
 for (const backend of backends()) {
   t.test(`commands and output over the runner fabric on ${backend}`, async (t) => {

@@ -6,6 +6,7 @@ import { parseExposition, type Sample } from '../../bench/src/lib/prometheus.ts'
 import { signUp, startTestService, type TestService, transportSetups } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
 import { rawGet } from './sse-client.ts';
+import { until } from './until.ts';
 
 async function scrape(svc: TestService, headers: Record<string, string> = {}) {
   const res = await fetch(`${svc.url}/metrics`, { headers });
@@ -18,15 +19,6 @@ function sampleOf(samples: Sample[], name: string, labels: Record<string, string
   const found = samples.filter((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
   if (found.length > 1) throw new Error(`${found.length} samples of ${name} match ${JSON.stringify(labels)}`);
   return found[0]?.value;
-}
-
-async function until<T>(what: string, probe: () => Promise<T | undefined>): Promise<T> {
-  for (let i = 0; i < 200; i++) {
-    const v = await probe();
-    if (v !== undefined) return v;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`gave up waiting for ${what}`);
 }
 
 for (const { backend, edge } of transportSetups()) {
@@ -84,7 +76,11 @@ for (const { backend, edge } of transportSetups()) {
 
       const watcher = rawGet(svc, '/api/events/stream', auth);
       t.teardown(() => watcher.sock.destroy());
-      await until('the stream to open', async () => (watcher.text().includes(': connected') ? true : undefined));
+      await until(
+        'the stream to open',
+        async () => (watcher.text().includes(': connected') ? true : undefined),
+        10_000,
+      );
       const created = await svc.http.post('/api/runners', { token: me.key, body: { name: 'metrics box' } });
       await startRunnerProcess(t, svc.url, created.body.token);
 
@@ -99,10 +95,14 @@ for (const { backend, edge } of transportSetups()) {
           data: `${i}`,
         })),
       });
-      const during = await until('the runner to be counted', async () => {
-        const { samples } = await scrape(svc);
-        return sampleOf(samples, 'svc_runner_connections') === 1 ? samples : undefined;
-      });
+      const during = await until(
+        'the runner to be counted',
+        async () => {
+          const { samples } = await scrape(svc);
+          return sampleOf(samples, 'svc_runner_connections') === 1 ? samples : undefined;
+        },
+        10_000,
+      );
       t.equal(sampleOf(during, 'svc_stream_watchers'), 1, 'the open stream');
       t.equal(sampleOf(during, 'svc_log_events_appended_total'), appendedBefore + 3, 'three events appended');
       t.equal(sampleOf(during, 'svc_log_copy_pending_tenants'), 1, 'one tenant not copied yet');
@@ -115,8 +115,10 @@ for (const { backend, edge } of transportSetups()) {
       t.equal(sampleOf(after, 'svc_log_events_copied_total'), copiedBefore + 3, 'the three events copied');
 
       watcher.sock.destroy();
-      await until('the stream to be gone', async () =>
-        sampleOf((await scrape(svc)).samples, 'svc_stream_watchers') === 0 ? true : undefined,
+      await until(
+        'the stream to be gone',
+        async () => (sampleOf((await scrape(svc)).samples, 'svc_stream_watchers') === 0 ? true : undefined),
+        10_000,
       );
     });
   });

@@ -5,12 +5,9 @@ import { join } from 'node:path';
 import t from 'tap';
 import { type AgentEvent, RunnerAgent } from '../../runner-agent/src/agent.ts';
 import { signUp, startTestService } from './harness.ts';
+import { eventually } from './until.ts';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-async function until(check: () => boolean, ms = 10_000): Promise<boolean> {
-  for (let waited = 0; waited < ms && !check(); waited += 25) await sleep(25);
-  return check();
-}
+const until = (check: () => boolean, ms = 10_000) => eventually(check, ms);
 
 /** A TCP proxy to `port`: the network between a runner and the service, which the test can cut. */
 function proxyTo(port: number) {

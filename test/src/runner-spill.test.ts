@@ -10,15 +10,11 @@ import { OutputLog } from '../../runner-agent/src/output.ts';
 import { RECORD_HEADER_BYTES } from '../../runner-agent/src/spool.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<boolean> {
-  for (let waited = 0; waited < ms; waited += 50) {
-    if (await check()) return true;
-    await sleep(50);
-  }
-  return check();
-}
+const until = (check: () => boolean | Promise<boolean>, ms = 20_000) => eventually(check, ms, 50);
+
 const MEMORY = { bytes: 4096, events: 1000 };
 const line = (tag: string, i: number): RunnerEvent => ({
   conversation_id: '',

@@ -6,8 +6,11 @@ import { fileURLToPath } from 'node:url';
 import { conversations, type Sql } from '@svc/db';
 import t, { type Test } from 'tap';
 import { type Backend, backends, signUp, startTestService, type TestService } from './harness.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const until = (check: () => boolean | Promise<boolean>, ms = 20_000) => eventually(check, ms, 50);
+
 /** A promise and the function that resolves it. */
 function latch(): [Promise<void>, () => void] {
   let open!: () => void;
@@ -19,14 +22,6 @@ function latch(): [Promise<void>, () => void] {
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
 const TSX = import.meta.resolve('tsx');
-
-async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<boolean> {
-  for (let waited = 0; waited < ms; waited += 50) {
-    if (await check()) return true;
-    await sleep(50);
-  }
-  return check();
-}
 
 const ENV = {
   RUNNER_HEARTBEAT_MS: '500',

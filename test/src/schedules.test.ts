@@ -2,16 +2,10 @@ import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function until(check: () => boolean | Promise<boolean>, ms = 5000): Promise<boolean> {
-  for (let waited = 0; waited < ms; waited += 25) {
-    if (await check()) return true;
-    await sleep(25);
-  }
-  return check();
-}
+const until = (check: () => boolean | Promise<boolean>, ms = 5000) => eventually(check, ms);
 
 /** The next midnight UTC strictly after `iso`. */
 function nextMidnightAfter(iso: string): string {

@@ -13,10 +13,10 @@ import t, { type Test } from 'tap';
 import { collectOutput } from './child-output.ts';
 import { PASSWORD, signUp, startTestService, tokenFrom, uniqueEmail, waitForMail } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
+import { until } from './until.ts';
 
 const root = join(import.meta.dirname, '..', '..');
 t.setTimeout(240_000);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Whether a process is gone (a zombie nobody reaped counts as gone: it runs nothing). */
 function gone(pid: number): boolean {
@@ -67,16 +67,6 @@ function accepts(port: number): Promise<boolean> {
     });
     sock.once('error', () => resolve(false));
   });
-}
-
-async function until<T>(what: string, check: () => T | undefined | null | false, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = check();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(50);
-  }
 }
 
 /** `npm start` on embedded storage in a temporary DATA_DIR; resolves once it listens. */
@@ -134,7 +124,7 @@ t.test('SIGTERM to the npm start process stops node; a connected runner is told 
   const runner = await startRunnerProcess(t, svc.url, token);
 
   process.kill(svc.npm.pid as number, 'SIGTERM');
-  await until('node to exit', () => gone(svc.node));
+  await until('node to exit', () => gone(svc.node), 30_000);
   t.pass('the node process exited');
   t.equal(await accepts(svc.port), false, 'nothing listens on the port');
   t.notOk(existsSync(join(svc.dataDir, 'svc.lock')), 'DATA_DIR is released');
@@ -147,9 +137,9 @@ t.test('SIGTERM to the npm start process stops node; a connected runner is told 
 t.test('SIGTERM to the node process stops it too', async (t) => {
   const svc = await npmStart(t);
   process.kill(svc.node, 'SIGTERM');
-  await until('node to exit', () => gone(svc.node));
+  await until('node to exit', () => gone(svc.node), 30_000);
   t.equal(await accepts(svc.port), false, 'nothing listens on the port');
-  await until('npm to exit', () => gone(svc.npm.pid as number));
+  await until('npm to exit', () => gone(svc.npm.pid as number), 30_000);
   t.pass('npm exits with it');
 });
 

@@ -6,8 +6,10 @@ import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { changed } from '../../gateway/src/services/tenant-events.ts';
 import { PASSWORD, signUp, startTestService, transportSetups } from './harness.ts';
 import { frames, parseFrame, rawGet, type SseEvent } from './sse-client.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const until = (check: () => boolean | Promise<boolean>, ms = 5000) => eventually(check, ms);
 
 /** The events (frames with data) a raw watcher has received so far. */
 const eventsOf = (text: string): SseEvent[] =>
@@ -37,14 +39,6 @@ function watchWithEventSource(t: Test, url: string, key: string) {
   const fired: string[] = [];
   es.addEventListener('message', (m) => fired.push(m.data));
   return { es, sent, fired };
-}
-
-async function until(check: () => boolean | Promise<boolean>, ms = 5000): Promise<boolean> {
-  for (let waited = 0; waited < ms; waited += 25) {
-    if (await check()) return true;
-    await sleep(25);
-  }
-  return check();
 }
 
 for (const { backend, edge } of transportSetups()) {
