@@ -94,3 +94,8 @@ export function transaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T
   if (typeof (sql as unknown as { savepoint?: unknown }).savepoint === 'function') return fn(sql);
   return sql.begin((tx) => fn(tx as unknown as Sql)) as Promise<T>;
 }
+
+/** Resolves once the database answers a trivial query (readiness); rejects when it cannot. */
+export async function ping(sql: Sql): Promise<void> {
+  await sql`SELECT 1`;
+}

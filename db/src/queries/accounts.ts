@@ -90,6 +90,11 @@ export async function promoteAdmins(sql: Sql, emails: readonly string[]): Promis
  * Deletes the account row; every tenant-owned table cascades from it, and the wrapped data
  * key goes with the row, so nothing encrypted under it can be read again.
  */
+/** Every account's id (the log copier checks each tenant once at start). */
+export async function allAccountIds(sql: Sql): Promise<string[]> {
+  return (await sql<{ id: string }[]>`SELECT id FROM accounts`).map((r) => r.id);
+}
+
 export async function deleteAccount(sql: Sql, id: string): Promise<boolean> {
   const rows = await sql`DELETE FROM accounts WHERE id = ${id} RETURNING id`;
   return rows.length === 1;

@@ -1,4 +1,4 @@
-import { pendingMigrations, type Sql } from '@svc/db';
+import { pendingMigrations, ping, type Sql } from '@svc/db';
 
 export interface ReadinessDeps {
   sql: Sql;
@@ -36,7 +36,7 @@ function within<T>(ms: number, work: Promise<T>): Promise<T> {
 export async function checkReadiness(deps: ReadinessDeps): Promise<Readiness> {
   const { sql, pingRedis, timeoutMs } = deps;
   const [database, migrations, redis] = await Promise.all([
-    within(timeoutMs, sql`SELECT 1`).then(
+    within(timeoutMs, ping(sql)).then(
       (): DatabaseCheck => 'ok',
       (): DatabaseCheck => 'unreachable',
     ),

@@ -1,4 +1,4 @@
-import { logEvents, type Sql } from '@svc/db';
+import { accounts, logEvents, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { EventLog } from '../log/log.ts';
 import { workThroughDirty } from './dirty-tenants.ts';
@@ -66,7 +66,7 @@ export class LogCopier {
 
   async start(): Promise<void> {
     for (const t of await logEvents.tenantsWithMarks(this.deps.sql)) this.dirty.add(t);
-    for (const r of await this.deps.sql<{ id: string }[]>`SELECT id FROM accounts`) this.dirty.add(r.id);
+    for (const id of await accounts.allAccountIds(this.deps.sql)) this.dirty.add(id);
     this.timer = setInterval(() => void this.pass(), this.options.intervalMs);
     this.timer.unref();
   }
