@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { suspendIdleSandboxes } from '../services/suspend.ts';
 import type { OutboxRelay } from './outbox-relay.ts';
+import { PeriodicWorker } from './periodic.ts';
 
 /**
  * Suspends idle sandboxes whose machine this node runs (`suspendIdleSandboxes`): their
@@ -12,37 +13,21 @@ import type { OutboxRelay } from './outbox-relay.ts';
  * this node holds, each by a compare-and-set on the sandbox's status, and never runs two passes
  * at once. With `idleMs` 0 it never starts.
  */
-export class IdleSuspendWorker {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<number> | undefined;
-
+export class IdleSuspendWorker extends PeriodicWorker {
   constructor(
     private readonly deps: { sql: Sql; providers: SandboxProviders; relay: OutboxRelay; logger: Logger },
     private readonly options: { idleMs: number },
-  ) {}
+  ) {
+    super(deps.logger, 'suspending idle sandboxes');
+  }
 
   start(): void {
     if (this.options.idleMs <= 0) return;
-    const period = Math.min(60_000, Math.max(250, this.options.idleMs / 4));
-    this.timer = setInterval(() => void this.pass(), period);
-    this.timer.unref();
+    this.every(Math.min(60_000, Math.max(250, this.options.idleMs / 4)));
   }
 
-  /** One pass (or the one already running); resolves to how many it suspended. Never rejects. */
-  pass(): Promise<number> {
-    this.running ??= suspendIdleSandboxes(this.deps, this.options.idleMs)
-      .catch((err: Error) => {
-        this.deps.logger.warn({ err: { message: err.message } }, 'suspending idle sandboxes');
-        return 0;
-      })
-      .finally(() => {
-        this.running = undefined;
-      });
-    return this.running;
-  }
-
-  stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+  /** Suspends the idle sandboxes of this node; resolves to how many. */
+  protected work(): Promise<number> {
+    return suspendIdleSandboxes(this.deps, this.options.idleMs);
   }
 }

@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import type { SchedulerMetrics } from '../metrics.ts';
 import { nextSlot } from '../services/cron.ts';
 import { fireSchedule, type RunDeps } from '../services/schedule-runs.ts';
+import { PeriodicWorker } from './periodic.ts';
 
 /** How many due schedules one pass claims at most; the next pass takes the rest. */
 const BATCH = 50;
@@ -18,40 +19,20 @@ const BATCH = 50;
  * the next claimant reuses the claim's conversation id, so the run is neither lost nor
  * launched twice. A pass never overlaps the previous one. With `periodMs` 0 it never starts.
  */
-export class SchedulerWorker {
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<number> | undefined;
-
+export class SchedulerWorker extends PeriodicWorker {
   constructor(
     private readonly deps: RunDeps & { logger: Logger; metrics?: SchedulerMetrics },
     private readonly options: { periodMs: number; leaseMs: number },
-  ) {}
+  ) {
+    super(deps.logger, 'firing due schedules');
+  }
 
   start(): void {
-    if (this.options.periodMs <= 0) return;
-    this.timer = setInterval(() => void this.pass(), this.options.periodMs);
-    this.timer.unref();
+    this.every(this.options.periodMs);
   }
 
-  /** One pass (or the one already running); resolves to how many runs it fired. Never rejects. */
-  pass(): Promise<number> {
-    this.running ??= this.fireDue()
-      .catch((err: Error) => {
-        this.deps.logger.warn({ err: { message: err.message } }, 'firing due schedules');
-        return 0;
-      })
-      .finally(() => {
-        this.running = undefined;
-      });
-    return this.running;
-  }
-
-  stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
-  }
-
-  private async fireDue(): Promise<number> {
+  /** Claims the schedules due by the clock and fires each; resolves to how many it fired. */
+  protected async work(): Promise<number> {
     const now = this.deps.now();
     const claimed = await schedules.claimDue(
       this.deps.sql,
