@@ -77,6 +77,25 @@ export async function getConversation(sql: Sql, accountId: string, id: string): 
   return rows[0];
 }
 
+/** The given conversations of the tenant (missing ids are absent), in one query. */
+export async function conversationsByIds(sql: Sql, accountId: string, ids: string[]): Promise<ConversationRow[]> {
+  if (ids.length === 0) return [];
+  return sql<ConversationRow[]>`${selectConversations(sql)} WHERE c.account_id = ${accountId} AND c.id = ANY(${ids})`;
+}
+
+/** The agent's conversations on a channel, newest first (by creation). */
+export async function onChannel(
+  sql: Sql,
+  accountId: string,
+  agentId: string,
+  channelId: string,
+): Promise<ConversationRow[]> {
+  return sql<ConversationRow[]>`
+    ${selectConversations(sql)}
+    WHERE c.account_id = ${accountId} AND c.agent_id = ${agentId} AND c.channel_id = ${channelId}
+    ORDER BY c.created_at DESC, c.id DESC`;
+}
+
 /**
  * The state changes below take the events they cause (`events`) and write them into the
  * outbox in the same transaction: a change and its events commit together or not at all.
