@@ -17,4 +17,5 @@ export * as sandboxes from './queries/sandboxes.ts';
 export * as schedules from './queries/schedules.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
+export * as supportReports from './queries/support-reports.ts';
 export * as vaults from './queries/vaults.ts';
