@@ -2,6 +2,7 @@ import { readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { supportReports } from '@svc/db';
 import t from 'tap';
+import { loadConfig } from '../../gateway/src/config.ts';
 import { githubIssues } from '../../gateway/src/issues/issues.github.ts';
 import { fileMailer, readMailFile } from '../../gateway/src/mail/mail.file.ts';
 import type { MailMessage } from '../../gateway/src/mail/mail.ts';
@@ -23,6 +24,27 @@ async function mailbox(dir: string): Promise<MailMessage[]> {
   const names = (await readdir(dir).catch(() => [] as string[])).filter((f) => f.endsWith('.json')).sort();
   return Promise.all(names.map((f) => readMailFile(join(dir, f))));
 }
+
+t.test('configuration: a repository needs its token and the token its repository', async (t) => {
+  t.throws(
+    () => loadConfig({ SUPPORT_GITHUB_REPOSITORY: REPO }),
+    /SUPPORT_GITHUB_TOKEN: required when SUPPORT_GITHUB_REPOSITORY is set/,
+  );
+  t.throws(
+    () => loadConfig({ SUPPORT_GITHUB_TOKEN: TOKEN }),
+    /SUPPORT_GITHUB_REPOSITORY: required when SUPPORT_GITHUB_TOKEN is set/,
+  );
+  t.throws(
+    () => loadConfig({ SUPPORT_GITHUB_REPOSITORY: 'just-a-name', SUPPORT_GITHUB_TOKEN: TOKEN }),
+    /must be owner\/name/,
+  );
+  t.throws(() => loadConfig({ SUPPORT_EMAIL: 'not an address' }), /SUPPORT_EMAIL: must be an email address/);
+  t.match(loadConfig({ SUPPORT_GITHUB_REPOSITORY: REPO, SUPPORT_GITHUB_TOKEN: TOKEN, SUPPORT_EMAIL }), {
+    SUPPORT_GITHUB_API_URL: 'https://api.github.com',
+    SUPPORT_FORWARD_INTERVAL_MS: 10_000,
+    SUPPORT_FORWARD_ATTEMPTS: 6,
+  });
+});
 
 for (const backend of backends()) {
   t.test(`support forwarding on ${backend}`, async (t) => {

@@ -20,8 +20,10 @@ interface GithubError {
 /**
  * Opens issues through GitHub's REST API (`POST /repos/{owner}/{repo}/issues`), sending the
  * token as a bearer, the versioned JSON media type and a User-Agent (GitHub refuses requests
- * without one). A label the repository lacks is created by GitHub when the token may push;
- * otherwise GitHub drops it silently. The issue's `html_url` is the address returned.
+ * without one). GitHub sets labels only when the token's account may push to the repository
+ * and silently drops them otherwise. The issue's `html_url` is the address returned; any other
+ * answer than 201 (401 bad token, 404 unknown repository, 410 issues disabled, 422, 5xx) is an
+ * `IssueHostError` carrying GitHub's own message.
  */
 export function githubIssues(options: GithubIssuesOptions): IssueHost {
   const [owner, repo] = options.repository.split('/');

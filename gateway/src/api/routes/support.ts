@@ -40,6 +40,8 @@ export function supportRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: "The caller's support reports, newest first",
+      description:
+        'Every report the account sent, with its forwarding status; a report shows that a screenshot exists (type and size), never the image.',
       operationId: 'listSupportReports',
       response: { 200: listOf(SupportReport) },
     },
