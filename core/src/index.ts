@@ -20,6 +20,7 @@ export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
 export * from './schemas/schedules.ts';
 export * from './schemas/streams.ts';
+export * from './schemas/support.ts';
 export * from './schemas/team.ts';
 export * from './schemas/vaults.ts';
 export * from './turn-errors.ts';

@@ -17,5 +17,6 @@ export * as sandboxes from './queries/sandboxes.ts';
 export * as schedules from './queries/schedules.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
+export * as supportReports from './queries/support-reports.ts';
 export * as teammates from './queries/teammates.ts';
 export * as vaults from './queries/vaults.ts';

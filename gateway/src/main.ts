@@ -12,6 +12,7 @@ import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
 import { redisRunnerRouter } from './fabric/router.redis.ts';
+import { githubIssues } from './issues/issues.github.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -41,6 +42,7 @@ import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
+import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
@@ -377,6 +379,34 @@ export async function startService(
     );
     scheduler.start();
     cleanups.push(() => scheduler.stop());
+
+    // Support reports go to an issue and/or a mailbox, whichever is configured; a lease outlives
+    // a batch's requests (10 s timeout each) by far, so only a worker that died lets one expire.
+    const supportForwarder = new SupportForwarder(
+      {
+        sql: db.sql,
+        issues:
+          config.SUPPORT_GITHUB_REPOSITORY && config.SUPPORT_GITHUB_TOKEN
+            ? githubIssues({
+                apiUrl: config.SUPPORT_GITHUB_API_URL,
+                repository: config.SUPPORT_GITHUB_REPOSITORY,
+                token: config.SUPPORT_GITHUB_TOKEN,
+                timeoutMs: 10_000,
+              })
+            : undefined,
+        mail: config.SUPPORT_EMAIL ? { mailer, to: config.SUPPORT_EMAIL } : undefined,
+        now: () => new Date(),
+        logger: log.child({ role: 'support' }),
+      },
+      {
+        periodMs: config.SUPPORT_FORWARD_INTERVAL_MS,
+        leaseMs: 10 * 60_000,
+        maxAttempts: config.SUPPORT_FORWARD_ATTEMPTS,
+        retryBaseMs: 60_000,
+      },
+    );
+    supportForwarder.start();
+    cleanups.push(() => supportForwarder.stop());
 
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({

@@ -33,6 +33,7 @@ import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
 import { streamRoutes } from './routes/streams.ts';
+import { supportRoutes } from './routes/support.ts';
 import { teamRoutes } from './routes/team.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
@@ -196,6 +197,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   sandboxRoutes(app, deps);
   scheduleRoutes(app, deps);
   teamRoutes(app, deps);
+  supportRoutes(app, deps);
   permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
