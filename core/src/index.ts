@@ -18,6 +18,7 @@ export * from './schemas/permissions.ts';
 export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
 export * from './schemas/schedules.ts';
+export * from './schemas/search.ts';
 export * from './schemas/streams.ts';
 export * from './schemas/vaults.ts';
 export * from './turn-errors.ts';

@@ -32,6 +32,7 @@ import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
+import { searchRoutes } from './routes/search.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
@@ -194,6 +195,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   conversationRoutes(app, deps);
   sandboxRoutes(app, deps);
   scheduleRoutes(app, deps);
+  searchRoutes(app, deps);
   permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
