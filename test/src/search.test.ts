@@ -1,6 +1,8 @@
+import { readFile } from 'node:fs/promises';
 import { newId } from '@svc/core';
 import { conversations } from '@svc/db';
 import t from 'tap';
+import { backfillReplies } from '../../gateway/src/services/reply-backfill.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { until } from './until.ts';
@@ -321,6 +323,9 @@ for (const backend of backends()) {
       t.equal(anonymous.body.error, 'unauthorized');
     });
 
+    /** The conversation the real turn ran in, and that turn. */
+    let real: { id: string; turnId: string } | undefined;
+
     t.test('a real turn is found by its reply once it has ended', async (t) => {
       const { agent } = await claudeAgent(t, http, token);
       const started = await http.post('/api/conversations', {
@@ -342,6 +347,44 @@ for (const backend of backends()) {
       const [turn] = await turnsOf();
       t.match(hit, { kind: 'reply', turn_id: turn?.id, turn_number: 1, agent_id: agent.id });
       t.match(hit?.snippet, /^You said: slow walrus\./);
+      real = { id, turnId: turn?.id as string };
+    });
+
+    t.test('a turn that ended before replies were stored is found by its reply once the backfill ran', async (t) => {
+      if (!real) return t.fail('needs the real turn of the test before');
+      const { id, turnId } = real;
+      const [stored] = await sql<{ reply: string }[]>`SELECT reply FROM turns WHERE id = ${turnId}`;
+      // The row as such a turn has it: no reply, and an end before replies were stored (013).
+      await sql`UPDATE turns SET reply = NULL,
+                  ended_at = (SELECT applied_at - interval '1 day' FROM schema_migrations WHERE name = '013_turn_reply.sql')
+                WHERE id = ${turnId}`;
+      // A turn that failed before it ran, after replies were stored, has none either: not the backfill's.
+      const failed = await seed(svc, me.accountId, { agentId: 'agt_failed', title: 'failed', turns: [] });
+      const failedTurn = newId('trn');
+      await conversations.startTurn(sql, {
+        id: failedTurn,
+        accountId: me.accountId,
+        conversationId: failed.id,
+        prompt: 'never ran',
+        origin: 'user',
+      });
+      await conversations.endTurn(sql, me.accountId, failedTurn, 'failed', null);
+      t.same(await found(`q=said&conversation_id=${id}`), [], 'before the backfill: found by prompt only');
+
+      t.equal(await backfillReplies({ sql, log: svc.eventLog }), 1, 'one turn filled');
+      const [hit] = (await search(`q=said&conversation_id=${id}`)).data;
+      t.match(hit, { kind: 'reply', turn_id: turnId, turn_number: 1 });
+      const [after] = await sql<{ reply: string }[]>`SELECT reply FROM turns WHERE id = ${turnId}`;
+      t.equal(after?.reply, stored?.reply, 'the same reply as the turn’s end stored');
+      t.equal(await backfillReplies({ sql, log: svc.eventLog }), 0, 'a second run finds nothing to do');
+      const [untouched] = await sql<{ reply: string | null }[]>`SELECT reply FROM turns WHERE id = ${failedTurn}`;
+      t.equal(untouched?.reply, null, 'a turn that ended after replies were stored is left alone');
+    });
+
+    t.test('the migration can run again without harm', async (t) => {
+      const text = await readFile(new URL('../../db/migrations/022_search.sql', import.meta.url), 'utf8');
+      await sql.unsafe(text);
+      t.same(await found(`q=whale&kinds=title&conversation_id=${whales.id}`), [`title:${whales.id}`]);
     });
   });
 }

@@ -131,3 +131,33 @@ export async function searchHits(
                                   - ${EXCERPT_BEFORE}) AS start) w
     ORDER BY ${order}`;
 }
+
+/** The migration that began storing a turn's reply at its end. */
+const REPLY_MIGRATION = '013_turn_reply.sql';
+
+/**
+ * Up to `limit` ended turns with no stored reply that ended before replies were stored
+ * (before migration 013 was applied), by id after `afterId`: what the reply backfill fills
+ * in. A turn that ended later without a reply (it failed before it ran) is not one of them.
+ */
+export async function turnsWithoutStoredReply(
+  sql: Sql,
+  afterId: string,
+  limit: number,
+): Promise<{ id: string; account_id: string; conversation_id: string }[]> {
+  return sql`
+    SELECT id, account_id, conversation_id FROM turns
+    WHERE reply IS NULL AND state <> 'running' AND id > ${afterId}
+      AND (ended_at IS NULL OR ended_at < (SELECT applied_at FROM schema_migrations WHERE name = ${REPLY_MIGRATION}))
+    ORDER BY id
+    LIMIT ${limit}`;
+}
+
+/** Stores a backfilled reply, only where none is stored yet: a repeat or a race changes nothing. */
+export async function storeMissingReply(sql: Sql, accountId: string, turnId: string, reply: string): Promise<boolean> {
+  const rows = await sql`
+    UPDATE turns SET reply = ${reply}
+    WHERE account_id = ${accountId} AND id = ${turnId} AND reply IS NULL AND state <> 'running'
+    RETURNING id`;
+  return rows.length === 1;
+}
