@@ -19,6 +19,7 @@ export * from './schemas/permissions.ts';
 export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
 export * from './schemas/schedules.ts';
+export * from './schemas/search.ts';
 export * from './schemas/streams.ts';
 export * from './schemas/support.ts';
 export * from './schemas/team.ts';

@@ -15,6 +15,7 @@ export * as permissionRequests from './queries/permission-requests.ts';
 export * as runners from './queries/runners.ts';
 export * as sandboxes from './queries/sandboxes.ts';
 export * as schedules from './queries/schedules.ts';
+export * as search from './queries/search.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
 export * as supportReports from './queries/support-reports.ts';

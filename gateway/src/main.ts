@@ -34,6 +34,7 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { LaunchDeps } from './services/launch.ts';
+import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
 import { StreamServer } from './streams/streams.ts';
@@ -232,6 +233,17 @@ export async function startService(
     });
     await relay.start();
     cleanups.push(() => relay.stop());
+    // Turns that ended before replies were stored get theirs from the log, once, in the
+    // background (search finds them by prompt only until then); stopped at shutdown.
+    const backfill = new AbortController();
+    const backfilled = backfillReplies({ sql: db.sql, log: eventLog }, { signal: backfill.signal }).then(
+      (turns) => turns && log.info({ turns }, 'search: stored the replies of turns that ended before replies were'),
+      (err: Error) => log.warn({ err: { message: err.message } }, 'search: reply backfill stopped'),
+    );
+    cleanups.push(() => {
+      backfill.abort();
+      return backfilled;
+    });
 
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(

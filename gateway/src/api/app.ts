@@ -32,6 +32,7 @@ import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
+import { searchRoutes } from './routes/search.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { supportRoutes } from './routes/support.ts';
 import { teamRoutes } from './routes/team.ts';
@@ -198,6 +199,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   scheduleRoutes(app, deps);
   teamRoutes(app, deps);
   supportRoutes(app, deps);
+  searchRoutes(app, deps);
   permissionRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
