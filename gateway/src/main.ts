@@ -42,6 +42,7 @@ import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
+import { RunnerPresenceWorker } from './workers/runner-presence.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
 import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
@@ -308,6 +309,13 @@ export async function startService(
     );
     idle.start();
     cleanups.push(() => idle.stop());
+    // The same timeout the fabric closes a silent connection after, for drops no node closed.
+    const presence = new RunnerPresenceWorker(
+      { sql: db.sql, logger: log.child({ role: 'worker' }) },
+      { timeoutMs: config.RUNNER_GRACE_MS },
+    );
+    presence.start();
+    cleanups.push(() => presence.stop());
     const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
     lost.start();
     cleanups.push(() => lost.stop());
