@@ -127,6 +127,17 @@ for (const backend of backends()) {
       const contextList = await report({ context: ['a'] });
       t.equal(contextList.status, 422);
       t.match(contextList.body, { error: 'validation_failed', details: { context: [/./] } });
+      for (const depth of [33, 5000]) {
+        // A context nested this deep, sent as raw JSON.
+        const deep = await http.post('/api/support/reports', {
+          token,
+          rawBody: `{"category":"bug","message":"x","context":{"a":${'['.repeat(depth - 1)}${']'.repeat(depth - 1)}}}`,
+          headers: { 'content-type': 'application/json' },
+        });
+        t.equal(deep.status, 422, `nested ${depth} deep`);
+        t.same(deep.body.details, { context: ['nests objects and arrays deeper than 32 levels'] });
+      }
+      t.equal((await report({ context: { a: [[[[{ b: 1 }]]]] } })).status, 201, 'a shallower nesting is taken');
       const anonymous = await http.post('/api/support/reports', { body: { category: 'bug', message: 'x' } });
       t.equal(anonymous.status, 401);
       t.match(anonymous.body, { error: 'unauthorized' });
