@@ -113,6 +113,7 @@ for (const backend of backends()) {
       t.ok(body.includes(`\`\`\`\`text\n${message}`), 'the message sits whole in a fence it cannot close');
       t.ok(body.includes('"conversation_id": "cnv_alice"') && body.includes('"app_version": "1.4.2"'), 'the context');
       t.ok(body.includes(alice.accountId) && body.includes('svc-web 1.4.2'));
+      t.ok(body.includes(`Screenshot: image/png, ${PNG.length} bytes, attached to the support mail.`));
       t.notOk(body.includes(alice.key), 'no credential');
       t.notOk(body.includes(alice.email), 'no email address on an issue');
       t.notOk(body.includes('Bob only') || body.includes(bob.accountId), "nothing of Bob's");
@@ -136,6 +137,21 @@ for (const backend of backends()) {
       const opened = github.issues.length;
       t.equal(await forwarder().pass(), 0, 'nothing left to forward');
       t.equal(github.issues.length, opened, 'no issue twice');
+    });
+
+    t.test("a report at every limit fits GitHub's issue body limit, cut with a note", async (t) => {
+      const context: Record<string, string> = {};
+      for (let i = 0; JSON.stringify(context).length < 64 * 1024 - 200; i++) context[`event_${i}`] = 'x'.repeat(100);
+      const r = await send(alice.key, { message: 'm'.repeat(20 * 1024), context });
+      t.equal(await forwarder({ mail: undefined }).pass(), 1);
+      t.match(await get(r.id), { status: 'forwarded', forward_error: null });
+      const body = issuesOf(r.id)[0]?.body ?? '';
+      t.ok(body.length <= 65_536, `${body.length} characters`);
+      t.ok(body.includes('m'.repeat(20 * 1024)), 'the message whole');
+      t.ok(
+        body.includes(`(cut to fit the issue; the whole report is kept as ${r.id})`),
+        'the context cut, and said so',
+      );
     });
 
     t.test('a host that fails is retried later; the mail that went is not sent again', async (t) => {
