@@ -264,12 +264,35 @@ for (const backend of backends()) {
     });
   });
 
-  t.test(`the service forwards reports by itself when configured, on ${backend}`, async (t) => {
+  t.test(`a report stored before a restart is forwarded by the restarted service, on ${backend}`, async (t) => {
     const github = await startFakeGithub({ token: TOKEN, repositories: [REPO] });
     t.teardown(() => github.close());
-    const svc = await startTestService(t, {
+    // Embedded: PGlite on disk under DATA_DIR (an empty DATABASE_URL), so a restart finds it.
+    const a = await startTestService(t, {
+      backend,
+      env: { SUPPORT_FORWARD_INTERVAL_MS: '0', ...(backend === 'embedded' ? { DATABASE_URL: '' } : {}) },
+    });
+    const me = await signUp(a);
+    const sent = await a.http.post('/api/support/reports', {
+      token: me.key,
+      body: { category: 'question', message: 'How do I reset a sandbox?' },
+    });
+    t.equal(sent.status, 201);
+    const shared: Record<string, string> =
+      backend === 'embedded'
+        ? { DATABASE_URL: '', DATA_DIR: a.dataDir, MAIL_DIR: a.mailDir }
+        : {
+            DATABASE_URL: a.config.DATABASE_URL as string,
+            REDIS_URL: a.config.REDIS_URL as string,
+            REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+            MAIL_DIR: a.mailDir,
+          };
+    await a.close();
+    const b = await startTestService(t, {
       backend,
       env: {
+        ...shared,
+        MASTER_KEY: a.config.MASTER_KEY as string,
         SUPPORT_FORWARD_INTERVAL_MS: '50',
         SUPPORT_GITHUB_API_URL: github.url,
         SUPPORT_GITHUB_REPOSITORY: REPO,
@@ -277,19 +300,17 @@ for (const backend of backends()) {
         SUPPORT_EMAIL,
       },
     });
-    const me = await signUp(svc);
-    const sent = await svc.http.post('/api/support/reports', {
-      token: me.key,
-      body: { category: 'question', message: 'How do I reset a sandbox?' },
-    });
     const report = await until('the report to be forwarded', async () => {
-      const r = (await svc.http.get(`/api/support/reports/${sent.body.id}`, { token: me.key })).body;
+      const r = (await b.http.get(`/api/support/reports/${sent.body.id}`, { token: me.key })).body;
       return r.status === 'forwarded' && r;
     });
     t.equal(report.external_url, github.issues[0]?.html_url);
     t.same(github.issues[0]?.labels, ['support', 'question']);
-    const mails = (await mailbox(svc.mailDir)).filter((m) => m.to === SUPPORT_EMAIL);
+    t.equal(github.issues.length, 1);
+    const mails = (await mailbox(a.mailDir)).filter((m) => m.to === SUPPORT_EMAIL);
     t.equal(mails.length, 1);
     t.ok(mails[0]?.text.includes('How do I reset a sandbox?'));
+    // Closed here, before the first service's teardown removes the directory it shares.
+    await b.close();
   });
 }
