@@ -92,23 +92,43 @@ export interface RunOutcome {
   error: string | null;
 }
 
+/** What a run of the scheduler's claim stamps besides its outcome. */
+export interface ClaimAdvance {
+  /** The slot the schedule moves to (null: it stops). */
+  nextRunAt: Date | null;
+  /** The claim's lease (`claimed_until` as claimed): the stamp is this claim's only while it holds. */
+  lease: Date;
+  /** `next_run_at` as claimed: an edit that moved it since (new cron, disabled) keeps its own. */
+  slot: Date | null;
+}
+
 /**
  * Stamps a run's outcome. `last_conversation_id` keeps the previous conversation when this run
- * started none. With `advance` (a run of the scheduler's claim), `next_run_at` moves to the slot
- * given and the claim is released. Undefined when the schedule is gone (deleted while it ran).
+ * started none. With `advance` (a run of the scheduler's claim), only while that claim still
+ * holds the row (compare-and-set on its lease: a claimant that outlived its lease, whose row
+ * another took over, stamps nothing), the claim is released and `next_run_at` moves to the
+ * slot given unless an edit moved it meanwhile. Undefined when nothing was stamped (the
+ * schedule is gone, or the claim is no longer this one).
  */
 export async function stampRun(
   sql: Sql,
   accountId: string,
   id: string,
   outcome: RunOutcome,
-  advance?: { nextRunAt: Date | null },
+  advance?: ClaimAdvance,
 ): Promise<ScheduleRow | undefined> {
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET last_run_at = ${outcome.at}, last_error = ${outcome.error},
       last_conversation_id = coalesce(${outcome.conversationId}, last_conversation_id)
-      ${advance ? sql`, next_run_at = ${advance.nextRunAt}, claimed_until = NULL, claim_conversation_id = NULL` : sql``}
+      ${
+        advance
+          ? sql`, next_run_at = CASE WHEN next_run_at IS NOT DISTINCT FROM ${advance.slot}::timestamptz
+                  THEN ${advance.nextRunAt}::timestamptz ELSE next_run_at END,
+                claimed_until = NULL, claim_conversation_id = NULL`
+          : sql``
+      }
     WHERE account_id = ${accountId} AND id = ${id}
+      ${advance ? sql`AND claimed_until = ${advance.lease}` : sql``}
     RETURNING *`;
   return rows[0];
 }

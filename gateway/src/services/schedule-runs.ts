@@ -25,12 +25,12 @@ export type RunTrigger = 'now' | 'cron';
 export type RunResult = { conversationId: string; error: null } | { conversationId: null; error: ApiError };
 
 /**
- * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and the
- * slot the schedule moves to once the run is stamped (the claim is released with it).
+ * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and what
+ * the stamp moves and checks (`schedules.ClaimAdvance`: the slot the schedule moves to, the
+ * claim's lease and slot as claimed).
  */
-export interface ClaimedRun {
+export interface ClaimedRun extends schedules.ClaimAdvance {
   conversationId: string;
-  nextRunAt: Date | null;
 }
 
 /**
@@ -85,7 +85,7 @@ export async function fireSchedule(
       who.accountId,
       row.id,
       { at: deps.now(), conversationId: result.conversationId, error: result.error?.message ?? null },
-      claim ? { nextRunAt: claim.nextRunAt } : undefined,
+      claim,
     );
     if (!stamped) return;
     await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
