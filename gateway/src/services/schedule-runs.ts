@@ -1,10 +1,8 @@
 import { ApiError } from '@svc/core';
-import { conversations, outbox, type Sql, schedules, transaction } from '@svc/db';
-import { recordAudit } from './audit.ts';
+import { conversations, type Sql, schedules, transaction } from '@svc/db';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { getSchedule } from './schedules.ts';
-import { changed } from './tenant-events.ts';
+import { getSchedule, recordScheduleChange } from './schedules.ts';
 
 /*
  * A schedule's run, whether asked for (run now) or due (the scheduler): where the prompt goes,
@@ -88,19 +86,12 @@ export async function fireSchedule(
       claim,
     );
     if (!stamped) return;
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(
-      tx,
-      who,
-      'team.schedule.run',
-      { type: 'schedule', id: row.id },
-      {
-        agent_id: row.agent_id,
-        trigger,
-        conversation_id: result.conversationId,
-        error: result.error?.code ?? null,
-      },
-    );
+    await recordScheduleChange(tx, who, 'run', row.id, {
+      agent_id: row.agent_id,
+      trigger,
+      conversation_id: result.conversationId,
+      error: result.error?.code ?? null,
+    });
   });
   return result;
 }
