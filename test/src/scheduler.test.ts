@@ -196,6 +196,27 @@ for (const backend of backends()) {
       await removeAll([s.id]);
     });
 
+    t.test('a claim whose worker died before an edit moved the slot is not the new slot’s run', async (t) => {
+      const [earlier] = await conversationIds();
+      t.ok(earlier, 'a conversation of the account to stand for the dead worker’s launch');
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      // The dead worker claimed the row and launched under the claim's id (`earlier`), then died.
+      const [dead] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        String(earlier),
+      );
+      t.equal(dead?.claim_conversation_id, earlier);
+      const edited = await http.call('PATCH', `${base}/${s.id}`, { token, body: { cron: '30 * * * *' } });
+      t.equal(edited.status, 200);
+      clock = new Date(Math.max(Date.parse(edited.body.next_run_at), clock.getTime() + LEASE_MS) + 1000);
+      t.equal(await b.pass(), 1, 'the new slot fires once its turn comes');
+      const after = await get(s.id);
+      t.not(after.last_conversation_id, earlier, 'the old slot’s launch is not passed off as this run');
+      t.match(after.last_error, /not on the team/, 'this run went where an in-thread schedule goes');
+      t.equal((await runsOf(s.id)).length, 1);
+      await removeAll([s.id]);
+    });
+
     t.test('a worker killed mid-fire: the run is neither lost nor launched twice', async (t) => {
       const s = await create({ one_off: true, prompt: 'exactly once' });
       clock = new Date(Date.parse(s.next_run_at) + 1000);

@@ -58,8 +58,11 @@ export async function insertSchedule(
 
 /**
  * Writes every value; `next_run_at` only when given, so an edit that leaves the timing alone
- * never puts back a slot the scheduler has moved on from meanwhile. Undefined when the agent
- * has no such schedule.
+ * never puts back a slot the scheduler has moved on from meanwhile. A new `next_run_at` also
+ * forgets the conversation id of a claim on the row: a claimant that died is taken over for the
+ * new slot, which then gets its own launch instead of passing off the old slot's as its run
+ * (a claimant still at work launches under the id it holds, and stamps under its lease).
+ * Undefined when the agent has no such schedule.
  */
 export async function updateSchedule(
   sql: Sql,
@@ -71,7 +74,7 @@ export async function updateSchedule(
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET name = ${v.name}, cron = ${v.cron}, prompt = ${v.prompt}, one_off = ${v.one_off},
       enabled = ${v.enabled}, updated_at = now()
-      ${v.next_run_at === undefined ? sql`` : sql`, next_run_at = ${v.next_run_at}`}
+      ${v.next_run_at === undefined ? sql`` : sql`, next_run_at = ${v.next_run_at}, claim_conversation_id = NULL`}
     WHERE account_id = ${accountId} AND agent_id = ${agentId} AND id = ${id}
     RETURNING *`;
   return rows[0];
