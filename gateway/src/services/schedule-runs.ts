@@ -1,9 +1,8 @@
 import { ApiError } from '@svc/core';
-import { conversations, outbox, type Sql, schedules, transaction } from '@svc/db';
-import { recordAudit } from './audit.ts';
+import { conversations, type Sql, schedules, transaction } from '@svc/db';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { getSchedule } from './schedules.ts';
+import { getSchedule, getSchedule, recordScheduleChange } from './schedules.ts';
 import { messageTeammate } from './team.ts';
 import { changed } from './tenant-events.ts';
 
@@ -26,12 +25,12 @@ export type RunTrigger = 'now' | 'cron';
 export type RunResult = { conversationId: string; error: null } | { conversationId: null; error: ApiError };
 
 /**
- * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and the
- * slot the schedule moves to once the run is stamped (the claim is released with it).
+ * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and what
+ * the stamp moves and checks (`schedules.ClaimAdvance`: the slot the schedule moves to, the
+ * claim's lease and slot as claimed).
  */
-export interface ClaimedRun {
+export interface ClaimedRun extends schedules.ClaimAdvance {
   conversationId: string;
-  nextRunAt: Date | null;
 }
 
 /**
@@ -85,22 +84,15 @@ export async function fireSchedule(
       who.accountId,
       row.id,
       { at: deps.now(), conversationId: result.conversationId, error: result.error?.message ?? null },
-      claim ? { nextRunAt: claim.nextRunAt } : undefined,
+      claim,
     );
     if (!stamped) return;
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(
-      tx,
-      who,
-      'team.schedule.run',
-      { type: 'schedule', id: row.id },
-      {
-        agent_id: row.agent_id,
-        trigger,
-        conversation_id: result.conversationId,
-        error: result.error?.code ?? null,
-      },
-    );
+    await recordScheduleChange(tx, who, 'run', row.id, {
+      agent_id: row.agent_id,
+      trigger,
+      conversation_id: result.conversationId,
+      error: result.error?.code ?? null,
+    });
   });
   return result;
 }
