@@ -111,8 +111,8 @@ try {
     SELECT (SELECT count(*) FROM turns)::text AS turns,
            (SELECT count(*) FROM turns WHERE account_id = ${me.accountId})::text AS tenant_turns,
            pg_size_pretty(pg_total_relation_size('turns')) AS table,
-           pg_size_pretty(pg_relation_size('turns_prompt_tsv_idx')) AS prompt_idx,
-           pg_size_pretty(pg_relation_size('turns_reply_tsv_idx')) AS reply_idx`;
+           pg_size_pretty(pg_relation_size('turns_prompt_search_idx')) AS prompt_idx,
+           pg_size_pretty(pg_relation_size('turns_reply_search_idx')) AS reply_idx`;
   say(`filled in ${fillSeconds.toFixed(0)} s: ${JSON.stringify(sizes)}`);
 
   const mid = vocab[400] as string;
