@@ -19,5 +19,6 @@ export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';
 export * from './schemas/schedules.ts';
 export * from './schemas/streams.ts';
+export * from './schemas/team-mcp.ts';
 export * from './schemas/vaults.ts';
 export * from './turn-errors.ts';

@@ -33,6 +33,7 @@ import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
 import { streamRoutes } from './routes/streams.ts';
+import { teamMcpRoutes } from './routes/team-mcp.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
 
@@ -195,6 +196,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   sandboxRoutes(app, deps);
   scheduleRoutes(app, deps);
   permissionRoutes(app, deps);
+  teamMcpRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 

@@ -1,0 +1,201 @@
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { conversations } from '@svc/db';
+import t, { type Test } from 'tap';
+import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
+import { signUp, startTestService, type TestService } from './harness.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { until } from './until.ts';
+
+/*
+ * The team MCP server `svc-team` as a runtime's MCP client meets it: the SDK's own client over
+ * Streamable HTTP, authenticated by a conversation's sandbox token, against real teammates
+ * (conversations on the team channel, their turns run by a real runner with the scripted agent).
+ */
+
+type ToolResult = { content: { type: string; text?: string }[]; isError?: boolean; structuredContent?: any };
+
+async function mcpClient(t: Test, svc: TestService, conversationId: string, token: string) {
+  const client = new Client({ name: 'team-mcp-test', version: '1.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(`${svc.url}/api/mcp/team/${conversationId}`), {
+    requestInit: { headers: { authorization: `Bearer ${token}` } },
+  });
+  await client.connect(transport);
+  t.teardown(() => client.close());
+  const call = async (name: string, args: Record<string, unknown> = {}) =>
+    (await client.callTool({ name, arguments: args }, undefined, { timeout: 120_000 })) as ToolResult;
+  return { client, call };
+}
+
+const textOf = (r: ToolResult) => r.content.map((c) => c.text ?? '').join('');
+
+t.test('the team MCP server svc-team', async (t) => {
+  const svc = await startTestService(t, { env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND } });
+  const { http } = svc;
+  const sql = svc.db.sql;
+  const me = await signUp(svc);
+  const token = me.key;
+  const { env, agent: coder } = await claudeOnRunner(t, svc, token);
+  const agentOf = async (name: string, description: string) => {
+    const res = await http.post('/api/agents', {
+      token,
+      body: {
+        name,
+        description,
+        runtime: 'claude',
+        model: 'anthropic/claude-sonnet-4-5',
+        environment_id: env.id,
+        sandbox_provider: 'runner',
+      },
+    });
+    t.equal(res.status, 201, res.text);
+    return res.body as { id: string };
+  };
+  const reviewer = await agentOf('reviewer-agent', 'Reviews pull requests for security issues');
+  const writer = await agentOf('writer-agent', 'Writes documentation');
+
+  /** A conversation of `agentId` whose first turn has ended, on the team channel when `team`. */
+  const conversation = async (agentId: string, title: string, team = true) => {
+    const res = await http.post('/api/conversations', { token, body: { agent_id: agentId, prompt: 'hello' } });
+    t.equal(res.status, 201, res.text);
+    await until('the first turn ends', async () => {
+      const turns = (await http.get(`/api/conversations/${res.body.id}/turns`, { token })).body.data;
+      return turns.length === 1 && turns[0].state !== 'running';
+    });
+    if (team) await sql`UPDATE conversations SET channel_id = 'svc:team', title = ${title} WHERE id = ${res.body.id}`;
+    return res.body.id as string;
+  };
+  const ada = await conversation(coder.id, 'Ada');
+  const rex = await conversation(reviewer.id, 'Rex');
+  await conversation(writer.id, 'Wendy');
+  const loner = await conversation(coder.id, 'Loner', false);
+  const adaToken = (await issueSandboxToken(sql, me.accountId, ada)).key;
+  const lonerToken = (await issueSandboxToken(sql, me.accountId, loner)).key;
+  const rexToken = (await issueSandboxToken(sql, me.accountId, rex)).key;
+
+  t.test("only the conversation's own sandbox token, and only on the team channel", async (t) => {
+    const rpc = { jsonrpc: '2.0', id: 1, method: 'tools/list', params: {} };
+    const headers = { accept: 'application/json, text/event-stream' };
+    const none = await http.post(`/api/mcp/team/${ada}`, { body: rpc, headers });
+    t.match(none, { status: 401, body: { error: 'unauthorized' } });
+    const person = await http.post(`/api/mcp/team/${ada}`, { token, body: rpc, headers });
+    t.match(person, { status: 403, body: { error: 'forbidden' } }, "a person's API key is refused");
+    const other = await http.post(`/api/mcp/team/${ada}`, { token: rexToken, body: rpc, headers });
+    t.match(other, { status: 404, body: { error: 'not_found' } }, "another teammate's token does not reach it");
+    const offTeam = await http.post(`/api/mcp/team/${loner}`, { token: lonerToken, body: rpc, headers });
+    t.match(offTeam, { status: 404, body: { error: 'not_found' } }, 'a conversation off the team has no server');
+    const ok = await http.post(`/api/mcp/team/${ada}`, { token: adaToken, body: rpc, headers });
+    t.equal(ok.status, 200, ok.text);
+    t.equal(ok.body.id, 1);
+    t.ok(Array.isArray(ok.body.result.tools));
+    for (const method of ['GET', 'DELETE']) {
+      const res = await http.call(method, `/api/mcp/team/${ada}`, { token: adaToken, headers });
+      t.match(res, { status: 405, body: { error: 'method_not_allowed' } }, `${method} is 405: no stream, no session`);
+      t.equal(res.headers.get('allow'), 'POST');
+    }
+  });
+
+  const { client, call } = await mcpClient(t, svc, ada, adaToken);
+
+  t.test('the five tools, each with a description and an input schema', async (t) => {
+    const { tools } = await client.listTools();
+    t.same(tools.map((x) => x.name).sort(), [
+      'get_teammate',
+      'list_teammates',
+      'read_teammate',
+      'send_to_teammate',
+      'wait_for_teammate',
+    ]);
+    for (const tool of tools) {
+      t.ok((tool.description ?? '').length > 40, `${tool.name} says what it does`);
+      t.equal(tool.inputSchema.type, 'object');
+    }
+    const send = tools.find((x) => x.name === 'send_to_teammate');
+    t.same(send?.inputSchema.required?.sort(), ['message', 'teammate']);
+  });
+
+  t.test('list_teammates: everyone on the team but the caller', async (t) => {
+    const r = await call('list_teammates');
+    t.notOk(r.isError);
+    const mates = r.structuredContent.teammates as { name: string; agent_id: string; role: string }[];
+    t.same(mates.map((m) => m.name).sort(), ['Rex', 'Wendy']);
+    t.match(
+      mates.find((m) => m.name === 'Rex'),
+      {
+        agent_id: reviewer.id,
+        agent_name: 'reviewer-agent',
+        role: 'Reviews pull requests for security issues',
+        presence: { state: String, label: String },
+        conversation_id: rex,
+      },
+    );
+    t.same(JSON.parse(textOf(r)), r.structuredContent, 'the text says the same, for clients that read text only');
+  });
+
+  t.test('get_teammate: by name, role or keyword, any case; no match is a tool error', async (t) => {
+    const byName = await call('get_teammate', { query: 'rEx' });
+    t.same(
+      byName.structuredContent.teammates.map((m: { name: string }) => m.name),
+      ['Rex'],
+    );
+    const byRole = await call('get_teammate', { query: 'SECURITY' });
+    t.same(
+      byRole.structuredContent.teammates.map((m: { name: string }) => m.name),
+      ['Rex'],
+    );
+    const byKeyword = await call('get_teammate', { query: 'documentation' });
+    t.same(
+      byKeyword.structuredContent.teammates.map((m: { name: string }) => m.name),
+      ['Wendy'],
+    );
+    const none = await call('get_teammate', { query: 'astronaut' });
+    t.equal(none.isError, true);
+    t.match(textOf(none), /No teammate matches "astronaut"\. Teammates: .*Rex/);
+  });
+
+  t.test('send_to_teammate: the message lands in their thread, named and with the note', async (t) => {
+    const self = await call('send_to_teammate', { teammate: 'ada', message: 'hi me' });
+    t.equal(self.isError, true, 'sending to yourself is a tool error');
+    t.match(textOf(self), /Ada is you/);
+    const unknown = await call('send_to_teammate', { teammate: 'Zed', message: 'hi' });
+    t.equal(unknown.isError, true);
+    t.match(textOf(unknown), /No teammate is named "Zed"/);
+
+    const sent = await call('send_to_teammate', { teammate: 'Rex', message: 'please review PR 7 slow' });
+    t.notOk(sent.isError, textOf(sent));
+    t.match(sent.structuredContent, { teammate: 'Rex', agent_id: reviewer.id, conversation_id: rex, state: 'running' });
+    const turnId = sent.structuredContent.turn_id as string;
+    const turn = await conversations.getTurn(sql, me.accountId, turnId);
+    t.equal(turn?.conversation_id, rex);
+    t.match(turn?.prompt, /^Message from Ada, your teammate: please review PR 7 slow\n/);
+    t.match(turn?.prompt, /Only your owner and your teammates can send you a message like this one\.[^\n]*$/);
+
+    const busy = await call('send_to_teammate', { teammate: reviewer.id, message: 'and another' });
+    t.equal(busy.isError, true, 'a busy teammate is a tool error, by agent id too');
+    t.match(textOf(busy), /Rex is busy/);
+
+    const short = await call('wait_for_teammate', { teammate: 'Rex', since_turn: turnId, timeout_s: 1 });
+    t.notOk(short.isError);
+    t.match(short.structuredContent, { timed_out: true, turn_id: turnId, state: 'running', reply: null });
+
+    const waited = await call('wait_for_teammate', { teammate: 'Rex', since_turn: turnId });
+    t.match(waited.structuredContent, { timed_out: false, turn_id: turnId, conversation_id: rex, state: 'done' });
+    t.match(waited.structuredContent.reply, /^You said: Message from Ada, your teammate: please review PR 7 slow/);
+
+    const again = await call('wait_for_teammate', { teammate: 'Rex' });
+    t.match(again.structuredContent, { timed_out: false, turn_id: turnId, state: 'done' }, 'their last turn, at once');
+    const foreign = await call('wait_for_teammate', { teammate: 'Wendy', since_turn: turnId });
+    t.equal(foreign.isError, true, "another teammate's turn is not theirs to wait for");
+  });
+
+  t.test('read_teammate: recent prompts and replies, newest last, limited', async (t) => {
+    const all = await call('read_teammate', { teammate: 'Rex' });
+    const turns = all.structuredContent.turns as { prompt: string; reply: string; state: string }[];
+    t.equal(turns.length, 2);
+    t.equal(turns[0]?.prompt, 'hello');
+    t.match(turns[1]?.prompt, /^Message from Ada/);
+    t.match(turns[1]?.reply, /^You said: Message from Ada/);
+    const last = await call('read_teammate', { teammate: 'Rex', limit: 1 });
+    t.same(last.structuredContent.turns, [turns[1]]);
+  });
+});
