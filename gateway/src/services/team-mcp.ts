@@ -49,7 +49,7 @@ export interface TeamMcpDeps {
 }
 
 /** The reserved channel of the team's conversations (SPEC: `svc:team`). */
-const TEAM_CHANNEL = 'svc:team';
+export const TEAM_CHANNEL = 'svc:team';
 
 /**
  * Who may call the team server of `conversationId`: only that conversation's own sandbox
