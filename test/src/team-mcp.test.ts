@@ -54,15 +54,36 @@ t.test('the team MCP server svc-team', async (t) => {
   const reviewer = await agentOf('reviewer-agent', 'Reviews pull requests for security issues');
   const writer = await agentOf('writer-agent', 'Writes documentation');
 
-  /** A conversation of `agentId` whose first turn has ended, on the team channel when `team`. */
-  const conversation = async (agentId: string, title: string, team = true) => {
-    const res = await http.post('/api/conversations', { token, body: { agent_id: agentId, prompt: 'hello' } });
+  /** The reply of the conversation's turn `turnId`, once it has ended. */
+  const replyOf = async (conversationId: string, turnId: string) =>
+    until(
+      `turn ${turnId} ends`,
+      async () => {
+        const turns = (await http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data;
+        const turn = turns.find((x: { id: string }) => x.id === turnId);
+        return turn && turn.state !== 'running' ? (turn.reply as string) : undefined;
+      },
+      60_000,
+    );
+  /** Sends a prompt and resolves to the reply. */
+  const ask = async (conversationId: string, prompt: string) => {
+    const res = await http.post(`/api/conversations/${conversationId}/prompts`, { token, body: { prompt } });
     t.equal(res.status, 201, res.text);
-    await until('the first turn ends', async () => {
-      const turns = (await http.get(`/api/conversations/${res.body.id}/turns`, { token })).body.data;
-      return turns.length === 1 && turns[0].state !== 'running';
-    });
+    return replyOf(conversationId, res.body.id);
+  };
+  /**
+   * A conversation of `agentId` on the team channel (unless `team` is false) before its
+   * runtime starts, whose first turn has ended.
+   */
+  const conversation = async (agentId: string, title: string, team = true) => {
+    const res = await http.post('/api/conversations', { token, body: { agent_id: agentId } });
+    t.equal(res.status, 201, res.text);
     if (team) await sql`UPDATE conversations SET channel_id = 'svc:team', title = ${title} WHERE id = ${res.body.id}`;
+    await until('the sandbox is built', async () => {
+      const c = (await http.get(`/api/conversations/${res.body.id}`, { token })).body;
+      return c.sandbox_id && (await http.get(`/api/sandboxes/${c.sandbox_id}`, { token })).body.status === 'ready';
+    });
+    await ask(res.body.id, 'hello');
     return res.body.id as string;
   };
   const ada = await conversation(coder.id, 'Ada');
@@ -198,4 +219,61 @@ t.test('the team MCP server svc-team', async (t) => {
     const last = await call('read_teammate', { teammate: 'Rex', limit: 1 });
     t.same(last.structuredContent.turns, [turns[1]]);
   });
+  t.test('the runtime of a team conversation holds svc-team with its token, redacted in the log', async (t) => {
+    const said = await ask(ada, 'show mcp');
+    const servers = JSON.parse(/mcp servers: (\[.*\])\./s.exec(said)?.[1] ?? 'null');
+    t.same(servers, [
+      {
+        type: 'http',
+        name: 'svc-team',
+        url: `${svc.url}/api/mcp/team/${ada}`,
+        headers: [{ name: 'Authorization', value: 'Bearer [REDACTED]' }],
+      },
+    ]);
+    t.match(await ask(loner, 'show mcp'), /mcp servers: \[\]\./, 'a conversation off the team has no svc-team');
+  });
+
+  t.test('one agent messages another and waits for the reply, through its runtime', async (t) => {
+    const said = await ask(
+      ada,
+      'mcp send_to_teammate {"teammate": "Wendy", "message": "draft the notes"} mcp wait_for_teammate {"teammate": "Wendy"}',
+    );
+    t.match(said, /mcp send_to_teammate: \{[^]*"teammate": "Wendy"/);
+    const waited = JSON.parse(/mcp wait_for_teammate: (\{[^]*\})/.exec(said)?.[1] ?? 'null');
+    t.match(waited, { teammate: 'Wendy', timed_out: false, state: 'done' });
+    t.match(waited.reply, /^You said: Message from Ada, your teammate: draft the notes/);
+  });
+  t.test("a runtime without HTTP MCP reaches svc-team through the runner's stdio bridge", async (t) => {
+    const stdioEnv = await http.post('/api/environments', {
+      token,
+      body: { name: 'stdio only', env_vars: { SCRIPTED_ACP_NO_HTTP_MCP: '1' } },
+    });
+    t.equal(stdioEnv.status, 201, stdioEnv.text);
+    const res = await http.post('/api/agents', {
+      token,
+      body: {
+        name: 'stdio-agent',
+        description: 'Knows only stdio MCP servers',
+        runtime: 'claude',
+        model: 'anthropic/claude-sonnet-4-5',
+        environment_id: stdioEnv.body.id,
+        sandbox_provider: 'runner',
+      },
+    });
+    const stan = await conversation(res.body.id, 'Stan');
+    const servers = JSON.parse(/mcp servers: (\[.*\])\./s.exec(await ask(stan, 'show mcp'))?.[1] ?? 'null');
+    t.match(servers, [
+      {
+        name: 'svc-team',
+        command: process.execPath,
+        args: [/svc-runner/, 'mcp-bridge', `${svc.url}/api/mcp/team/${stan}`],
+        env: [{ name: 'SVC_MCP_HEADERS', value: '[{"name":"Authorization","value":"Bearer [REDACTED]"}]' }],
+      },
+    ]);
+    t.notOk('type' in (servers[0] ?? {}), 'a stdio server');
+    const said = await ask(stan, 'mcp get_teammate {"query": "ada"} mcp get_teammate {"query": "nobody"}');
+    t.match(said, /mcp get_teammate: \{[^]*"name": "Ada"/, 'a call goes through the bridge and back');
+    t.match(said, /mcp get_teammate error: No teammate matches "nobody"/, 'and a tool error too');
+  });
 });
+
