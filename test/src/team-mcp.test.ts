@@ -275,5 +275,20 @@ t.test('the team MCP server svc-team', async (t) => {
     t.match(said, /mcp get_teammate: \{[^]*"name": "Ada"/, 'a call goes through the bridge and back');
     t.match(said, /mcp get_teammate error: No teammate matches "nobody"/, 'and a tool error too');
   });
+  t.test('a wait holds its call through the edge past any idle limit, then says timed_out', async (t) => {
+    // A turn that nothing runs: only its deadline ends the wait.
+    const turn = await conversations.startTurn(sql, {
+      id: `trn_${'0'.repeat(20)}held01`,
+      accountId: me.accountId,
+      conversationId: rex,
+      prompt: 'held',
+      origin: 'user',
+    });
+    if (typeof turn === 'string') throw new Error(turn);
+    t.teardown(() => conversations.endTurn(sql, me.accountId, turn.id, 'interrupted', null));
+    const held = await call('wait_for_teammate', { teammate: 'Rex', timeout_s: 15 });
+    t.notOk(held.isError, textOf(held));
+    t.match(held.structuredContent, { timed_out: true, turn_id: turn.id, state: 'running' });
+  });
 });
 
