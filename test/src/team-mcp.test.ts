@@ -238,8 +238,8 @@ t.test('the team MCP server svc-team', async (t) => {
       ada,
       'mcp send_to_teammate {"teammate": "Wendy", "message": "draft the notes"} mcp wait_for_teammate {"teammate": "Wendy"}',
     );
-    t.match(said, /mcp send_to_teammate: \{[^]*"teammate": "Wendy"/);
-    const waited = JSON.parse(/mcp wait_for_teammate: (\{[^]*\})/.exec(said)?.[1] ?? 'null');
+    t.match(said, /mcp send_to_teammate: \{[\s\S]*"teammate": "Wendy"/);
+    const waited = JSON.parse(/mcp wait_for_teammate: (\{[\s\S]*\})/.exec(said)?.[1] ?? 'null');
     t.match(waited, { teammate: 'Wendy', timed_out: false, state: 'done' });
     t.match(waited.reply, /^You said: Message from Ada, your teammate: draft the notes/);
   });
@@ -272,7 +272,7 @@ t.test('the team MCP server svc-team', async (t) => {
     ]);
     t.notOk('type' in (servers[0] ?? {}), 'a stdio server');
     const said = await ask(stan, 'mcp get_teammate {"query": "ada"} mcp get_teammate {"query": "nobody"}');
-    t.match(said, /mcp get_teammate: \{[^]*"name": "Ada"/, 'a call goes through the bridge and back');
+    t.match(said, /mcp get_teammate: \{[\s\S]*"name": "Ada"/, 'a call goes through the bridge and back');
     t.match(said, /mcp get_teammate error: No teammate matches "nobody"/, 'and a tool error too');
   });
   t.test('a wait holds its call through the edge past any idle limit, then says timed_out', async (t) => {
@@ -291,4 +291,3 @@ t.test('the team MCP server svc-team', async (t) => {
     t.match(held.structuredContent, { timed_out: true, turn_id: turn.id, state: 'running' });
   });
 });
-
