@@ -25,4 +25,5 @@ export type IdPrefix =
   | 'trn'
   | 'rnr'
   | 'sbx'
-  | 'sch';
+  | 'sch'
+  | 'sup';

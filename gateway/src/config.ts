@@ -88,6 +88,20 @@ export const ConfigSchema = z.object({
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
   /** How often the scheduler looks for due schedules; 0 turns it off. */
   SCHEDULER_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
+  /** Where support reports are mailed (screenshot attached); unset, none are mailed. */
+  SUPPORT_EMAIL: z.email({ message: 'must be an email address' }).optional(),
+  /** `owner/name` of the repository support reports open issues in, with SUPPORT_GITHUB_TOKEN. */
+  SUPPORT_GITHUB_REPOSITORY: z
+    .string()
+    .regex(/^[A-Za-z0-9_.-]+\/[A-Za-z0-9_.-]+$/, 'must be owner/name')
+    .optional(),
+  SUPPORT_GITHUB_TOKEN: z.string().optional(),
+  /** GitHub's REST API root; GitHub Enterprise Server's is `https://<host>/api/v3`. */
+  SUPPORT_GITHUB_API_URL: url.default('https://api.github.com'),
+  /** How often the forwarder looks for new support reports; 0 turns it off. */
+  SUPPORT_FORWARD_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
+  /** Forwarding attempts per report before it ends `failed`. */
+  SUPPORT_FORWARD_ATTEMPTS: z.coerce.number().int().min(1).max(50).default(6),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
   RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),
@@ -142,6 +156,12 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   const config = parsed.data;
   if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
     throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
+  }
+  if (Boolean(config.SUPPORT_GITHUB_REPOSITORY) !== Boolean(config.SUPPORT_GITHUB_TOKEN)) {
+    const missing = config.SUPPORT_GITHUB_REPOSITORY ? 'SUPPORT_GITHUB_TOKEN' : 'SUPPORT_GITHUB_REPOSITORY';
+    throw new ConfigError(
+      `invalid configuration:\n  ${missing}: required when ${missing === 'SUPPORT_GITHUB_TOKEN' ? 'SUPPORT_GITHUB_REPOSITORY' : 'SUPPORT_GITHUB_TOKEN'} is set`,
+    );
   }
   if (config.REDIS_CLUSTER && !config.REDIS_URL) {
     throw new ConfigError('invalid configuration:\n  REDIS_URL: required when REDIS_CLUSTER=true');

@@ -12,6 +12,7 @@ import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
 import { redisRunnerRouter } from './fabric/router.redis.ts';
+import { githubIssues } from './issues/issues.github.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -33,16 +34,20 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { LaunchDeps } from './services/launch.ts';
+import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
-import { channelTeam } from './services/team-channel.ts';
+import { listTeammates, messageTeammate, type TeamDeps } from './services/team.ts';
+import type { TeamOps } from './services/team-mcp.ts';
 import { TurnWaiters } from './services/turn-waiters.ts';
 import { StreamServer } from './streams/streams.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
+import { RunnerPresenceWorker } from './workers/runner-presence.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
+import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
@@ -126,6 +131,14 @@ export interface ServiceOverrides {
  */
 function tuneHeap(): void {
   setFlagsFromString('--no-allocation-site-pretenuring');
+}
+
+/** The team core's operations, as the team MCP server's tools take them. */
+function teamOps(deps: TeamDeps): TeamOps {
+  return {
+    listTeammates: (who) => listTeammates(deps, who),
+    messageTeammate: (who, agentId, message) => messageTeammate(deps, who, agentId, message),
+  };
 }
 
 /**
@@ -234,6 +247,17 @@ export async function startService(
     });
     await relay.start();
     cleanups.push(() => relay.stop());
+    // Turns that ended before replies were stored get theirs from the log, once, in the
+    // background (search finds them by prompt only until then); stopped at shutdown.
+    const backfill = new AbortController();
+    const backfilled = backfillReplies({ sql: db.sql, log: eventLog }, { signal: backfill.signal }).then(
+      (turns) => turns && log.info({ turns }, 'search: stored the replies of turns that ended before replies were'),
+      (err: Error) => log.warn({ err: { message: err.message } }, 'search: reply backfill stopped'),
+    );
+    cleanups.push(() => {
+      backfill.abort();
+      return backfilled;
+    });
 
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(
@@ -298,6 +322,13 @@ export async function startService(
     );
     idle.start();
     cleanups.push(() => idle.stop());
+    // The same timeout the fabric closes a silent connection after, for drops no node closed.
+    const presence = new RunnerPresenceWorker(
+      { sql: db.sql, logger: log.child({ role: 'worker' }) },
+      { timeoutMs: config.RUNNER_GRACE_MS },
+    );
+    presence.start();
+    cleanups.push(() => presence.stop());
     const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
     lost.start();
     cleanups.push(() => lost.stop());
@@ -379,7 +410,11 @@ export async function startService(
       },
       metrics,
       launch,
-      teamMcp: { sql: db.sql, team: channelTeam(launch), waiters: turnWaiters },
+      teamMcp: {
+        sql: db.sql,
+        team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
+        waiters: turnWaiters,
+      },
     };
 
     // A claim outlives any launch by far; only a worker that died lets one expire.
@@ -389,6 +424,34 @@ export async function startService(
     );
     scheduler.start();
     cleanups.push(() => scheduler.stop());
+
+    // Support reports go to an issue and/or a mailbox, whichever is configured; a lease outlives
+    // a batch's requests (10 s timeout each) by far, so only a worker that died lets one expire.
+    const supportForwarder = new SupportForwarder(
+      {
+        sql: db.sql,
+        issues:
+          config.SUPPORT_GITHUB_REPOSITORY && config.SUPPORT_GITHUB_TOKEN
+            ? githubIssues({
+                apiUrl: config.SUPPORT_GITHUB_API_URL,
+                repository: config.SUPPORT_GITHUB_REPOSITORY,
+                token: config.SUPPORT_GITHUB_TOKEN,
+                timeoutMs: 10_000,
+              })
+            : undefined,
+        mail: config.SUPPORT_EMAIL ? { mailer, to: config.SUPPORT_EMAIL } : undefined,
+        now: () => new Date(),
+        logger: log.child({ role: 'support' }),
+      },
+      {
+        periodMs: config.SUPPORT_FORWARD_INTERVAL_MS,
+        leaseMs: 10 * 60_000,
+        maxAttempts: config.SUPPORT_FORWARD_ATTEMPTS,
+        retryBaseMs: 60_000,
+      },
+    );
+    supportForwarder.start();
+    cleanups.push(() => supportForwarder.stop());
 
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({

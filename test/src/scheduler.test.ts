@@ -6,6 +6,8 @@ import { startConversation } from '../../gateway/src/services/launch.ts';
 import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { eventually } from './until.ts';
 
 const HOUR = 3_600_000;
 const LEASE_MS = 60_000;
@@ -40,7 +42,11 @@ for (const backend of backends()) {
     };
     const get = async (id: string) => (await http.get(`${base}/${id}`, { token })).body;
     const runsOf = async (id: string) =>
-      ((await http.get('/api/audit?action_prefix=team.schedule.run', { token })).body.data as { resource_id: string }[])
+      (
+        (await http.get('/api/audit?action_prefix=team.schedule.run&limit=500', { token })).body.data as {
+          resource_id: string;
+        }[]
+      )
         .filter((r) => r.resource_id === id)
         .map((r) => r);
     const conversationIds = async () =>
@@ -87,6 +93,43 @@ for (const backend of backends()) {
         'and the six that could not',
       );
       await removeAll(all.map((s) => s.id));
+    });
+
+    t.test('two workers at once, 20 rounds in a row: each due schedule fires exactly once a round', async (t) => {
+      const due = await Promise.all(Array.from({ length: 4 }, (_, i) => create({ name: `r${i}` })));
+      clock = new Date(Math.max(...due.map((s) => Date.parse(s.next_run_at))) + 1000);
+      for (let round = 1; round <= 20; round++) {
+        const fired = await Promise.all([a.pass(), b.pass()]);
+        t.equal(fired[0] + fired[1], due.length, `round ${round}: every due schedule fired, by one worker`);
+        for (const s of due) {
+          const row = await get(s.id);
+          t.equal(row.last_run_at, clock.toISOString(), `round ${round}: ${s.id} stamped at this round`);
+          t.equal(row.next_run_at, nextHourAfter(clock), `round ${round}: ${s.id} moved to the next slot`);
+          t.equal((await runsOf(s.id)).length, round, `round ${round}: ${s.id} has one run per round`);
+        }
+        t.same(await Promise.all([a.pass(), b.pass()]), [0, 0], `round ${round}: nothing left due`);
+        clock = new Date(clock.getTime() + HOUR);
+      }
+      await removeAll(due.map((s) => s.id));
+    });
+
+    t.test('a scheduled fire tells /api/team/stream', async (t) => {
+      // Every change written so far is in the log first, so the stream opens after all of them.
+      await svc.relay.flush(me.accountId);
+      const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${token}` });
+      t.teardown(() => w.sock.destroy());
+      const changes = () =>
+        frames(w.text())
+          .map(parseFrame)
+          .filter((e) => e.event === 'schedule');
+      t.ok(await eventually(() => frames(w.text()).some((f) => parseFrame(f).id !== undefined), 10_000));
+      const s = await create({});
+      t.ok(await eventually(() => changes().length === 1, 15_000), 'told of the create');
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      t.equal(await a.pass(), 1);
+      t.ok(await eventually(() => changes().length === 2, 15_000), 'told of the fire');
+      t.same(JSON.parse(changes()[1]?.data as string), { reason: 'changed' });
+      await removeAll([s.id]);
     });
 
     t.test('after downtime a missed schedule fires once, and next from now', async (t) => {

@@ -88,6 +88,20 @@ for (const backend of backends()) {
       t.equal(off.body.next_run_at, null);
     });
 
+    t.test('next_run_at is computed again when cron changes, and kept when only other fields do', async (t) => {
+      const made = (await http.post(base, { token, body: { cron: '@daily', prompt: 'p' } })).body;
+      const renamed = await http.call('PATCH', `${base}/${made.id}`, { token, body: { name: 'renamed', prompt: 'q' } });
+      t.equal(renamed.status, 200);
+      t.equal(renamed.body.next_run_at, made.next_run_at, 'unchanged by a rename');
+      const hourly = await http.call('PATCH', `${base}/${made.id}`, { token, body: { cron: '0 * * * *' } });
+      t.equal(hourly.status, 200);
+      const d = new Date(hourly.body.updated_at);
+      const nextHour = new Date(Math.floor(d.getTime() / 3_600_000) * 3_600_000 + 3_600_000).toISOString();
+      t.equal(hourly.body.next_run_at, nextHour, 'the first slot of the new expression after the edit');
+      t.equal((await http.get(`${base}/${made.id}`, { token })).body.next_run_at, nextHour, 'as stored');
+      t.equal((await http.delete(`${base}/${made.id}`, { token })).status, 204);
+    });
+
     t.test('lists: every schedule soonest first, and one agent’s', async (t) => {
       const yearly = (
         await http.post(`/api/team/${second.id}/schedules`, { token, body: { cron: '@yearly', prompt: 'y' } })
@@ -212,7 +226,7 @@ for (const backend of backends()) {
       t.ok(done, 'the turn ran to its end');
     });
 
-    t.test('/api/team/stream tells of each create, delete and run', async (t) => {
+    t.test('/api/team/stream tells of each create, update, delete and run', async (t) => {
       const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${token}` });
       t.teardown(() => w.sock.destroy());
       const changes = () =>
@@ -224,6 +238,9 @@ for (const backend of backends()) {
       const s = (await http.post(base, { token, body: { cron: '@daily', prompt: 'p' } })).body;
       t.ok(await until(() => changes().length > before), 'told of the create');
       t.same(JSON.parse(changes().at(-1)?.data as string), { reason: 'changed' });
+      const beforeUpdate = changes().length;
+      await http.call('PATCH', `${base}/${s.id}`, { token, body: { name: 'renamed' } });
+      t.ok(await until(() => changes().length > beforeUpdate), 'told of the update');
       const afterCreate = changes().length;
       await http.delete(`${base}/${s.id}`, { token });
       t.ok(await until(() => changes().length > afterCreate), 'told of the delete');

@@ -10,7 +10,7 @@ import { until } from './until.ts';
 /*
  * The team MCP server `svc-team` as a runtime's MCP client meets it: the SDK's own client over
  * Streamable HTTP, authenticated by a conversation's sandbox token, against real teammates
- * (conversations on the team channel, their turns run by a real runner with the scripted agent).
+ * (added with POST /api/team, their turns run by a real runner with the scripted agent).
  */
 
 type ToolResult = { content: { type: string; text?: string }[]; isError?: boolean; structuredContent?: any };
@@ -72,19 +72,21 @@ t.test('the team MCP server svc-team', async (t) => {
     return replyOf(conversationId, res.body.id);
   };
   /**
-   * A conversation of `agentId` on the team channel (unless `team` is false) before its
-   * runtime starts, whose first turn has ended.
+   * The live conversation of `agentId` added to the team as `name` (or, with `team` false, a
+   * conversation of it off the team), once its sandbox is built and a first turn has ended.
    */
-  const conversation = async (agentId: string, title: string, team = true) => {
-    const res = await http.post('/api/conversations', { token, body: { agent_id: agentId } });
+  const conversation = async (agentId: string, name: string, team = true) => {
+    const res = team
+      ? await http.post('/api/team', { token, body: { agent_id: agentId, name } })
+      : await http.post('/api/conversations', { token, body: { agent_id: agentId } });
     t.equal(res.status, 201, res.text);
-    if (team) await sql`UPDATE conversations SET channel_id = 'svc:team', title = ${title} WHERE id = ${res.body.id}`;
+    const id = (team ? res.body.conversation.id : res.body.id) as string;
     await until('the sandbox is built', async () => {
-      const c = (await http.get(`/api/conversations/${res.body.id}`, { token })).body;
+      const c = (await http.get(`/api/conversations/${id}`, { token })).body;
       return c.sandbox_id && (await http.get(`/api/sandboxes/${c.sandbox_id}`, { token })).body.status === 'ready';
     });
-    await ask(res.body.id, 'hello');
-    return res.body.id as string;
+    await ask(id, 'hello');
+    return id;
   };
   const ada = await conversation(coder.id, 'Ada');
   const rex = await conversation(reviewer.id, 'Rex');

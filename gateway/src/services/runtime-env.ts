@@ -5,6 +5,7 @@ import {
   providerOf,
   type Runtime,
   type SandboxCreateCommand,
+  TEAM_CHANNEL,
 } from '@svc/core';
 import { type agents, conversations, type environments } from '@svc/db';
 import { issueSandboxToken } from './credentials.ts';
@@ -12,7 +13,7 @@ import { revealCredential } from './inference-credentials.ts';
 import type { LaunchDeps } from './launch.ts';
 import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
 import { revealSecrets } from './secrets.ts';
-import { TEAM_CHANNEL, TEAM_MCP_SERVER } from './team-mcp.ts';
+import { TEAM_MCP_SERVER } from './team-mcp.ts';
 
 /*
  * The runtime environment of a sandbox and its turns: what the machine is built with (the

@@ -1,6 +1,6 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
-import { ApiError } from '@svc/core';
+import { ApiError, TEAM_CHANNEL } from '@svc/core';
 import { conversations, type Sql } from '@svc/db';
 import { z } from 'zod';
 import type { ActorRef, Principal } from './principal.ts';
@@ -19,7 +19,7 @@ export const TEAM_MCP_SERVER = 'svc-team';
 /** The longest `wait_for_teammate` holds a call (SPEC Limits). */
 export const TEAM_WAIT_MAX_S = 90;
 
-/** A roster entry, as much of it as the tools read (the team core's roster entries are wider). */
+/** A roster entry, as much of it as the tools read (services/team.ts gives wider ones). */
 export interface Teammate {
   name: string;
   agent: { id: string; name: string; description?: string | null };
@@ -29,7 +29,7 @@ export interface Teammate {
 }
 
 /**
- * The team core's operations the tools stand on. `messageTeammate` opens a turn in the
+ * The team's operations the tools stand on (services/team.ts). `messageTeammate` opens a turn in the
  * teammate's thread and throws ApiError `conversation_busy`, `provisioning`,
  * `runner_offline` or `not_found` when it cannot.
  */
@@ -47,9 +47,6 @@ export interface TeamMcpDeps {
   team: TeamOps;
   waiters: TurnWaiters;
 }
-
-/** The reserved channel of the team's conversations (SPEC: `svc:team`). */
-export const TEAM_CHANNEL = 'svc:team';
 
 /**
  * Who may call the team server of `conversationId`: only that conversation's own sandbox
