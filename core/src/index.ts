@@ -23,5 +23,6 @@ export * from './schemas/search.ts';
 export * from './schemas/streams.ts';
 export * from './schemas/support.ts';
 export * from './schemas/team.ts';
+export * from './schemas/team-mcp.ts';
 export * from './schemas/vaults.ts';
 export * from './turn-errors.ts';

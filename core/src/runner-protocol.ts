@@ -170,6 +170,28 @@ export function commandLine(line: string): { command: string; args: string[] } {
   return { command: words[0] ?? '', args: words.slice(1) };
 }
 
+/** An MCP server of a turn's runtime: a stdio command, or an HTTP endpoint (see `mcp_servers`). */
+export const McpServerEntry = z.union([
+  z.object({
+    name: z.string().min(1).max(64),
+    command: z.string().min(1).max(1000),
+    args: z.array(z.string().max(4000)).max(100),
+  }),
+  z.object({
+    type: z.literal('http'),
+    name: z.string().min(1).max(64),
+    url: z.url().max(2000),
+    headers: z.array(z.object({ name: z.string().min(1).max(200), value: z.string().max(4000) })).max(20),
+  }),
+]);
+export type McpServerEntry = z.infer<typeof McpServerEntry>;
+
+/**
+ * The runner-agent's subcommand that bridges a stdio MCP client to an HTTP MCP server:
+ * `svc-runner mcp-bridge <url>` (runner-agent's mcp-bridge.ts).
+ */
+export const MCP_BRIDGE_COMMAND = 'mcp-bridge';
+
 /**
  * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
  * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
@@ -253,19 +275,15 @@ export const TurnStart = z.object({
    */
   autonomous_idle_ms: z.number().int().min(100).optional(),
   /**
-   * The agent's MCP servers, passed to the runtime in ACP `session/new` as stdio servers
-   * (`env` empty: they inherit the runtime's). Read when the conversation's runtime starts.
+   * The MCP servers for the runtime's ACP `session/new`, read when the conversation's runtime
+   * starts. A stdio entry (`{name, command, args}`: the agent's own servers) is passed with
+   * `env` empty, so it inherits the runtime's. An HTTP entry (`type: 'http'`, ACP's
+   * McpServerHttp: the service's team server `svc-team`, its sandbox token in `headers`) is
+   * passed as it is to a runtime whose `initialize` advertises `mcpCapabilities.http`; any
+   * other runtime gets a stdio server in its place, the runner's bridge to that URL
+   * (MCP_BRIDGE_COMMAND). A runner one release older refuses a command with an HTTP entry.
    */
-  mcp_servers: z
-    .array(
-      z.object({
-        name: z.string().min(1).max(64),
-        command: z.string().min(1).max(1000),
-        args: z.array(z.string().max(4000)).max(100),
-      }),
-    )
-    .max(50)
-    .optional(),
+  mcp_servers: z.array(McpServerEntry).max(50).optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;

@@ -3,7 +3,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
-import { accounts, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
+import { accounts, conversations, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
@@ -37,6 +37,9 @@ import type { LaunchDeps } from './services/launch.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { listTeammates, messageTeammate, type TeamDeps } from './services/team.ts';
+import type { TeamOps } from './services/team-mcp.ts';
+import { TurnWaiters } from './services/turn-waiters.ts';
 import { StreamServer } from './streams/streams.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
@@ -97,6 +100,8 @@ export interface Service {
   metrics: ServiceMetrics;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
+  /** The process's one registry of waits for turns to end (the team MCP server's `wait_for_teammate`). */
+  turnWaiters: TurnWaiters;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -126,6 +131,14 @@ export interface ServiceOverrides {
  */
 function tuneHeap(): void {
   setFlagsFromString('--no-allocation-site-pretenuring');
+}
+
+/** The team core's operations, as the team MCP server's tools take them. */
+function teamOps(deps: TeamDeps): TeamOps {
+  return {
+    listTeammates: (who) => listTeammates(deps, who),
+    messageTeammate: (who, agentId, message) => messageTeammate(deps, who, agentId, message),
+  };
 }
 
 /**
@@ -326,9 +339,41 @@ export async function startService(
       limiter = redis ? redisRateLimiter(redis.redis, opts, config.REDIS_KEY_PREFIX) : memoryRateLimiter(opts);
     }
 
+    // One registry per process: per tenant one feed of the log, one timer for all deadlines.
+    const turnWaiters = new TurnWaiters({
+      log: eventLog,
+      readTurn: (accountId, turnId) => conversations.getTurn(db.sql, accountId, turnId),
+    });
+
     let boundPort = config.PORT;
     const base = () => publicUrl(config, boundPort);
     const redisClient = redis?.redis;
+    const launch: LaunchDeps = {
+      sql: db.sql,
+      keyring,
+      fabric,
+      redaction,
+      logger: log.child({ role: 'launch' }),
+      runtimeCommands: {
+        claude: config.RUNTIME_CLAUDE_COMMAND,
+        codex: config.RUNTIME_CODEX_COMMAND,
+        gemini: config.RUNTIME_GEMINI_COMMAND,
+        opencode: config.RUNTIME_OPENCODE_COMMAND,
+      },
+      turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+      autonomousIdleMs: config.AUTONOMOUS_IDLE_MS,
+      log: eventLog,
+      permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
+      providers,
+      relay,
+      apiUrl: base,
+      limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
+      providerUrls: {
+        anthropic: config.ANTHROPIC_BASE_URL,
+        openai: config.OPENAI_BASE_URL,
+        google: config.GEMINI_BASE_URL,
+      },
+    };
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -364,31 +409,11 @@ export async function startService(
         timeoutMs: 2000,
       },
       metrics,
-      launch: {
+      launch,
+      teamMcp: {
         sql: db.sql,
-        keyring,
-        fabric,
-        redaction,
-        logger: log.child({ role: 'launch' }),
-        runtimeCommands: {
-          claude: config.RUNTIME_CLAUDE_COMMAND,
-          codex: config.RUNTIME_CODEX_COMMAND,
-          gemini: config.RUNTIME_GEMINI_COMMAND,
-          opencode: config.RUNTIME_OPENCODE_COMMAND,
-        },
-        turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
-        autonomousIdleMs: config.AUTONOMOUS_IDLE_MS,
-        log: eventLog,
-        permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
-        providers,
-        relay,
-        apiUrl: base,
-        limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
-        providerUrls: {
-          anthropic: config.ANTHROPIC_BASE_URL,
-          openai: config.OPENAI_BASE_URL,
-          google: config.GEMINI_BASE_URL,
-        },
+        team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
+        waiters: turnWaiters,
       },
     };
 
@@ -465,6 +490,8 @@ export async function startService(
     });
     // Open streams end before the listener closes.
     cleanups.push(async () => streams.close());
+    // Held waits answer (timed out) before the api waits for its responses to finish.
+    cleanups.push(() => turnWaiters.close());
     if (!config.EDGE) {
       // Node's listener binds without SO_REUSEPORT: a port anyone holds fails EADDRINUSE.
       await api.listen({ host: config.HOST, port: config.PORT }).catch(async (err: NodeJS.ErrnoException) => {
@@ -534,6 +561,7 @@ export async function startService(
       providers,
       launch: deps.launch,
       metrics,
+      turnWaiters,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,

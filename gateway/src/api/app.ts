@@ -36,6 +36,7 @@ import { searchRoutes } from './routes/search.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { supportRoutes } from './routes/support.ts';
 import { teamRoutes } from './routes/team.ts';
+import { teamMcpRoutes } from './routes/team-mcp.ts';
 import { vaultRoutes } from './routes/vaults.ts';
 import { validatorCompiler } from './validation.ts';
 
@@ -201,6 +202,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   supportRoutes(app, deps);
   searchRoutes(app, deps);
   permissionRoutes(app, deps);
+  teamMcpRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 
