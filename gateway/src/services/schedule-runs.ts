@@ -2,9 +2,8 @@ import { ApiError } from '@svc/core';
 import { conversations, type Sql, schedules, transaction } from '@svc/db';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { getSchedule, getSchedule, recordScheduleChange } from './schedules.ts';
+import { getSchedule, recordScheduleChange } from './schedules.ts';
 import { messageTeammate } from './team.ts';
-import { changed } from './tenant-events.ts';
 
 /*
  * A schedule's run, whether asked for (run now) or due (the scheduler): where the prompt goes,
