@@ -35,7 +35,7 @@ t.test('the team MCP server svc-team', async (t) => {
   const sql = svc.db.sql;
   const me = await signUp(svc);
   const token = me.key;
-  const { env, agent: coder } = await claudeOnRunner(t, svc, token);
+  const { env, agent: coder, runner } = await claudeOnRunner(t, svc, token);
   const agentOf = async (name: string, description: string) => {
     const res = await http.post('/api/agents', {
       token,
@@ -291,5 +291,17 @@ t.test('the team MCP server svc-team', async (t) => {
     const held = await call('wait_for_teammate', { teammate: 'Rex', timeout_s: 15 });
     t.notOk(held.isError, textOf(held));
     t.match(held.structuredContent, { timed_out: true, turn_id: turn.id, state: 'running' });
+  });
+  t.test('a teammate whose machine is off is a tool error saying so (this ends the runner)', async (t) => {
+    runner.child.kill('SIGKILL');
+    const offline = await until('Rex shows machine_offline', async () => {
+      const r = await call('get_teammate', { query: 'Rex' });
+      const rex = r.structuredContent?.teammates?.[0];
+      return rex?.presence.state === 'machine_offline' ? rex : undefined;
+    });
+    t.match(offline, { name: 'Rex', presence: { state: 'machine_offline' } });
+    const sent = await call('send_to_teammate', { teammate: 'Rex', message: 'are you there' });
+    t.equal(sent.isError, true);
+    t.match(textOf(sent), /Rex's machine is offline/);
   });
 });

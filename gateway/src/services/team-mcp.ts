@@ -196,7 +196,7 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
       inputSchema: {},
       annotations: { readOnlyHint: true },
     },
-    tool(async () => ({ ...json({ teammates: (await roster()).others.map(summary) }) })),
+    tool(async () => json({ teammates: (await roster()).others.map(summary) })),
   );
 
   server.registerTool(
