@@ -12,9 +12,14 @@ ALTER TABLE turns
 ALTER TABLE turns
   ADD COLUMN IF NOT EXISTS reply_tsv tsvector GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, reply)) STORED;
 
-CREATE INDEX IF NOT EXISTS conversations_title_tsv_idx ON conversations USING gin (title_tsv);
-CREATE INDEX IF NOT EXISTS turns_prompt_tsv_idx ON turns USING gin (prompt_tsv);
-CREATE INDEX IF NOT EXISTS turns_reply_tsv_idx ON turns USING gin (reply_tsv);
+-- Each index leads with the tenant (btree_gin lets a GIN index hold a plain column), so a
+-- search reads only its own tenant's entries: on a vector alone, a common word would fetch
+-- every tenant's matching rows and filter the others out one by one. btree_gin ships with
+-- Postgres (a trusted extension: the database's owner may create it) and with PGlite.
+CREATE EXTENSION IF NOT EXISTS btree_gin;
+CREATE INDEX IF NOT EXISTS conversations_title_search_idx ON conversations USING gin (account_id, title_tsv);
+CREATE INDEX IF NOT EXISTS turns_prompt_search_idx ON turns USING gin (account_id, prompt_tsv);
+CREATE INDEX IF NOT EXISTS turns_reply_search_idx ON turns USING gin (account_id, reply_tsv);
 
 -- Turns that ended before replies were stored (migration 013) have no reply and so match by
 -- prompt only. The server fills them in once from the log (the reply backfill); this index

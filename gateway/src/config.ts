@@ -157,11 +157,12 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
     throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
   }
+  // A repository without a token (or the reverse) would leave support issues silently unopened.
   if (Boolean(config.SUPPORT_GITHUB_REPOSITORY) !== Boolean(config.SUPPORT_GITHUB_TOKEN)) {
-    const missing = config.SUPPORT_GITHUB_REPOSITORY ? 'SUPPORT_GITHUB_TOKEN' : 'SUPPORT_GITHUB_REPOSITORY';
-    throw new ConfigError(
-      `invalid configuration:\n  ${missing}: required when ${missing === 'SUPPORT_GITHUB_TOKEN' ? 'SUPPORT_GITHUB_REPOSITORY' : 'SUPPORT_GITHUB_TOKEN'} is set`,
-    );
+    const [set, missing] = config.SUPPORT_GITHUB_REPOSITORY
+      ? ['SUPPORT_GITHUB_REPOSITORY', 'SUPPORT_GITHUB_TOKEN']
+      : ['SUPPORT_GITHUB_TOKEN', 'SUPPORT_GITHUB_REPOSITORY'];
+    throw new ConfigError(`invalid configuration:\n  ${missing}: required when ${set} is set`);
   }
   if (config.REDIS_CLUSTER && !config.REDIS_URL) {
     throw new ConfigError('invalid configuration:\n  REDIS_URL: required when REDIS_CLUSTER=true');

@@ -158,6 +158,21 @@ for (const backend of backends()) {
       t.equal((await rowOf(r.id))?.epoch, epoch + 1);
     });
 
+    t.test('a connected runner deleted by its owner drops: one event', async (t) => {
+      const r = await newRunner('retired');
+      const runner = await startRunnerProcess(t, svc.url, r.token);
+      t.ok(await eventually(async () => (await rowOf(r.id))?.connected === true, PATIENCE_MS));
+      const base = await settled();
+      t.equal((await http.delete(`/api/runners/${r.id}`, { token })).status, 204);
+      await once(runner.child, 'exit');
+      t.ok(await eventually(() => teamEvents() === base + 1, PATIENCE_MS), 'told of the drop');
+      t.equal(await settled(), base + 1, 'once');
+
+      const idle = await newRunner('never connected');
+      t.equal((await http.delete(`/api/runners/${idle.id}`, { token })).status, 204);
+      t.equal(await settled(), base + 1, 'a runner that was not connected drops nothing');
+    });
+
     t.test('runners the instance starts for local sandboxes tell nothing', async (t) => {
       const base = await settled();
       const started = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'hello' } });

@@ -150,6 +150,73 @@ for (const backend of backends()) {
       await removeAll([s.id]);
     });
 
+    t.test('a worker that outlived its lease stamps nothing once another took the row over', async (t) => {
+      const s = await create({});
+      const claimedAt = new Date(Date.parse(s.next_run_at) + 1000);
+      const [slow] = await schedules.claimDue(svc.db.sql, claimedAt, new Date(claimedAt.getTime() + LEASE_MS), 50, () =>
+        newId('cnv'),
+      );
+      t.equal(slow?.id, s.id);
+      clock = new Date(claimedAt.getTime() + LEASE_MS + 1000);
+      t.equal(await b.pass(), 1, 'the expired lease is taken over');
+      const stamped = await get(s.id);
+      t.equal(stamped.last_run_at, clock.toISOString());
+      await a.fire(slow as schedules.ScheduleRow, claimedAt);
+      t.equal((await runsOf(s.id)).length, 1, 'one run recorded, not two');
+      t.same(await get(s.id), stamped, 'the late stamp changed nothing');
+      await removeAll([s.id]);
+    });
+
+    t.test('an edit made while a run is under way keeps the next_run_at it computed', async (t) => {
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      const claimNow = async () =>
+        (await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () => newId('cnv')))[0];
+      const first = await claimNow();
+      t.equal(first?.id, s.id);
+      const off = await http.call('PATCH', `${base}/${s.id}`, { token, body: { enabled: false } });
+      t.equal(off.body.next_run_at, null);
+      await a.fire(first as schedules.ScheduleRow, clock);
+      const afterOff = await get(s.id);
+      t.equal(afterOff.last_run_at, clock.toISOString(), 'the run is recorded');
+      t.equal(afterOff.next_run_at, null, 'still disabled: no next run');
+      t.equal((await runsOf(s.id)).length, 1);
+
+      const on = await http.call('PATCH', `${base}/${s.id}`, { token, body: { enabled: true } });
+      clock = new Date(Date.parse(on.body.next_run_at) + 1000);
+      const second = await claimNow();
+      t.equal(second?.id, s.id);
+      const yearly = await http.call('PATCH', `${base}/${s.id}`, { token, body: { cron: '0 0 1 1 *' } });
+      t.match(yearly.body.next_run_at, /-01-01T00:00:00\.000Z$/);
+      await a.fire(second as schedules.ScheduleRow, clock);
+      const afterCron = await get(s.id);
+      t.equal(afterCron.last_run_at, clock.toISOString(), 'the run is recorded');
+      t.equal(afterCron.next_run_at, yearly.body.next_run_at, 'the slot of the new expression, not of the old one');
+      t.equal((await runsOf(s.id)).length, 2);
+      await removeAll([s.id]);
+    });
+
+    t.test('a claim whose worker died before an edit moved the slot is not the new slot’s run', async (t) => {
+      const [earlier] = await conversationIds();
+      t.ok(earlier, 'a conversation of the account to stand for the dead worker’s launch');
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      // The dead worker claimed the row and launched under the claim's id (`earlier`), then died.
+      const [dead] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        String(earlier),
+      );
+      t.equal(dead?.claim_conversation_id, earlier);
+      const edited = await http.call('PATCH', `${base}/${s.id}`, { token, body: { cron: '30 * * * *' } });
+      t.equal(edited.status, 200);
+      clock = new Date(Math.max(Date.parse(edited.body.next_run_at), clock.getTime() + LEASE_MS) + 1000);
+      t.equal(await b.pass(), 1, 'the new slot fires once its turn comes');
+      const after = await get(s.id);
+      t.not(after.last_conversation_id, earlier, 'the old slot’s launch is not passed off as this run');
+      t.match(after.last_error, /not on the team/, 'this run went where an in-thread schedule goes');
+      t.equal((await runsOf(s.id)).length, 1);
+      await removeAll([s.id]);
+    });
+
     t.test('a worker killed mid-fire: the run is neither lost nor launched twice', async (t) => {
       const s = await create({ one_off: true, prompt: 'exactly once' });
       clock = new Date(Date.parse(s.next_run_at) + 1000);

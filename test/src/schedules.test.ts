@@ -250,5 +250,36 @@ for (const backend of backends()) {
       t.equal((await http.post(`${base}/${fired.id}/run`, { token })).status, 404, 'the agent is not on the team');
       t.ok(await until(() => changes().length > afterSecond), 'told of the run, which was stamped');
     });
+
+    t.test('run now of an in-thread schedule is a message in the teammate’s own conversation', async (t) => {
+      const mate = await agentOf(token, 'mate');
+      const mateBase = `/api/team/${mate.id}/schedules`;
+      const added = await http.post('/api/team', { token, body: { agent_id: mate.id } });
+      t.equal(added.status, 201, added.text);
+      const live = added.body.conversation.id as string;
+      t.ok(
+        await until(
+          async () => (await http.get(`/api/team/${mate.id}`, { token })).body.presence.state === 'online',
+          30_000,
+        ),
+        'its machine is up',
+      );
+      const turnsOf = async () => (await http.get(`/api/conversations/${live}/turns`, { token })).body.data;
+      const s = (await http.post(mateBase, { token, body: { cron: '@daily', prompt: 'slow daily report' } })).body;
+      const res = await http.post(`${mateBase}/${s.id}/run`, { token });
+      t.equal(res.status, 202, res.text);
+      t.same(res.body, { status: 'queued', conversation_id: live }, 'the live conversation');
+      t.equal((await turnsOf())[0]?.prompt, 'slow daily report', 'the prompt is its next turn');
+      const stamped = (await http.get(`${mateBase}/${s.id}`, { token })).body;
+      t.equal(stamped.last_conversation_id, live);
+      t.equal(stamped.last_error, null);
+
+      const busy = await http.post(`${mateBase}/${s.id}/run`, { token });
+      t.equal(busy.status, 400, 'the previous turn still runs');
+      t.equal(busy.body.error, 'conversation_busy');
+      t.equal((await http.get(`${mateBase}/${s.id}`, { token })).body.last_error, busy.body.message, 'stamped');
+      t.ok(await until(async () => (await turnsOf())[0]?.state === 'done', 30_000), 'the turn ran to its end');
+      t.equal((await turnsOf()).length, 1, 'the refused run recorded no turn');
+    });
   });
 }

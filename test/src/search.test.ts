@@ -1,8 +1,10 @@
 import { readFile } from 'node:fs/promises';
 import { newId } from '@svc/core';
 import { conversations } from '@svc/db';
+import fc from 'fast-check';
 import t from 'tap';
 import { backfillReplies } from '../../gateway/src/services/reply-backfill.ts';
+import { snippetOf } from '../../gateway/src/services/search.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { until } from './until.ts';
@@ -55,6 +57,28 @@ async function seed(
   }
   return { id, turns };
 }
+
+t.test('a snippet adds nothing to its text but `…` at a cut: whatever the text, markup included', async (t) => {
+  const oneSpaced = (s: string) => s.replace(/\s+/g, ' ').trim();
+  fc.assert(
+    fc.property(
+      fc.oneof(
+        fc.string({ maxLength: 300 }),
+        fc.string({ unit: fc.constantFrom('<b>', '</b>', 'a', ' ', '\n', '&amp;') }),
+      ),
+      fc.boolean(),
+      fc.boolean(),
+      (excerpt, cutBefore, cutAfter) => {
+        const snippet = snippetOf(excerpt, cutBefore, cutAfter);
+        let body = snippet;
+        if (cutBefore) body = body.startsWith('…') ? body.slice(1) : 'missing …';
+        if (cutAfter) body = body.endsWith('…') ? body.slice(0, -1) : 'missing …';
+        return oneSpaced(excerpt).includes(oneSpaced(body)) && !/\s\s/.test(body);
+      },
+    ),
+  );
+  t.equal(snippetOf('x <b>y</b>  z', false, false), 'x <b>y</b> z');
+});
 
 for (const backend of backends()) {
   t.test(`search (${backend})`, async (t) => {

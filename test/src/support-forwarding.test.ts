@@ -113,6 +113,7 @@ for (const backend of backends()) {
       t.ok(body.includes(`\`\`\`\`text\n${message}`), 'the message sits whole in a fence it cannot close');
       t.ok(body.includes('"conversation_id": "cnv_alice"') && body.includes('"app_version": "1.4.2"'), 'the context');
       t.ok(body.includes(alice.accountId) && body.includes('svc-web 1.4.2'));
+      t.ok(body.includes(`Screenshot: image/png, ${PNG.length} bytes, attached to the support mail.`));
       t.notOk(body.includes(alice.key), 'no credential');
       t.notOk(body.includes(alice.email), 'no email address on an issue');
       t.notOk(body.includes('Bob only') || body.includes(bob.accountId), "nothing of Bob's");
@@ -136,6 +137,21 @@ for (const backend of backends()) {
       const opened = github.issues.length;
       t.equal(await forwarder().pass(), 0, 'nothing left to forward');
       t.equal(github.issues.length, opened, 'no issue twice');
+    });
+
+    t.test("a report at every limit fits GitHub's issue body limit, cut with a note", async (t) => {
+      const context: Record<string, string> = {};
+      for (let i = 0; JSON.stringify(context).length < 64 * 1024 - 200; i++) context[`event_${i}`] = 'x'.repeat(100);
+      const r = await send(alice.key, { message: 'm'.repeat(20 * 1024), context });
+      t.equal(await forwarder({ mail: undefined }).pass(), 1);
+      t.match(await get(r.id), { status: 'forwarded', forward_error: null });
+      const body = issuesOf(r.id)[0]?.body ?? '';
+      t.ok(body.length <= 65_536, `${body.length} characters`);
+      t.ok(body.includes('m'.repeat(20 * 1024)), 'the message whole');
+      t.ok(
+        body.includes(`(cut to fit the issue; the whole report is kept as ${r.id})`),
+        'the context cut, and said so',
+      );
     });
 
     t.test('a host that fails is retried later; the mail that went is not sent again', async (t) => {
@@ -248,12 +264,35 @@ for (const backend of backends()) {
     });
   });
 
-  t.test(`the service forwards reports by itself when configured, on ${backend}`, async (t) => {
+  t.test(`a report stored before a restart is forwarded by the restarted service, on ${backend}`, async (t) => {
     const github = await startFakeGithub({ token: TOKEN, repositories: [REPO] });
     t.teardown(() => github.close());
-    const svc = await startTestService(t, {
+    // Embedded: PGlite on disk under DATA_DIR (an empty DATABASE_URL), so a restart finds it.
+    const a = await startTestService(t, {
+      backend,
+      env: { SUPPORT_FORWARD_INTERVAL_MS: '0', ...(backend === 'embedded' ? { DATABASE_URL: '' } : {}) },
+    });
+    const me = await signUp(a);
+    const sent = await a.http.post('/api/support/reports', {
+      token: me.key,
+      body: { category: 'question', message: 'How do I reset a sandbox?' },
+    });
+    t.equal(sent.status, 201);
+    const shared: Record<string, string> =
+      backend === 'embedded'
+        ? { DATABASE_URL: '', DATA_DIR: a.dataDir, MAIL_DIR: a.mailDir }
+        : {
+            DATABASE_URL: a.config.DATABASE_URL as string,
+            REDIS_URL: a.config.REDIS_URL as string,
+            REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+            MAIL_DIR: a.mailDir,
+          };
+    await a.close();
+    const b = await startTestService(t, {
       backend,
       env: {
+        ...shared,
+        MASTER_KEY: a.config.MASTER_KEY as string,
         SUPPORT_FORWARD_INTERVAL_MS: '50',
         SUPPORT_GITHUB_API_URL: github.url,
         SUPPORT_GITHUB_REPOSITORY: REPO,
@@ -261,19 +300,17 @@ for (const backend of backends()) {
         SUPPORT_EMAIL,
       },
     });
-    const me = await signUp(svc);
-    const sent = await svc.http.post('/api/support/reports', {
-      token: me.key,
-      body: { category: 'question', message: 'How do I reset a sandbox?' },
-    });
     const report = await until('the report to be forwarded', async () => {
-      const r = (await svc.http.get(`/api/support/reports/${sent.body.id}`, { token: me.key })).body;
+      const r = (await b.http.get(`/api/support/reports/${sent.body.id}`, { token: me.key })).body;
       return r.status === 'forwarded' && r;
     });
     t.equal(report.external_url, github.issues[0]?.html_url);
     t.same(github.issues[0]?.labels, ['support', 'question']);
-    const mails = (await mailbox(svc.mailDir)).filter((m) => m.to === SUPPORT_EMAIL);
+    t.equal(github.issues.length, 1);
+    const mails = (await mailbox(a.mailDir)).filter((m) => m.to === SUPPORT_EMAIL);
     t.equal(mails.length, 1);
     t.ok(mails[0]?.text.includes('How do I reset a sandbox?'));
+    // Closed here, before the first service's teardown removes the directory it shares.
+    await b.close();
   });
 }

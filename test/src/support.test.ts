@@ -127,6 +127,17 @@ for (const backend of backends()) {
       const contextList = await report({ context: ['a'] });
       t.equal(contextList.status, 422);
       t.match(contextList.body, { error: 'validation_failed', details: { context: [/./] } });
+      for (const depth of [33, 5000]) {
+        // A context nested this deep, sent as raw JSON.
+        const deep = await http.post('/api/support/reports', {
+          token,
+          rawBody: `{"category":"bug","message":"x","context":{"a":${'['.repeat(depth - 1)}${']'.repeat(depth - 1)}}}`,
+          headers: { 'content-type': 'application/json' },
+        });
+        t.equal(deep.status, 422, `nested ${depth} deep`);
+        t.same(deep.body.details, { context: ['nests objects and arrays deeper than 32 levels'] });
+      }
+      t.equal((await report({ context: { a: [[[[{ b: 1 }]]]] } })).status, 201, 'a shallower nesting is taken');
       const anonymous = await http.post('/api/support/reports', { body: { category: 'bug', message: 'x' } });
       t.equal(anonymous.status, 401);
       t.match(anonymous.body, { error: 'unauthorized' });
@@ -168,17 +179,30 @@ for (const backend of backends()) {
     });
 
     t.test('secrets pasted into a report are stored redacted', async (t) => {
+      const env = await http.post('/api/environments', {
+        token,
+        body: { name: 'support-env', env_vars: { NODE_ENV: 'production' } },
+      });
+      t.equal(env.status, 201, env.text);
+      await http.post(`/api/environments/${env.body.id}/secrets`, {
+        token,
+        body: { key: 'DB_PASSWORD', value: 'env-secret-5a4b3c2d' },
+      });
       const vault = await http.post('/api/vaults', { token, body: { name: 'support-vault' } });
       await http.post(`/api/vaults/${vault.body.id}/secrets`, {
         token,
         body: { key: 'DEPLOY_TOKEN', value: 'vault-value-9f8e7d6c' },
       });
       const res = await report({
-        message: `My key ${token} and the deploy token vault-value-9f8e7d6c do not work.`,
+        message: `My key ${token} and the deploy token vault-value-9f8e7d6c do not work; env-secret-5a4b3c2d neither, in production.`,
         context: { api_key: 'short', nested: { Authorization: 'Bearer anything', note: 'has vault-value-9f8e7d6c' } },
       });
       t.equal(res.status, 201, res.text);
-      t.equal(res.body.message, 'My key [REDACTED] and the deploy token [REDACTED] do not work.');
+      t.equal(
+        res.body.message,
+        'My key [REDACTED] and the deploy token [REDACTED] do not work; [REDACTED] neither, in production.',
+        'secrets go; a plain environment variable (production) stays',
+      );
       t.same(res.body.context, {
         api_key: '[REDACTED]',
         nested: { Authorization: '[REDACTED]', note: 'has [REDACTED]' },

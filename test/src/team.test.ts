@@ -1,69 +1,18 @@
 import t from 'tap';
-import { backends, signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
-import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { backends } from './harness.ts';
+import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
 
-interface TurnWire {
-  id: string;
-  number: number;
-  state: string;
-  prompt: string;
-  reply: string | null;
-}
+// Each backend starts a service and builds a machine per teammate.
+t.setTimeout(backends().length * 120_000);
 
 for (const backend of backends()) {
   t.test(`the team on ${backend}`, async (t) => {
-    const svc = await startTestService(t, {
-      backend,
-      env: { LOG_COPY_INTERVAL_MS: '50', RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
-    });
-    const { http } = svc;
-    const me = await signUp(svc);
-    const other = await signUp(svc);
-    const token = me.key;
-    for (const key of [token, other.key]) {
-      const credential = await http.put('/api/account/inference-credentials/anthropic_api_key', {
-        token: key,
-        body: { value: 'sk-ant-test-credential-123456' },
-      });
-      t.equal(credential.status, 200);
-    }
-    const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body as { id: string };
-    const agentOf = async (key: string, name: string, extra: Record<string, unknown> = {}, envId = env.id) => {
-      const body = { name, runtime: 'claude', model: 'anthropic/claude-sonnet-4-5', environment_id: envId, ...extra };
-      const res = await http.post('/api/agents', { token: key, body });
-      t.equal(res.status, 201, res.text);
-      return res.body as { id: string; name: string };
-    };
-    const turnsOf = async (conversationId: string) =>
-      (await http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data as TurnWire[];
-    const settled = (conversationId: string, number: number) =>
-      until(
-        `turn ${number} of ${conversationId} ends`,
-        async () => {
-          const turn = (await turnsOf(conversationId)).find((x) => x.number === number);
-          return turn && turn.state !== 'running' ? turn : undefined;
-        },
-        30_000,
-      );
-    const presenceOf = async (agentId: string) =>
-      (await http.get(`/api/team/${agentId}`, { token })).body.presence as { state: string; label: string };
-    /** Resolves once the teammate's machine is built and idle. */
-    const online = (agentId: string) =>
-      until(`${agentId} online`, async () => (await presenceOf(agentId)).state === 'online', 30_000);
-    const teamStream = (key: string) => {
-      const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${key}` });
-      t.teardown(() => w.sock.destroy());
-      return {
-        events: () => frames(w.text()).map(parseFrame),
-        connected: () => until('the stream is open', () => frames(w.text()).length > 0),
-      };
-    };
+    const { http, token, other, agentOf, turnsOf, settled, online, teamStream } = await teamSetUp(t, backend);
 
     t.test('adding an agent opens its live conversation on the team channel: 201, then 200 as it is', async (t) => {
       const agent = await agentOf(token, 'ada');
-      const stream = teamStream(token);
+      const stream = teamStream(t);
       await stream.connected();
       const res = await http.post('/api/team', { token, body: { agent_id: agent.id, name: '  Ada Lovelace ' } });
       t.equal(res.status, 201, res.text);
@@ -113,7 +62,8 @@ for (const backend of backends()) {
     t.test('a message runs as a turn whose events reach /api/team/stream with conversation and agent', async (t) => {
       const agent = await agentOf(token, 'linus');
       const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
-      const stream = teamStream(token);
+      await online(agent.id);
+      const stream = teamStream(t);
       await stream.connected();
       const res = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'hello team' } });
       t.equal(res.status, 202, res.text);
@@ -146,6 +96,7 @@ for (const backend of backends()) {
     t.test('a message while a turn runs is 400 conversation_busy', async (t) => {
       const agent = await agentOf(token, 'slowpoke');
       const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+      await online(agent.id);
       const first = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'slow please' } });
       t.equal(first.status, 202);
       const busy = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'again' } });
@@ -161,7 +112,7 @@ for (const backend of backends()) {
       const old = added.conversation.id as string;
       await online(agent.id);
       t.equal((await http.post(`/api/conversations/${old}/terminate`, { token })).status, 200);
-      const stream = teamStream(token);
+      const stream = teamStream(t);
       await stream.connected();
       const res = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'are you there' } });
       t.equal(res.status, 202, res.text);

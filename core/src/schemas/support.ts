@@ -7,6 +7,21 @@ export const SUPPORT_CATEGORIES = ['bug', 'stuck', 'question', 'idea', 'other'] 
 export const SUPPORT_MESSAGE_MAX_BYTES = 20 * 1024;
 export const SUPPORT_CONTEXT_MAX_BYTES = 64 * 1024;
 export const SUPPORT_SCREENSHOT_MAX_BYTES = 5 * 1024 * 1024;
+/** Nesting of `context` (objects and arrays in one another); what a client knows is shallow. */
+export const SUPPORT_CONTEXT_MAX_DEPTH = 32;
+
+/** How deep objects and arrays nest in `value` (a scalar is 0), found without recursion. */
+function depthOf(value: unknown): number {
+  let deepest = 0;
+  const stack: [unknown, number][] = [[value, 0]];
+  while (stack.length) {
+    const [v, depth] = stack.pop() as [unknown, number];
+    if (v === null || typeof v !== 'object') continue;
+    deepest = Math.max(deepest, depth + 1);
+    for (const child of Object.values(v)) stack.push([child, depth + 1]);
+  }
+  return deepest;
+}
 
 const LIMITS = `\`message\` at most ${SUPPORT_MESSAGE_MAX_BYTES} bytes of UTF-8, \`context\` at most ${SUPPORT_CONTEXT_MAX_BYTES} bytes as JSON, \`screenshot\` at most ${SUPPORT_SCREENSHOT_MAX_BYTES} bytes once decoded: larger is 413 \`payload_too_large\` naming the field.`;
 
@@ -19,9 +34,12 @@ export const SupportReportCreate = z
       .meta({ description: `What happened, in the reporter's words; at most ${SUPPORT_MESSAGE_MAX_BYTES} bytes.` }),
     context: z
       .record(z.string(), z.unknown())
+      .refine((v) => depthOf(v) <= SUPPORT_CONTEXT_MAX_DEPTH, {
+        message: `nests objects and arrays deeper than ${SUPPORT_CONTEXT_MAX_DEPTH} levels`,
+      })
       .optional()
       .meta({
-        description: `What the client knew (conversation, agent, sandbox, presence, recent events, app version, page URL), at most ${SUPPORT_CONTEXT_MAX_BYTES} bytes as JSON. Never a secret: values under keys that name one (password, token, secret, api key, authorization, cookie, credential) and values that are the account's own secrets or the service's credentials are stored as \`[REDACTED]\`.`,
+        description: `What the client knew (conversation, agent, sandbox, presence, recent events, app version, page URL), at most ${SUPPORT_CONTEXT_MAX_BYTES} bytes as JSON, nested at most ${SUPPORT_CONTEXT_MAX_DEPTH} levels (422 beyond). Never a secret: values under keys that name one (password, token, secret, api key, authorization, cookie, credential) and values that are the account's own secrets or the service's credentials are stored as \`[REDACTED]\`.`,
       }),
     client: z.string().trim().max(200).optional().meta({ description: 'The client, a name and a version.' }),
     screenshot: z

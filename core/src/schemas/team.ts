@@ -70,3 +70,14 @@ export const TeammateMessage = PromptCreate.strict();
 
 /** The answer of a message: it was handed to the conversation named. */
 export const TeammateMessageQueued = z.object({ status: z.literal('queued'), conversation_id: z.string() });
+
+/** `PATCH /api/team/:agent_id`. */
+export const TeammatePatch = z.object({ name: TeammateName }).strict();
+
+/** A conversation of a teammate's team history. */
+export const TeamConversation = Conversation.extend({
+  current: z.boolean().meta({ description: "The teammate's live conversation." }),
+}).meta({ id: 'TeamConversation' });
+
+/** The answer of a rotation: the teammate as it is now, and its new live conversation. */
+export const TeamRotation = z.object({ teammate: Teammate, conversation: Conversation });

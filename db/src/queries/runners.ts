@@ -58,10 +58,15 @@ export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<Runn
   return rows[0];
 }
 
-export async function deleteRunner(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows =
-    await sql`DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self' RETURNING id`;
-  return rows.length === 1;
+/** Deletes the owner's runner; returns whether it was recorded connected, undefined when there is none. */
+export async function deleteRunner(
+  sql: Sql,
+  accountId: string,
+  id: string,
+): Promise<{ connected: boolean } | undefined> {
+  const rows = await sql<{ connected: boolean }[]>`
+    DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self' RETURNING connected`;
+  return rows[0];
 }
 
 /**

@@ -115,20 +115,29 @@ export async function searchHits(
   const union = sources.reduce((all, source) => sql`${all} UNION ALL ${source}`);
   const order = sql`rank DESC, ts DESC, kind, conversation_id, turn_number`;
   return sql<SearchHitRow[]>`
-    WITH page AS (SELECT * FROM (${union}) hits ORDER BY ${order} LIMIT ${f.limit + 1} OFFSET ${f.offset})
+    WITH page AS (SELECT * FROM (${union}) hits ORDER BY ${order} LIMIT ${f.limit + 1} OFFSET ${f.offset}),
+    -- The matched text of each hit on the page, and where its excerpt starts. OFFSET 0 keeps
+    -- each subquery whole, so the text is found and the regular expression run once per hit.
+    texts AS (
+      SELECT page.*, b.body
+      FROM page
+        LEFT JOIN conversations tc ON page.kind = 'title' AND tc.account_id = ${accountId} AND tc.id = page.conversation_id
+        LEFT JOIN turns tt ON page.kind <> 'title' AND tt.account_id = ${accountId} AND tt.id = page.turn_id
+        CROSS JOIN LATERAL (
+          SELECT CASE page.kind WHEN 'title' THEN tc.title WHEN 'prompt' THEN tt.prompt ELSE tt.reply END AS body OFFSET 0
+        ) b
+    ),
+    windows AS (
+      SELECT texts.*,
+             greatest(1, coalesce(nullif(regexp_instr(body, ${wholeWords(required)}, 1, 1, 0, 'i'), 0),
+                                  nullif(strpos(lower(body), ${required[0] ?? ''}), 0), 1) - ${EXCERPT_BEFORE}) AS start
+      FROM texts OFFSET 0
+    )
     SELECT kind, conversation_id, agent_id, turn_id, turn_number, ts,
-           substr(body, w.start, ${EXCERPT_LENGTH}) AS excerpt,
-           w.start > 1 AS cut_before,
-           w.start + ${EXCERPT_LENGTH} <= length(body) AS cut_after
-    FROM page,
-      LATERAL (SELECT CASE page.kind
-                 WHEN 'title' THEN (SELECT title FROM conversations WHERE account_id = ${accountId} AND id = page.conversation_id)
-                 WHEN 'prompt' THEN (SELECT prompt FROM turns WHERE account_id = ${accountId} AND id = page.turn_id)
-                 ELSE (SELECT reply FROM turns WHERE account_id = ${accountId} AND id = page.turn_id)
-               END AS body) b,
-      LATERAL (SELECT greatest(1, coalesce(nullif(regexp_instr(body, ${wholeWords(required)}, 1, 1, 0, 'i'), 0),
-                                           nullif(strpos(lower(body), ${required[0] ?? ''}), 0), 1)
-                                  - ${EXCERPT_BEFORE}) AS start) w
+           substr(body, start, ${EXCERPT_LENGTH}) AS excerpt,
+           start > 1 AS cut_before,
+           start + ${EXCERPT_LENGTH} <= length(body) AS cut_after
+    FROM windows
     ORDER BY ${order}`;
 }
 

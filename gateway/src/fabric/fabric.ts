@@ -288,7 +288,8 @@ export class RunnerFabric {
               else if (current.epoch !== s.epoch) {
                 this.close(s, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');
               } else if (!current.connected) {
-                // Recorded gone after a silence (a presence sweep): it connects again, and is told of.
+                // Recorded gone by a presence sweep while this node still holds it: the runner connects
+                // again, so the row and its owner's watchers learn it is back.
                 this.close(s, RUNNER_CLOSE.going_away, 'no heartbeat in time; reconnect');
               } else if (!s.closed) this.router?.hold(s.runnerId);
             })

@@ -42,7 +42,8 @@ export async function createRunner(sql: Sql, who: ActorRef, name: string) {
 
 /**
  * Deletes the runner (its token stops working) and closes its connection on whichever node
- * holds it (`fabric.disconnectEverywhere`).
+ * holds it (`fabric.disconnectEverywhere`). A runner deleted while connected drops: its owner's
+ * `team` event is written with the delete (the closed connection finds no row to change).
  */
 export async function deleteRunner(
   sql: Sql,
@@ -50,7 +51,10 @@ export async function deleteRunner(
   who: ActorRef,
   id: string,
 ) {
-  orNotFound(await runners.deleteRunner(sql, who.accountId, id), 'Runner');
+  await transaction(sql, async (tx) => {
+    const deleted = orNotFound(await runners.deleteRunner(tx, who.accountId, id), 'Runner');
+    if (deleted.connected) await outbox.enqueue(tx, who.accountId, [changed('team')]);
+  });
   await fabric.disconnectEverywhere({ runnerId: id }, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
   await recordAudit(sql, who, 'runner.deleted', { type: 'runner', id });
 }

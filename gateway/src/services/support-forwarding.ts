@@ -39,9 +39,9 @@ function titleOf(report: Report): string {
   return `[${report.category}] ${words}`;
 }
 
-function screenshotNote(report: Report, mailed: boolean): string {
+function screenshotNote(report: Report, mailConfigured: boolean): string {
   if (report.screenshot_bytes === null) return 'none';
-  const where = mailed ? ', attached to the support mail' : '';
+  const where = mailConfigured ? ', attached to the support mail' : '';
   return `${report.screenshot_media_type}, ${report.screenshot_bytes} bytes${where}`;
 }
 
@@ -52,10 +52,10 @@ function screenshotNote(report: Report, mailed: boolean): string {
  * so nothing of another tenant can; the reporter's email address does not (an issue may be
  * public). A body over GitHub's limit has its context, then its message, cut with a note.
  */
-export function issueOf(report: Report, mailed: boolean): NewIssue {
+export function issueOf(report: Report, mailConfigured: boolean): NewIssue {
   const head = [
     `Support report \`${report.id}\` (${report.category}) from account \`${report.account_id}\`, ${report.created_at.toISOString()}.`,
-    `Client: ${report.client === null ? 'not given' : `\`${report.client.replaceAll('`', "'")}\``}. Screenshot: ${screenshotNote(report, mailed)}.`,
+    `Client: ${report.client === null ? 'not given' : `\`${report.client.replaceAll('`', "'")}\``}. Screenshot: ${screenshotNote(report, mailConfigured)}.`,
   ].join('\n\n');
   const build = (message: string, context: string | null) =>
     [

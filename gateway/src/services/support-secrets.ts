@@ -9,7 +9,8 @@ import { revealSecrets } from './secrets.ts';
  * kept as the operator's inbox and forwarded to an issue tracker and a mailbox. What a
  * reporter pastes by mistake is replaced by `[REDACTED]` before the report is stored:
  * - every value of 8 bytes or more that the account holds as a secret: environment and vault
- *   secrets, environment variables, inference credentials (the sandbox redaction's rule);
+ *   secrets and inference credentials (the sandbox redaction's length rule). Plain environment
+ *   variables are not secrets, and a value such as `production` must stay readable here;
  * - anything shaped like a credential this service issues (API, OAuth, sandbox, session and
  *   runner tokens), whoever's it is;
  * - in `context`, every value under a key that names a secret (`password`, `token`, ...).
@@ -44,7 +45,6 @@ export async function reportScrubber(deps: { sql: Sql; keyring: Keyring }, accou
 async function accountSecretValues(deps: { sql: Sql; keyring: Keyring }, accountId: string): Promise<string[]> {
   const values: string[] = [];
   for (const env of await environments.listEnvironments(deps.sql, accountId)) {
-    values.push(...Object.values(env.env_vars));
     values.push(...Object.values(await revealSecrets(deps, 'environment', accountId, env.id)));
   }
   for (const vault of await vaults.listVaults(deps.sql, accountId)) {

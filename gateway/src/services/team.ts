@@ -1,127 +1,32 @@
-import { ApiError, orNotFound, presenceOf, TEAM_CHANNEL, type Teammate, type TeammateCreate } from '@svc/core';
-import { agents, conversations, outbox, type Sql, teammates } from '@svc/db';
+import { ApiError, orNotFound, TEAM_CHANNEL, type TeammateCreate } from '@svc/core';
+import { agents, conversations, outbox, sandboxes, teammates, transaction } from '@svc/db';
 import type { z } from 'zod';
-import { shapeAgent } from './agents.ts';
 import { recordAudit } from './audit.ts';
-import { shapeConversation, shapeTurn } from './conversations.ts';
-import { type LaunchDeps, sendPrompt, startConversation } from './launch.ts';
+import { shapeConversation } from './conversations.ts';
+import { type LaunchDeps, sendPrompt, startConversation, terminateConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { runnerOnline } from './runners.ts';
+import { getTeammate, notOnTeam, type TeamDeps, type TeammateEntry, teammateRow } from './team-roster.ts';
 import { changed } from './tenant-events.ts';
 
 /*
  * The team: agents bound to the reserved channel `svc:team`, each with one lasting sandbox
  * (its persistent machine) and one live conversation at a time. Every change to the roster
- * writes the tenant's `team` change event in the transaction of the change.
+ * writes the tenant's `team` change event in the transaction of the change. Reads are in
+ * team-roster.ts.
  */
 
-export interface TeamDeps {
-  launch: LaunchDeps;
-  /** A runner not heard from for this long is offline (RUNNER_GRACE_MS, as GET /api/runners). */
-  runnerOfflineAfterMs: number;
-}
-
-export type TeammateEntry = z.infer<typeof Teammate>;
-
-/** A preview's text is the start of a prompt or a reply. */
-const PREVIEW_CHARS = 280;
+export {
+  getTeammate,
+  listTeamConversations,
+  listTeammates,
+  type TeamDeps,
+  type TeammateEntry,
+} from './team-roster.ts';
 
 /** A custom name as stored: trimmed; blank or null keeps the agent's name (null). */
 function customName(name: string | null | undefined): string | null {
   const trimmed = name?.trim() ?? '';
   return trimmed === '' ? null : trimmed;
-}
-
-const notOnTeam = (agentId: string) => new ApiError('not_found', `Agent ${agentId} is not on the team.`);
-
-async function teammateRow(sql: Sql, accountId: string, agentId: string) {
-  const row = await teammates.getTeammate(sql, accountId, agentId);
-  if (!row) throw notOnTeam(agentId);
-  return row;
-}
-
-/**
- * Roster entries for the given rows, with a fixed number of queries whatever their count:
- * their agents, live conversations, those conversations' sandboxes with their runners'
- * presence, last turns, and the usage of every team conversation.
- */
-async function entries(deps: TeamDeps, accountId: string, rows: teammates.TeammateRow[]): Promise<TeammateEntry[]> {
-  if (rows.length === 0) return [];
-  const { sql, providers } = deps.launch;
-  const agentRows =
-    rows.length === 1
-      ? [await agents.getAgent(sql, accountId, (rows[0] as teammates.TeammateRow).agent_id)]
-      : await agents.listAgents(sql, accountId);
-  const agentById = new Map(agentRows.filter((a) => a !== undefined).map((a) => [a.id, a]));
-  const conversationIds = rows.map((r) => r.conversation_id).filter((id) => id !== null);
-  const convById = new Map(
-    (await conversations.conversationsByIds(sql, accountId, conversationIds)).map((c) => [c.id, c]),
-  );
-  const sandboxIds = [...convById.values()].map((c) => c.sandbox_id).filter((id) => id !== null);
-  const sandboxById = new Map((await teammates.sandboxSignals(sql, accountId, sandboxIds)).map((s) => [s.id, s]));
-  const lastById = new Map(
-    (await teammates.lastTurns(sql, accountId, conversationIds)).map((t) => [t.conversation_id, t]),
-  );
-  const usageByAgent = new Map((await teammates.teamUsage(sql, accountId)).map((u) => [u.agent_id, u]));
-  const now = Date.now();
-
-  const out: TeammateEntry[] = [];
-  for (const row of rows) {
-    const agent = agentById.get(row.agent_id);
-    if (!agent) continue; // deleted meanwhile: its row goes with it
-    const conv = row.conversation_id ? convById.get(row.conversation_id) : undefined;
-    const sandbox = conv?.sandbox_id ? sandboxById.get(conv.sandbox_id) : undefined;
-    const last = conv ? lastById.get(conv.id) : undefined;
-    const usage = usageByAgent.get(row.agent_id);
-    const presence = presenceOf({
-      sandbox: sandbox?.status ?? null,
-      runnerBacked: sandbox ? providers.of(sandbox.provider).showsRunner : false,
-      runnerOnline: runnerOnline(
-        sandbox?.runner_connected ?? false,
-        sandbox?.runner_last_seen_at ?? null,
-        deps.runnerOfflineAfterMs,
-        now,
-      ),
-      runnerLastSeenAt: sandbox?.runner_last_seen_at ?? null,
-      turnRunning: conv?.status === 'running',
-      resumable: conv !== undefined && conv.status !== 'terminated',
-    });
-    const shapedConv = conv ? shapeConversation(conv) : null;
-    out.push({
-      agent_id: row.agent_id,
-      name: conv?.title ?? row.name ?? agent.name,
-      agent: shapeAgent(agent),
-      conversation: shapedConv,
-      presence,
-      unread: shapedConv?.unread ?? false,
-      last_turn: last ? shapeTurn(last) : null,
-      preview: previewOf(last),
-      usage_total: { input: Number(usage?.input ?? 0), output: Number(usage?.output ?? 0) },
-      created_at: row.created_at.toISOString(),
-    });
-  }
-  return out;
-}
-
-/** typing while the last turn runs; them: its reply; you: its prompt when it has no reply. */
-function previewOf(last: conversations.TurnRow | undefined): TeammateEntry['preview'] {
-  if (!last) return null;
-  if (last.state === 'running') return { kind: 'typing', text: '' };
-  if (last.reply) return { kind: 'them', text: last.reply.slice(0, PREVIEW_CHARS) };
-  return { kind: 'you', text: last.prompt.slice(0, PREVIEW_CHARS) };
-}
-
-/** `GET /api/team`: every teammate of the caller, in the order they joined. */
-export async function listTeammates(deps: TeamDeps, who: ActorRef): Promise<TeammateEntry[]> {
-  return entries(deps, who.accountId, await teammates.listTeammates(deps.launch.sql, who.accountId));
-}
-
-/** `GET /api/team/:agent_id`: one teammate; 404 when the agent is not on the caller's team. */
-export async function getTeammate(deps: TeamDeps, who: ActorRef, agentId: string): Promise<TeammateEntry> {
-  const row = await teammateRow(deps.launch.sql, who.accountId, agentId);
-  const [entry] = await entries(deps, who.accountId, [row]);
-  if (!entry) throw notOnTeam(agentId);
-  return entry;
 }
 
 /** Thrown inside the add's transaction when another request put the agent on the team first. */
@@ -203,6 +108,7 @@ export async function messageTeammate(
     ? await conversations.getConversation(sql, who.accountId, mate.conversation_id)
     : undefined;
   if (conv && conv.status !== 'terminated' && conv.sandbox_id !== null) {
+    await refuseWhileBuilding(deps.launch, who, conv.sandbox_id);
     try {
       return { conversationId: conv.id, turn: await sendPrompt(deps.launch, who, conv.id, input) };
     } catch (err) {
@@ -210,25 +116,36 @@ export async function messageTeammate(
       if (!(err instanceof ApiError && err.code === 'conversation_terminated')) throw err;
     }
   }
-  return openFresh(deps.launch, who, mate, conv, input);
+  const fresh = await openConversation(deps.launch, who, mate, conv, input);
+  const [turn] = await conversations.listTurns(sql, who.accountId, fresh.id);
+  return { conversationId: fresh.id, turn: turn as conversations.TurnRow };
+}
+
+/** 503 `provisioning` while the sandbox's machine is being built (or woken): a message or a start-over waits. */
+async function refuseWhileBuilding(deps: LaunchDeps, who: ActorRef, sandboxId: string): Promise<void> {
+  const sandbox = await sandboxes.getSandbox(deps.sql, who.accountId, sandboxId);
+  if (sandbox?.status === 'provisioning') {
+    throw new ApiError('provisioning', 'The teammate’s machine is still being built; try again shortly.');
+  }
 }
 
 /**
- * A fresh live conversation for the teammate, on its lasting sandbox for the environment and
- * vault of the one it replaces, titled with its name, with `input` as the first prompt when
- * given. The teammate moves to it (compare-and-set on the conversation it had, with a `team`
- * event) in the launch's transaction: of two requests racing, the second is 400
- * `conversation_busy` (the first one's turn runs), or 404 when the teammate was removed.
+ * A new live conversation for the teammate, titled with its name, for the environment and
+ * vault of the one it replaces: on `sandboxId` when given (attached: nothing is built), else
+ * on its lasting sandbox (built when it has none), with `prompt` as the first turn when given.
+ * The teammate moves to it (compare-and-set on the conversation it had, with a `team` event)
+ * in the launch's transaction: of two requests racing, the second is 400 `conversation_busy`,
+ * or 404 when the teammate was removed meanwhile.
  */
-async function openFresh(
+async function openConversation(
   deps: LaunchDeps,
   who: ActorRef,
   mate: teammates.TeammateRow,
   previous: conversations.ConversationRow | undefined,
-  input: { prompt?: string; images?: { data: string; media_type: string }[] },
-): Promise<{ conversationId: string; turn: conversations.TurnRow }> {
+  input: { prompt?: string; images?: { data: string; media_type: string }[]; sandboxId?: string },
+): Promise<conversations.ConversationRow> {
   const agent = orNotFound(await agents.getAgent(deps.sql, who.accountId, mate.agent_id), 'Agent');
-  const fresh = await startConversation(
+  return startConversation(
     deps,
     who,
     {
@@ -237,7 +154,7 @@ async function openFresh(
       ...(input.images ? { images: input.images } : {}),
       ...(previous?.environment_id ? { environment_id: previous.environment_id } : {}),
       ...(previous?.vault_id ? { vault_id: previous.vault_id } : {}),
-      sandbox_mode: 'persistent',
+      ...(input.sandboxId ? { sandbox_id: input.sandboxId } : { sandbox_mode: 'persistent' as const }),
     },
     null,
     {
@@ -248,13 +165,92 @@ async function openFresh(
           if (!(await teammates.getTeammate(tx, who.accountId, agent.id))) throw notOnTeam(agent.id);
           throw new ApiError(
             'conversation_busy',
-            'Another message just opened a fresh conversation for this teammate.',
+            'Another request just opened a fresh conversation for this teammate.',
           );
         }
         await outbox.enqueue(tx, who.accountId, [changed('team')]);
       },
     },
   );
-  const [turn] = await conversations.listTurns(deps.sql, who.accountId, fresh.id);
-  return { conversationId: fresh.id, turn: turn as conversations.TurnRow };
+}
+
+/** Ends a conversation; one that already ended, or is gone, needs nothing more. */
+async function endIfLive(deps: LaunchDeps, who: ActorRef, conversationId: string): Promise<void> {
+  await terminateConversation(deps, who, conversationId).catch((err: unknown) => {
+    const done = err instanceof ApiError && (err.code === 'conversation_terminated' || err.code === 'not_found');
+    if (!done) throw err;
+  });
+}
+
+/**
+ * `POST /api/team/:agent_id/conversations`: starts the teammate over on its machine. A new
+ * live conversation opens on the current one's sandbox when that is ready or suspended
+ * (attached: nothing is built, nothing interrupted), else as `POST /api/team` provisions (its
+ * machine failed, was destroyed, or it never had one); then the current one is retired
+ * (terminated, its persistent machine kept). 400 `conversation_busy` while a turn runs; 503
+ * `provisioning` while its machine is being built. Audited as `team.conversation.rotated`.
+ */
+export async function rotateTeammate(
+  deps: TeamDeps,
+  who: ActorRef,
+  agentId: string,
+): Promise<{ teammate: TeammateEntry; conversation: ReturnType<typeof shapeConversation> }> {
+  const { sql } = deps.launch;
+  const mate = await teammateRow(sql, who.accountId, agentId);
+  const current = mate.conversation_id
+    ? await conversations.getConversation(sql, who.accountId, mate.conversation_id)
+    : undefined;
+  if (current?.status === 'running') throw new ApiError('conversation_busy');
+  if (current?.sandbox_id) await refuseWhileBuilding(deps.launch, who, current.sandbox_id);
+  const sandbox = current?.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, current.sandbox_id) : undefined;
+  const keep = sandbox && (sandbox.status === 'ready' || sandbox.status === 'suspended') ? sandbox.id : undefined;
+  const fresh = await openConversation(deps.launch, who, mate, current, keep ? { sandboxId: keep } : {});
+  if (current && current.status !== 'terminated') await endIfLive(deps.launch, who, current.id);
+  await recordAudit(
+    sql,
+    who,
+    'team.conversation.rotated',
+    { type: 'agent', id: agentId },
+    { from: current?.id ?? null, to: fresh.id, machine_kept: keep !== undefined },
+  );
+  return { teammate: await getTeammate(deps, who, agentId), conversation: shapeConversation(fresh) };
+}
+
+/**
+ * `PATCH /api/team/:agent_id`: the custom name, which titles the live conversation and every
+ * later fresh one; null or blank restores the agent's name. Audited as `team.renamed`, with
+ * `team` and `conversations` events (a title changed).
+ */
+export async function renameTeammate(
+  deps: TeamDeps,
+  who: ActorRef,
+  agentId: string,
+  input: { name: string | null },
+): Promise<TeammateEntry> {
+  const { sql } = deps.launch;
+  const agent = orNotFound(await agents.getAgent(sql, who.accountId, agentId), 'Agent');
+  const name = customName(input.name);
+  await transaction(sql, async (tx) => {
+    if (!(await teammates.rename(tx, who.accountId, agentId, name, name ?? agent.name))) throw notOnTeam(agentId);
+    await outbox.enqueue(tx, who.accountId, [changed('team'), changed('conversations')]);
+    await recordAudit(tx, who, 'team.renamed', { type: 'agent', id: agentId }, { restored: name === null });
+  });
+  return getTeammate(deps, who, agentId);
+}
+
+/**
+ * `DELETE /api/team/:agent_id`: terminates the live conversation (its persistent machine is
+ * kept) and takes the agent off the team, unbinding its team history: its conversations leave
+ * the team channel (`GET /api/conversations?channel_id=svc:team` no longer lists them), with a
+ * `team` event. 404 when the agent is not on the team.
+ */
+export async function removeTeammate(deps: Pick<TeamDeps, 'launch'>, who: ActorRef, agentId: string): Promise<void> {
+  const { sql } = deps.launch;
+  const mate = await teammateRow(sql, who.accountId, agentId);
+  if (mate.conversation_id) await endIfLive(deps.launch, who, mate.conversation_id);
+  await transaction(sql, async (tx) => {
+    if (!(await teammates.removeTeammate(tx, who.accountId, agentId))) throw notOnTeam(agentId);
+    await outbox.enqueue(tx, who.accountId, [changed('team'), changed('conversations')]);
+    await recordAudit(tx, who, 'team.removed', { type: 'agent', id: agentId });
+  });
 }

@@ -2,13 +2,17 @@ import {
   AgentIdParam,
   ErrorBody,
   listOf,
+  TeamConversation,
   Teammate,
   TeammateCreate,
   TeammateMessage,
   TeammateMessageQueued,
+  TeammatePatch,
+  TeamRotation,
 } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import { actorOf } from '../../services/principal.ts';
 import * as team from '../../services/team.ts';
 import { requirePrincipal } from '../auth.ts';
@@ -95,5 +99,78 @@ export function teamRoutes(app: FastifyInstance, deps: ApiDeps): void {
       );
       return reply.code(202).send({ status: 'queued' as const, conversation_id: conversationId });
     },
+  });
+
+  r.patch('/api/team/:agent_id', {
+    config,
+    schema: {
+      tags,
+      summary: 'Rename a teammate',
+      description:
+        "`name` titles the live conversation and every later fresh one; null or blank restores the agent's name. Audited as `team.renamed`; a `team` event goes to `/api/team/stream`. 404 when the agent is not on the team.",
+      operationId: 'renameTeammate',
+      params: AgentIdParam,
+      body: TeammatePatch,
+      response: { 200: Teammate, 404: ErrorBody, 422: ErrorBody },
+    },
+    handler: async (req) =>
+      team.renameTeammate(teamDeps, actorOf(requirePrincipal(req)), req.params.agent_id, req.body),
+  });
+
+  r.delete('/api/team/:agent_id', {
+    config,
+    schema: {
+      tags,
+      summary: 'Take an agent off the team',
+      description:
+        '204. Its live conversation is terminated (its lasting machine is kept) and its team history is unbound: its conversations leave the team channel, so `GET /api/conversations?channel_id=svc:team` no longer lists them. A `team` event goes to `/api/team/stream`. 404 when the agent is not on the team.',
+      operationId: 'removeTeammate',
+      params: AgentIdParam,
+      response: { 204: z.null(), 404: ErrorBody },
+    },
+    handler: async (req, reply) => {
+      await team.removeTeammate(teamDeps, actorOf(requirePrincipal(req)), req.params.agent_id);
+      return reply.code(204).send(null);
+    },
+  });
+
+  r.get('/api/team/:agent_id/conversations', {
+    config,
+    schema: {
+      tags,
+      summary: "A teammate's conversations",
+      description:
+        'Every conversation the agent has had on the team, newest first; its live one has `current: true`. 404 when the agent is not on the team.',
+      operationId: 'listTeammateConversations',
+      params: AgentIdParam,
+      response: { 200: listOf(TeamConversation), 404: ErrorBody },
+    },
+    handler: async (req) => ({
+      data: await team.listTeamConversations(teamDeps, actorOf(requirePrincipal(req)), req.params.agent_id),
+    }),
+  });
+
+  r.post('/api/team/:agent_id/conversations', {
+    config,
+    schema: {
+      tags,
+      summary: 'Start a teammate over',
+      description:
+        '201 `{teammate, conversation}`: a new live conversation opens on the team channel with the same name, environment and vault, on the same machine when it is up (nothing is built or interrupted), and the previous one is retired (terminated, listed with `current: false`). When the machine is gone (its sandbox failed or was destroyed) a new one is provisioned as for `POST /api/team`. 400 `conversation_busy` while a turn runs; 503 `provisioning` while its machine is being built; 404 when the agent is not on the team. Audited as `team.conversation.rotated`; a `team` event goes to `/api/team/stream`.',
+      operationId: 'rotateTeammateConversation',
+      params: AgentIdParam,
+      errors: [
+        'conversation_busy',
+        'missing_credential',
+        'provisioning',
+        'runner_offline',
+        'no_runner_online',
+        'sandbox_quota_exceeded',
+        'fleet_full',
+      ],
+      response: { 201: TeamRotation, 400: ErrorBody, 404: ErrorBody, 409: ErrorBody, 422: ErrorBody, 503: ErrorBody },
+    },
+    handler: async (req, reply) =>
+      reply.code(201).send(await team.rotateTeammate(teamDeps, actorOf(requirePrincipal(req)), req.params.agent_id)),
   });
 }
