@@ -2,7 +2,7 @@ import { ApiError } from '@svc/core';
 import { conversations, type Sql, schedules, transaction } from '@svc/db';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { getSchedule, getSchedule, recordScheduleChange } from './schedules.ts';
+import { getSchedule, recordScheduleChange } from './schedules.ts';
 import { messageTeammate } from './team.ts';
 import { changed } from './tenant-events.ts';
 
