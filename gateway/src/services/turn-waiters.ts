@@ -239,7 +239,6 @@ export class TurnWaiters {
     clearTimeout(this.timer);
     this.timerAt = next.deadline;
     this.timer = setTimeout(() => this.expire(), Math.max(0, next.deadline - Date.now()));
-    this.timer.unref();
   }
 
   private expire(): void {
