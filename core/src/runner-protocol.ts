@@ -281,7 +281,8 @@ export const TurnStart = z.object({
    * McpServerHttp: the service's team server `svc-team`, its sandbox token in `headers`) is
    * passed as it is to a runtime whose `initialize` advertises `mcpCapabilities.http`; any
    * other runtime gets a stdio server in its place, the runner's bridge to that URL
-   * (MCP_BRIDGE_COMMAND). A runner one release older refuses a command with an HTTP entry.
+   * (MCP_BRIDGE_COMMAND). A runner one release older cannot read a command with an HTTP entry
+   * and drops it, so the turn ends `runner_offline` when the command times out.
    */
   mcp_servers: z.array(McpServerEntry).max(50).optional(),
 });

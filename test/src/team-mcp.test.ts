@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { conversations } from '@svc/db';
@@ -35,7 +38,7 @@ t.test('the team MCP server svc-team', async (t) => {
   const sql = svc.db.sql;
   const me = await signUp(svc);
   const token = me.key;
-  const { env, agent: coder } = await claudeOnRunner(t, svc, token);
+  const { env, agent: coder, runner } = await claudeOnRunner(t, svc, token);
   const agentOf = async (name: string, description: string) => {
     const res = await http.post('/api/agents', {
       token,
@@ -291,5 +294,46 @@ t.test('the team MCP server svc-team', async (t) => {
     const held = await call('wait_for_teammate', { teammate: 'Rex', timeout_s: 15 });
     t.notOk(held.isError, textOf(held));
     t.match(held.structuredContent, { timed_out: true, turn_id: turn.id, state: 'running' });
+  });
+  t.test('a teammate whose machine is still being built is starting, and a message to it a tool error', async (t) => {
+    // The build waits for this file, so the machine is being built for as long as the test needs.
+    const gate = join(mkdtempSync(join(tmpdir(), 'svc-team-gate-')), 'go');
+    const slowEnv = await http.post('/api/environments', {
+      token,
+      body: { name: 'slow build', setup_script: `while [ ! -f ${gate} ]; do sleep 0.1; done` },
+    });
+    t.equal(slowEnv.status, 201, slowEnv.text);
+    const slowAgent = await http.post('/api/agents', {
+      token,
+      body: {
+        name: 'slow-agent',
+        runtime: 'claude',
+        model: 'anthropic/claude-sonnet-4-5',
+        environment_id: slowEnv.body.id,
+        sandbox_provider: 'runner',
+      },
+    });
+    const added = await http.post('/api/team', { token, body: { agent_id: slowAgent.body.id, name: 'Sam' } });
+    t.equal(added.status, 201, added.text);
+    t.teardown(() => writeFileSync(gate, ''));
+    const sam = (await call('get_teammate', { query: 'Sam' })).structuredContent.teammates[0];
+    t.match(sam, { name: 'Sam', presence: { state: 'starting' } });
+    const sent = await call('send_to_teammate', { teammate: 'Sam', message: 'welcome' });
+    t.equal(sent.isError, true);
+    t.match(textOf(sent), /Sam is still starting/);
+    writeFileSync(gate, '');
+  });
+
+  t.test('a teammate whose machine is off is a tool error saying so (this ends the runner)', async (t) => {
+    runner.child.kill('SIGKILL');
+    const offline = await until('Rex shows machine_offline', async () => {
+      const r = await call('get_teammate', { query: 'Rex' });
+      const rex = r.structuredContent?.teammates?.[0];
+      return rex?.presence.state === 'machine_offline' ? rex : undefined;
+    });
+    t.match(offline, { name: 'Rex', presence: { state: 'machine_offline' } });
+    const sent = await call('send_to_teammate', { teammate: 'Rex', message: 'are you there' });
+    t.equal(sent.isError, true);
+    t.match(textOf(sent), /Rex's machine is offline/);
   });
 });

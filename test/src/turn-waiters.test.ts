@@ -1,3 +1,4 @@
+import { createHook } from 'node:async_hooks';
 import { newId } from '@svc/core';
 import { conversations, outbox, type Sql } from '@svc/db';
 import t from 'tap';
@@ -15,6 +16,17 @@ import { until } from './until.ts';
  */
 
 const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+
+/** Counts the timers created (kept alive or not) while it is enabled. */
+function timerCreations() {
+  const counter = { created: 0 };
+  const hook = createHook({
+    init(_id, type) {
+      if (type === 'Timeout') counter.created++;
+    },
+  });
+  return { counter, hook };
+}
 
 t.test('waiting for turns to end', async (t) => {
   const svc = await startTestService(t);
@@ -48,14 +60,23 @@ t.test('waiting for turns to end', async (t) => {
     const turns = await Promise.all(Array.from({ length: 100 }, () => runningTurn()));
     const ending = turns.slice(0, 50);
     const lasting = turns.slice(50);
+    // The pool's connections are all open first: each holds timers of its own (its lifetime).
+    await Promise.all(Array.from({ length: 40 }, () => sql`SELECT 1`));
     const before = timers();
+    const creations = timerCreations();
+    creations.hook.enable();
     const results = [
       // Ten waiters on each turn: those on the turns that end wait long, the others time out.
       ...ending.flatMap((turn) => Array.from({ length: 10 }, () => waiters.wait(me.accountId, turn.id, 60_000))),
       ...lasting.flatMap((turn) => Array.from({ length: 10 }, () => waiters.wait(me.accountId, turn.id, 3_000))),
     ];
-    await until('every waiter is registered', () => waiters.pending === 1000 || undefined);
+    await until('every waiter has read its turn running and waits', () => waiters.pending === 1000 || undefined);
+    creations.hook.disable();
     const during = timers();
+    t.ok(
+      creations.counter.created < 20,
+      `no timer is made per waiter (${creations.counter.created} made while 1000 registered)`,
+    );
     t.ok(during - before <= 2, `active timers do not grow with the waiters (${before} before, ${during} with 1000)`);
     if (svc.backend === 'postgres+redis') {
       const [busy] = await sql<{ n: number }[]>`

@@ -196,7 +196,7 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
       inputSchema: {},
       annotations: { readOnlyHint: true },
     },
-    tool(async () => ({ ...json({ teammates: (await roster()).others.map(summary) }) })),
+    tool(async () => json({ teammates: (await roster()).others.map(summary) })),
   );
 
   server.registerTool(
@@ -260,7 +260,7 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
     'wait_for_teammate',
     {
       title: 'Wait for a teammate’s reply',
-      description: `Blocks until the teammate's turn ends, for up to ${TEAM_WAIT_MAX_S} seconds, and returns that turn: its state (done, failed, interrupted, timeout) and reply. Without since_turn it waits for the turn running in their thread (or returns their last turn when none runs). timed_out: true means the turn is still running: call again.`,
+      description: `Blocks until the teammate's turn ends, for up to ${TEAM_WAIT_MAX_S} seconds, and returns that turn: its state (done, failed, interrupted, timeout) and reply. Without since_turn it waits for the turn running in their thread (or returns their last turn when none runs). timed_out: true means the turn is still running: call again. If your MCP client gives up on a call sooner than that, pass a timeout_s below its limit.`,
       inputSchema: {
         teammate: teammateArg,
         since_turn: z

@@ -20,6 +20,8 @@ interface Waiter {
   deadline: number;
   resolve: (result: TurnWaitResult) => void;
   settled: boolean;
+  /** Its turn was read running and it waits for the end (or its deadline). */
+  waiting: boolean;
 }
 
 /** One tenant's waiters and its one live feed of the log. */
@@ -48,6 +50,7 @@ export class TurnWaiters {
   private readonly deadlines: Waiter[] = [];
   private timer: NodeJS.Timeout | undefined;
   private timerAt = Number.POSITIVE_INFINITY;
+  private waitingCount = 0;
 
   constructor(
     private readonly deps: {
@@ -57,11 +60,9 @@ export class TurnWaiters {
     },
   ) {}
 
-  /** How many waiters are pending (for tests and metrics). */
+  /** How many waiters wait: their turn was read running, and neither its end nor their deadline came. */
   get pending(): number {
-    let n = 0;
-    for (const t of this.tenants.values()) for (const set of t.byTurn.values()) n += set.size;
-    return n;
+    return this.waitingCount;
   }
 
   /**
@@ -78,6 +79,7 @@ export class TurnWaiters {
       deadline: Date.now() + timeoutMs,
       resolve: () => {},
       settled: false,
+      waiting: false,
     };
     const result = new Promise<TurnWaitResult>((resolve) => {
       waiter.resolve = resolve;
@@ -159,6 +161,7 @@ export class TurnWaiters {
 
   private settle(w: Waiter, result: TurnWaitResult): void {
     if (w.settled) return;
+    if (w.waiting) this.waitingCount--;
     w.settled = true;
     this.forget(w);
     w.resolve(result);
@@ -185,6 +188,8 @@ export class TurnWaiters {
 
   private schedule(w: Waiter): void {
     if (w.settled) return;
+    w.waiting = true;
+    this.waitingCount++;
     const heap = this.deadlines;
     heap.push(w);
     let i = heap.length - 1;
@@ -234,7 +239,6 @@ export class TurnWaiters {
     clearTimeout(this.timer);
     this.timerAt = next.deadline;
     this.timer = setTimeout(() => this.expire(), Math.max(0, next.deadline - Date.now()));
-    this.timer.unref();
   }
 
   private expire(): void {
