@@ -352,6 +352,42 @@ for (const backend of backends()) {
     /** The conversation the real turn ran in, and that turn. */
     let real: { id: string; turnId: string } | undefined;
 
+    t.test('any q at all is answered 200 or 400, never a server error', async (t) => {
+      const unit = fc.oneof(
+        fc.constantFrom(
+          '"',
+          "'",
+          '-',
+          '\\',
+          '(',
+          ')',
+          '|',
+          '&',
+          '!',
+          ':',
+          '*',
+          '<',
+          '>',
+          ' ',
+          'or',
+          'OR',
+          '.',
+          '$',
+          '^',
+        ),
+        fc.constantFrom('whale', 'blue', 'é', 'ß', 'Ω', '😀', '\u00a0', '\t', '[', ']', '{', '}', '?', '+', '%', '_'),
+      );
+      await fc.assert(
+        fc.asyncProperty(fc.string({ unit, maxLength: 12 }), async (q) => {
+          const res = await http.get(`/api/search?q=${encodeURIComponent(q)}`, { token });
+          if (res.status === 400) return res.body.error === 'invalid_request';
+          return res.status === 200 && Array.isArray(res.body.data);
+        }),
+        { numRuns: 150 },
+      );
+      t.pass('150 generated queries answered');
+    });
+
     t.test('a real turn is found by its reply once it has ended', async (t) => {
       const { agent } = await claudeAgent(t, http, token);
       const started = await http.post('/api/conversations', {
