@@ -1,4 +1,6 @@
-import { readFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { newId } from '@svc/core';
 import { conversations } from '@svc/db';
 import fc from 'fast-check';
@@ -350,6 +352,42 @@ for (const backend of backends()) {
     /** The conversation the real turn ran in, and that turn. */
     let real: { id: string; turnId: string } | undefined;
 
+    t.test('any q at all is answered 200 or 400, never a server error', async (t) => {
+      const unit = fc.oneof(
+        fc.constantFrom(
+          '"',
+          "'",
+          '-',
+          '\\',
+          '(',
+          ')',
+          '|',
+          '&',
+          '!',
+          ':',
+          '*',
+          '<',
+          '>',
+          ' ',
+          'or',
+          'OR',
+          '.',
+          '$',
+          '^',
+        ),
+        fc.constantFrom('whale', 'blue', 'é', 'ß', 'Ω', '😀', '\u00a0', '\t', '[', ']', '{', '}', '?', '+', '%', '_'),
+      );
+      await fc.assert(
+        fc.asyncProperty(fc.string({ unit, maxLength: 12 }), async (q) => {
+          const res = await http.get(`/api/search?q=${encodeURIComponent(q)}`, { token });
+          if (res.status === 400) return res.body.error === 'invalid_request';
+          return res.status === 200 && Array.isArray(res.body.data);
+        }),
+        { numRuns: 150 },
+      );
+      t.pass('150 generated queries answered');
+    });
+
     t.test('a real turn is found by its reply once it has ended', async (t) => {
       const { agent } = await claudeAgent(t, http, token);
       const started = await http.post('/api/conversations', {
@@ -412,3 +450,39 @@ for (const backend of backends()) {
     });
   });
 }
+
+for (const backend of backends()) {
+  t.test(`search counts against the rate limit like all of /api (${backend})`, async (t) => {
+    // Burst 5: the harness reads /api/openapi.json once at start, leaving 4.
+    const svc = await startTestService(t, { backend, env: { RATE_LIMIT_PER_MINUTE: '5' } });
+    const statuses: number[] = [];
+    for (let i = 0; i < 4; i++) statuses.push((await fetch(`${svc.url}/api/search?q=whale`)).status);
+    t.same(statuses, [401, 401, 401, 401], 'the burst passes');
+    const limited = await fetch(`${svc.url}/api/search?q=whale`);
+    t.equal(limited.status, 429);
+    t.ok(Number(limited.headers.get('retry-after')) >= 1, `Retry-After: ${limited.headers.get('retry-after')}`);
+    t.same(await limited.json(), { error: 'rate_limited', message: 'Too many requests; retry later.' });
+  });
+}
+
+t.test('the embedded database on disk keeps its search indexes across a restart', async (t) => {
+  const dataDir = await mkdtemp(join(tmpdir(), 'svc-search-disk-'));
+  t.teardown(() => rm(dataDir, { recursive: true, force: true }));
+  const env = { DATABASE_URL: '', DATA_DIR: dataDir };
+  const first = await startTestService(t, { backend: 'embedded', env });
+  const me = await signUp(first);
+  const c = await seed(first, me.accountId, {
+    agentId: 'agt_disk',
+    title: 'kestrel',
+    turns: [{ prompt: 'kestrel prompt', reply: 'kestrel reply' }],
+  });
+  await first.close();
+  const second = await startTestService(t, { backend: 'embedded', env });
+  const res = await second.http.get<Page>('/api/search?q=kestrel', { token: me.key });
+  t.equal(res.status, 200, res.text);
+  t.same(res.body.data.map((h) => `${h.kind}:${h.conversation_id}`).sort(), [
+    `prompt:${c.id}`,
+    `reply:${c.id}`,
+    `title:${c.id}`,
+  ]);
+});

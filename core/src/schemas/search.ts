@@ -42,6 +42,8 @@ export const SearchQuery = z.object({
   offset: z.coerce.number().int().min(0).default(0),
 });
 
+export type SearchQuery = z.output<typeof SearchQuery>;
+
 export const SearchPage = z.object({
   data: z.array(SearchHit),
   meta: z.object({ limit: z.int(), offset: z.int(), has_more: z.boolean() }),

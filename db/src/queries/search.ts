@@ -100,32 +100,41 @@ export async function searchHits(
   }
   for (const kind of ['prompt', 'reply'] as const) {
     if (!f.kinds.includes(kind)) continue;
-    const match =
-      kind === 'prompt' ? sql`t.prompt_tsv @@ ${query}` : sql`t.reply_tsv @@ ${query} AND t.state <> 'running'`;
+    const vector = kind === 'prompt' ? sql`prompt_tsv` : sql`reply_tsv`;
+    // The turns that match, found in one scan (OFFSET 0 keeps the planner from repeating the
+    // index scan once per conversation of an agent), then joined to their conversations.
     sources.push(sql`
-      SELECT ${kind === 'prompt' ? sql`'prompt'` : sql`'reply'`} AS kind, t.conversation_id, c.agent_id, t.id AS turn_id, t.number AS turn_number,
-             t.created_at AS ts, ts_rank(${kind === 'prompt' ? sql`t.prompt_tsv` : sql`t.reply_tsv`}, ${query}) AS rank
-      FROM turns t JOIN conversations c ON c.id = t.conversation_id AND c.account_id = t.account_id
-      WHERE t.account_id = ${accountId} AND ${match}
-        ${f.agentId === undefined ? sql`` : sql`AND c.agent_id = ${f.agentId}`}
-        ${f.conversationId === undefined ? sql`` : sql`AND t.conversation_id = ${f.conversationId}`}
-        ${f.since === undefined ? sql`` : sql`AND t.created_at >= ${f.since}`}`);
+      SELECT ${kind === 'prompt' ? sql`'prompt'` : sql`'reply'`} AS kind, t.conversation_id, c.agent_id,
+             t.id AS turn_id, t.number AS turn_number, t.created_at AS ts, t.rank
+      FROM (
+        SELECT id, conversation_id, number, created_at, ts_rank(${vector}, ${query}) AS rank
+        FROM turns
+        WHERE account_id = ${accountId} AND ${vector} @@ ${query}
+          ${kind === 'reply' ? sql`AND state <> 'running'` : sql``}
+          ${f.conversationId === undefined ? sql`` : sql`AND conversation_id = ${f.conversationId}`}
+          ${f.since === undefined ? sql`` : sql`AND created_at >= ${f.since}`}
+        OFFSET 0
+      ) t
+      JOIN conversations c ON c.account_id = ${accountId} AND c.id = t.conversation_id
+        ${f.agentId === undefined ? sql`` : sql`AND c.agent_id = ${f.agentId}`}`);
   }
   if (sources.length === 0) return [];
   const union = sources.reduce((all, source) => sql`${all} UNION ALL ${source}`);
   const order = sql`rank DESC, ts DESC, kind, conversation_id, turn_number`;
   return sql<SearchHitRow[]>`
     WITH page AS (SELECT * FROM (${union}) hits ORDER BY ${order} LIMIT ${f.limit + 1} OFFSET ${f.offset}),
-    -- The matched text of each hit on the page, and where its excerpt starts. OFFSET 0 keeps
-    -- each subquery whole, so the text is found and the regular expression run once per hit.
+    -- The matched text of each hit on the page (one primary-key probe), and where its excerpt
+    -- starts. OFFSET 0 keeps each subquery whole, so both are computed once per hit.
     texts AS (
       SELECT page.*, b.body
-      FROM page
-        LEFT JOIN conversations tc ON page.kind = 'title' AND tc.account_id = ${accountId} AND tc.id = page.conversation_id
-        LEFT JOIN turns tt ON page.kind <> 'title' AND tt.account_id = ${accountId} AND tt.id = page.turn_id
-        CROSS JOIN LATERAL (
-          SELECT CASE page.kind WHEN 'title' THEN tc.title WHEN 'prompt' THEN tt.prompt ELSE tt.reply END AS body OFFSET 0
-        ) b
+      FROM page CROSS JOIN LATERAL (
+        SELECT CASE page.kind
+                 WHEN 'title' THEN (SELECT title FROM conversations WHERE account_id = ${accountId} AND id = page.conversation_id)
+                 WHEN 'prompt' THEN (SELECT prompt FROM turns WHERE account_id = ${accountId} AND id = page.turn_id)
+                 ELSE (SELECT reply FROM turns WHERE account_id = ${accountId} AND id = page.turn_id)
+               END AS body
+        OFFSET 0
+      ) b
     ),
     windows AS (
       SELECT texts.*,

@@ -1,17 +1,7 @@
-import { ApiError, SEARCH_KINDS, type SearchKind } from '@svc/core';
+import { ApiError, SEARCH_KINDS, type SearchQuery } from '@svc/core';
 import { type Sql, search } from '@svc/db';
 import { parseInstant } from './audit.ts';
 import { csv } from './conversations.ts';
-
-export interface SearchListQuery {
-  q: string;
-  kinds?: string | undefined;
-  agent_id?: string | undefined;
-  conversation_id?: string | undefined;
-  since?: string | undefined;
-  limit: number;
-  offset: number;
-}
 
 /**
  * The tenant's hits for `q` (SPEC "Search"), best first, newest first among equals. A blank
@@ -19,7 +9,7 @@ export interface SearchListQuery {
  * nothing to find, and would match nearly everything) are 400 `invalid_request`. A query
  * with no words at all (only punctuation) finds nothing.
  */
-export async function searchTenant(sql: Sql, accountId: string, query: SearchListQuery) {
+export async function searchTenant(sql: Sql, accountId: string, query: SearchQuery) {
   const q = query.q.trim();
   if (q === '') throw new ApiError('invalid_request', 'q must hold the words to search for.');
   const kinds =
@@ -37,7 +27,7 @@ export async function searchTenant(sql: Sql, accountId: string, query: SearchLis
     throw new ApiError('invalid_request', 'q must name at least one word to find; a leading minus only excludes.');
   }
   const rows = await search.searchHits(sql, accountId, q, parsed.required, {
-    kinds: kinds as readonly SearchKind[],
+    kinds,
     agentId: query.agent_id,
     conversationId: query.conversation_id,
     since,
