@@ -170,20 +170,27 @@ export function commandLine(line: string): { command: string; args: string[] } {
   return { command: words[0] ?? '', args: words.slice(1) };
 }
 
-/** An MCP server of a turn's runtime: a stdio command, or an HTTP endpoint (see `mcp_servers`). */
-export const McpServerEntry = z.union([
-  z.object({
-    name: z.string().min(1).max(64),
-    command: z.string().min(1).max(1000),
-    args: z.array(z.string().max(4000)).max(100),
-  }),
-  z.object({
-    type: z.literal('http'),
-    name: z.string().min(1).max(64),
-    url: z.url().max(2000),
-    headers: z.array(z.object({ name: z.string().min(1).max(200), value: z.string().max(4000) })).max(20),
-  }),
-]);
+/** An MCP server the runtime starts itself: a stdio command (the agent's own servers). */
+export const McpStdioServer = z.object({
+  name: z.string().min(1).max(64),
+  command: z.string().min(1).max(1000),
+  args: z.array(z.string().max(4000)).max(100),
+});
+
+export type McpStdioServer = z.infer<typeof McpStdioServer>;
+
+/** An MCP server the runtime reaches over HTTP (ACP's McpServerHttp): the service's `svc-team`. */
+export const McpHttpServer = z.object({
+  type: z.literal('http'),
+  name: z.string().min(1).max(64),
+  url: z.url().max(2000),
+  headers: z.array(z.object({ name: z.string().min(1).max(200), value: z.string().max(4000) })).max(20),
+});
+
+export type McpHttpServer = z.infer<typeof McpHttpServer>;
+
+/** An MCP server of a turn's runtime: a stdio command, or an HTTP endpoint. */
+export const McpServerEntry = z.union([McpStdioServer, McpHttpServer]);
 export type McpServerEntry = z.infer<typeof McpServerEntry>;
 
 /**
@@ -275,16 +282,18 @@ export const TurnStart = z.object({
    */
   autonomous_idle_ms: z.number().int().min(100).optional(),
   /**
-   * The MCP servers for the runtime's ACP `session/new`, read when the conversation's runtime
-   * starts. A stdio entry (`{name, command, args}`: the agent's own servers) is passed with
-   * `env` empty, so it inherits the runtime's. An HTTP entry (`type: 'http'`, ACP's
-   * McpServerHttp: the service's team server `svc-team`, its sandbox token in `headers`) is
-   * passed as it is to a runtime whose `initialize` advertises `mcpCapabilities.http`; any
-   * other runtime gets a stdio server in its place, the runner's bridge to that URL
-   * (MCP_BRIDGE_COMMAND). A runner one release older cannot read a command with an HTTP entry
-   * and drops it, so the turn ends `runner_offline` when the command times out.
+   * The agent's own MCP servers for the runtime's ACP `session/new`, read when the
+   * conversation's runtime starts; passed with `env` empty, so they inherit the runtime's.
    */
-  mcp_servers: z.array(McpServerEntry).max(50).optional(),
+  mcp_servers: z.array(McpStdioServer).max(50).optional(),
+  /**
+   * The service's MCP servers over HTTP (`svc-team` on a team conversation, its sandbox token
+   * in `headers`), passed as they are to a runtime whose `initialize` advertises
+   * `mcpCapabilities.http`; any other runtime gets a stdio server in each one's place, the
+   * runner's bridge to that URL (MCP_BRIDGE_COMMAND). A field of its own so that a runner one
+   * release older, which ignores it, still runs the turn (without those servers).
+   */
+  mcp_http_servers: z.array(McpHttpServer).max(10).optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;

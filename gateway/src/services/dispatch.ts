@@ -1,4 +1,11 @@
-import { ApiError, commandLine, type McpServerEntry, type Runtime } from '@svc/core';
+import {
+  ApiError,
+  commandLine,
+  type McpHttpServer,
+  type McpServerEntry,
+  type McpStdioServer,
+  type Runtime,
+} from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
 import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
@@ -186,7 +193,8 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
         autonomous_idle_ms: deps.autonomousIdleMs,
-        mcp_servers: plan.turn.mcpServers,
+        mcp_servers: plan.turn.mcpServers.filter((m): m is McpStdioServer => !('type' in m)),
+        mcp_http_servers: plan.turn.mcpServers.filter((m): m is McpHttpServer => 'type' in m),
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
           : {}),
