@@ -25,4 +25,7 @@ export type IdPrefix =
   | 'trn'
   | 'rnr'
   | 'sbx'
-  | 'sch';
+  | 'sch'
+  | 'whe'
+  | 'whj'
+  | 'whd';

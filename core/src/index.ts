@@ -20,4 +20,6 @@ export * from './schemas/sandboxes.ts';
 export * from './schemas/schedules.ts';
 export * from './schemas/streams.ts';
 export * from './schemas/vaults.ts';
+export * from './schemas/webhooks.ts';
 export * from './turn-errors.ts';
+export * from './webhooks.ts';

@@ -18,3 +18,4 @@ export * as schedules from './queries/schedules.ts';
 export * as secrets from './queries/secrets.ts';
 export * as sessions from './queries/sessions.ts';
 export * as vaults from './queries/vaults.ts';
+export * as webhooks from './queries/webhooks.ts';

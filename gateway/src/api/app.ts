@@ -34,6 +34,7 @@ import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { vaultRoutes } from './routes/vaults.ts';
+import { webhookRoutes } from './routes/webhooks.ts';
 import { validatorCompiler } from './validation.ts';
 
 export interface ApiOptions {
@@ -195,6 +196,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   sandboxRoutes(app, deps);
   scheduleRoutes(app, deps);
   permissionRoutes(app, deps);
+  webhookRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 
