@@ -112,7 +112,10 @@ t.test('webhook endpoints', async (t) => {
       env: { WEBHOOK_INTERVAL_MS: '0', WEBHOOK_ALLOW_HTTP: 'true' },
     });
     const them = await signUp(other);
-    const plain = await other.http.post('/api/webhooks', { token: them.key, body: { url: 'http://hooks.example.com/' } });
+    const plain = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: 'http://hooks.example.com/' },
+    });
     t.equal(plain.status, 201, plain.text);
     const creds = await other.http.post('/api/webhooks', {
       token: them.key,
