@@ -1,5 +1,9 @@
+import { createServer, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { verifyWebhookSignature } from '@svc/core';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
+import { until } from './until.ts';
 
 t.test('webhook endpoints', async (t) => {
   const svc = await startTestService(t, { env: { WEBHOOK_INTERVAL_MS: '0' } });
@@ -106,23 +110,58 @@ t.test('webhook endpoints', async (t) => {
     t.same((await http.get('/api/webhooks', { token })).body.data, [], 'none was saved');
   });
 
-  t.test('WEBHOOK_ALLOW_HTTP relaxes the scheme rule only', async (t) => {
+  t.test('with WEBHOOK_ALLOW_HTTP and WEBHOOK_ALLOW_CIDRS the service delivers to a local receiver', async (t) => {
+    const received: { headers: IncomingHttpHeaders; body: string }[] = [];
+    const receiver = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => {
+        body += c;
+      });
+      req.on('end', () => {
+        received.push({ headers: req.headers, body });
+        res.end('got it');
+      });
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    t.teardown(() => receiver.close());
+    const port = (receiver.address() as AddressInfo).port;
     const other = await startTestService(t, {
       backend: 'embedded',
-      env: { WEBHOOK_INTERVAL_MS: '0', WEBHOOK_ALLOW_HTTP: 'true' },
+      env: { WEBHOOK_INTERVAL_MS: '50', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOW_CIDRS: '127.0.0.1/32' },
     });
     const them = await signUp(other);
-    const plain = await other.http.post('/api/webhooks', {
+    const made = await other.http.post('/api/webhooks', {
       token: them.key,
-      body: { url: 'http://hooks.example.com/' },
+      body: { url: `http://127.0.0.1:${port}/hook` },
     });
-    t.equal(plain.status, 201, plain.text);
+    t.equal(made.status, 201, made.text);
     const creds = await other.http.post('/api/webhooks', {
       token: them.key,
-      body: { url: 'http://u:p@hooks.example.com/' },
+      body: { url: `http://u:p@127.0.0.1:${port}/hook` },
     });
-    t.equal(creds.status, 422);
+    t.equal(creds.status, 422, 'credentials are still refused');
     t.match(creds.body.details.url, [/credentials/]);
+    const lan = await other.http.post('/api/webhooks', { token: them.key, body: { url: 'http://10.0.0.1/hook' } });
+    t.match(lan.body.details?.url, [/10\.0\.0\.1 is private/], 'a range not listed is still refused');
+
+    const queued = await other.http.post(`/api/webhooks/${made.body.id}/test`, { token: them.key });
+    t.equal(queued.status, 202);
+    await until('the service to deliver the test', () => received.length > 0);
+    const [r] = received;
+    t.match(JSON.parse(r?.body ?? '{}'), { id: queued.body.event, type: 'webhook.test' });
+    t.same(
+      verifyWebhookSignature({
+        header: r?.headers['svc-signature'] as string,
+        body: r?.body ?? '',
+        secret: made.body.secret,
+      }).ok,
+      true,
+    );
+    const listed = await until('the attempt to be recorded', async () => {
+      const rows = (await other.http.get(`/api/webhooks/${made.body.id}/deliveries`, { token: them.key })).body.data;
+      return rows.length > 0 && rows;
+    });
+    t.match(listed, [{ event: queued.body.event, type: 'webhook.test', try: 1, result: 200, detail: 'got it' }]);
   });
 
   t.test('every webhook route needs a full-scope key: a standard key is 403', async (t) => {

@@ -1,4 +1,4 @@
-import { isIP } from 'node:net';
+import { type BlockList, isIP } from 'node:net';
 import {
   ApiError,
   DEFAULT_WEBHOOK_EVENT_TYPES,
@@ -29,6 +29,8 @@ export interface WebhookDeps {
   keyring: Keyring;
   /** WEBHOOK_ALLOW_HTTP: plain `http://` URLs are accepted (the scheme rule only). */
   allowHttp: boolean;
+  /** WEBHOOK_ALLOW_CIDRS: ranges an endpoint may point at although they are not public. */
+  allowed?: BlockList;
 }
 
 type Endpoint = z.infer<typeof WebhookEndpoint>;
@@ -68,10 +70,10 @@ export async function revealSecret(
 
 /**
  * Why `url` cannot be an endpoint, or undefined when it can: `https://` (or `http://` with
- * `allowHttp`), a host, no credentials. An address written into the URL must be public;
- * a name is checked when each delivery resolves it.
+ * `allowHttp`), a host, no credentials. An address written into the URL must be public (or
+ * in `allowed`); a name is checked when each delivery resolves it.
  */
-export function urlProblem(url: string, allowHttp: boolean): string | undefined {
+export function urlProblem(url: string, allowHttp: boolean, allowed?: BlockList): string | undefined {
   let u: URL;
   try {
     u = new URL(url);
@@ -85,7 +87,7 @@ export function urlProblem(url: string, allowHttp: boolean): string | undefined 
   if (!u.hostname) return 'has no host';
   const literal = u.hostname.replace(/^\[|\]$/g, '');
   if (isIP(literal)) {
-    const problem = addressProblem(literal);
+    const problem = addressProblem(literal, allowed);
     if (problem) return `points at ${problem}, which webhooks may not reach`;
   }
   return undefined;
@@ -97,7 +99,7 @@ function checkFields(
 ): void {
   const details: Record<string, string[]> = {};
   if (fields.url !== undefined) {
-    const problem = urlProblem(fields.url, deps.allowHttp);
+    const problem = urlProblem(fields.url, deps.allowHttp, deps.allowed);
     if (problem) details.url = [`${fields.url.replace(/\/\/[^@/]*@/, '//')} ${problem}`];
   }
   if (fields.event_types !== undefined) {

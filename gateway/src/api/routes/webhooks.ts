@@ -15,6 +15,7 @@ import {
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { exemptList } from '../../edge/client-ip.ts';
 import { actorOf } from '../../services/principal.ts';
 import * as jobs from '../../services/webhook-jobs.ts';
 import * as webhooks from '../../services/webhooks.ts';
@@ -30,7 +31,12 @@ const DELIVERY =
 export function webhookRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const config = { auth: 'full' as const };
-  const svc: webhooks.WebhookDeps = { sql: deps.sql, keyring: deps.keyring, allowHttp: deps.config.WEBHOOK_ALLOW_HTTP };
+  const svc: webhooks.WebhookDeps = {
+    sql: deps.sql,
+    keyring: deps.keyring,
+    allowHttp: deps.config.WEBHOOK_ALLOW_HTTP,
+    allowed: exemptList(deps.config.WEBHOOK_ALLOW_CIDRS),
+  };
 
   r.get('/api/webhooks', {
     config,
