@@ -311,11 +311,60 @@ for (const backend of backends()) {
       t.equal((await deliveries(slow.id)).length, 4);
     });
 
+    t.test('an accepted delivery resets the count of exhausted events; so does PATCH status active', async (t) => {
+      const flaky = await create({ url: `${base}/flaky`, event_types: ['conversation.session.done'] });
+      let seq = 1;
+      /** `n` new events for the endpoint, each sent until it is accepted or out of attempts. */
+      const send = async (n: number) => {
+        const appended = await svc.appendEvents({
+          tenant: me.accountId,
+          producer: 'webhook-flaky',
+          seq,
+          events: Array.from({ length: n }, () => ({
+            conversationId,
+            kind: 'stage',
+            stream: 'stage',
+            stage: 'session',
+            state: 'done',
+          })),
+        });
+        seq += n;
+        t.equal(await enqueueWebhookJobs(svc.db.sql, me.accountId, appended.events), n);
+        for (let i = 0; i < 8; i++) {
+          clock = new Date(clock.getTime() + 2 * DAY);
+          await deliver();
+        }
+      };
+      const status = async () => (await http.get(`/api/webhooks/${flaky.id}`, { token })).body.status;
+      answers['/flaky'] = { status: 503 };
+      await send(4);
+      answers['/flaky'] = { status: 200 };
+      await send(1);
+      answers['/flaky'] = { status: 503 };
+      await send(4);
+      t.equal(await status(), 'active', 'four, one accepted, four more: never five in a row');
+      await send(1);
+      t.equal(await status(), 'disabled', 'the fifth in a row disables');
+      const resumed = await http.call('PATCH', `/api/webhooks/${flaky.id}`, { token, body: { status: 'active' } });
+      t.equal(resumed.body.status, 'active');
+      await send(4);
+      t.equal(await status(), 'active', 'PATCH status active started the count again');
+      await send(1);
+      t.equal(await status(), 'disabled');
+      await http.delete(`/api/webhooks/${flaky.id}`, { token });
+    });
+
     t.test('delivery rows are pruned after 30 days', async (t) => {
-      t.ok((await deliveries(first.id)).length > 0);
-      clock = new Date(clock.getTime() + 31 * DAY);
+      await http.post(`/api/webhooks/${first.id}/test`, { token });
+      t.equal(await deliver(), 1);
+      const kept = await deliveries(first.id);
+      t.ok(kept.length > 0);
+      clock = new Date(clock.getTime() + 29 * DAY);
       await deliver();
-      t.same(await deliveries(first.id), []);
+      t.same(await deliveries(first.id), kept, 'kept at 29 days');
+      clock = new Date(clock.getTime() + 2 * DAY);
+      await deliver();
+      t.same(await deliveries(first.id), [], 'gone after 30');
     });
   });
 }

@@ -300,11 +300,15 @@ export async function requeueDelivery(
 }
 
 /**
- * Deletes deliveries recorded before `before`, and finished jobs created before it (SPEC:
- * rows pruned after 30 days); a job still pending stays. Resolves to how many rows went.
+ * Deletes deliveries recorded before `before` (SPEC: rows pruned after 30 days), then finished
+ * jobs created before it that have no delivery row left: a job still pending stays, and so
+ * does an old job with a recent attempt (a redelivery), whose row would otherwise go with it.
+ * Resolves to how many rows went.
  */
 export async function pruneBefore(sql: Sql, before: Date): Promise<number> {
   const deliveries = await sql`DELETE FROM webhook_deliveries WHERE created_at < ${before}`;
-  const jobs = await sql`DELETE FROM webhook_jobs WHERE created_at < ${before} AND state <> 'pending'`;
+  const jobs = await sql`
+    DELETE FROM webhook_jobs j WHERE j.created_at < ${before} AND j.state <> 'pending'
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = j.id)`;
   return deliveries.count + jobs.count;
 }
