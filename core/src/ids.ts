@@ -26,4 +26,7 @@ export type IdPrefix =
   | 'rnr'
   | 'sbx'
   | 'sch'
-  | 'sup';
+  | 'sup'
+  | 'whe'
+  | 'whj'
+  | 'whd';

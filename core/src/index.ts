@@ -25,4 +25,6 @@ export * from './schemas/support.ts';
 export * from './schemas/team.ts';
 export * from './schemas/team-mcp.ts';
 export * from './schemas/vaults.ts';
+export * from './schemas/webhooks.ts';
 export * from './turn-errors.ts';
+export * from './webhooks.ts';

@@ -21,3 +21,4 @@ export * as sessions from './queries/sessions.ts';
 export * as supportReports from './queries/support-reports.ts';
 export * as teammates from './queries/teammates.ts';
 export * as vaults from './queries/vaults.ts';
+export * as webhooks from './queries/webhooks.ts';

@@ -86,6 +86,23 @@ export const ConfigSchema = z.object({
     .default(1024 * 1024),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
+  /** Webhook URLs may be plain `http://` (the scheme rule only; addresses are still checked). */
+  WEBHOOK_ALLOW_HTTP: bool.default(false),
+  /**
+   * Ranges (CIDRs or addresses) webhooks may reach although they are not public: this weakens
+   * the protection against reaching internal services, for these ranges only.
+   */
+  WEBHOOK_ALLOW_CIDRS: csv.default([]).superRefine((entries, ctx) => {
+    for (const entry of entries) {
+      const problem = cidrProblem(entry);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    }
+  }),
+  /** How often a webhook delivery worker looks for due jobs; 0 turns it off. */
+  WEBHOOK_INTERVAL_MS: z.coerce.number().int().min(0).default(1000),
+  /** Webhook requests in flight per process, and per endpoint across all processes. */
+  WEBHOOK_CONCURRENCY: z.coerce.number().int().min(1).max(1000).default(32),
+  WEBHOOK_ENDPOINT_CONCURRENCY: z.coerce.number().int().min(1).max(100).default(4),
   /** How often the scheduler looks for due schedules; 0 turns it off. */
   SCHEDULER_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
   /** Where support reports are mailed (screenshot attached); unset, none are mailed. */

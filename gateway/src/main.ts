@@ -8,6 +8,7 @@ import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
 import { type Config, publicUrl } from './config.ts';
+import { exemptList } from './edge/client-ip.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
@@ -41,6 +42,7 @@ import { listTeammates, messageTeammate, type TeamDeps } from './services/team.t
 import type { TeamOps } from './services/team-mcp.ts';
 import { TurnWaiters } from './services/turn-waiters.ts';
 import { StreamServer } from './streams/streams.ts';
+import { systemResolver } from './webhooks/transport.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
@@ -49,6 +51,7 @@ import { RunnerPresenceWorker } from './workers/runner-presence.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
 import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
+import { WebhookDeliveryWorker } from './workers/webhook-delivery.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -452,6 +455,25 @@ export async function startService(
     );
     supportForwarder.start();
     cleanups.push(() => supportForwarder.stop());
+    const webhookDelivery = new WebhookDeliveryWorker(
+      {
+        sql: db.sql,
+        keyring,
+        mailer,
+        logger: log.child({ role: 'webhooks' }),
+        now: () => new Date(),
+        publicUrl: base,
+        transport: { resolve: systemResolver, allowed: exemptList(config.WEBHOOK_ALLOW_CIDRS) },
+      },
+      {
+        periodMs: config.WEBHOOK_INTERVAL_MS,
+        concurrency: config.WEBHOOK_CONCURRENCY,
+        perEndpoint: config.WEBHOOK_ENDPOINT_CONCURRENCY,
+        timeoutMs: 10_000,
+      },
+    );
+    webhookDelivery.start();
+    cleanups.push(() => webhookDelivery.stop());
 
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({

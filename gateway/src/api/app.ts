@@ -38,6 +38,7 @@ import { supportRoutes } from './routes/support.ts';
 import { teamRoutes } from './routes/team.ts';
 import { teamMcpRoutes } from './routes/team-mcp.ts';
 import { vaultRoutes } from './routes/vaults.ts';
+import { webhookRoutes } from './routes/webhooks.ts';
 import { validatorCompiler } from './validation.ts';
 
 export interface ApiOptions {
@@ -203,6 +204,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   searchRoutes(app, deps);
   permissionRoutes(app, deps);
   teamMcpRoutes(app, deps);
+  webhookRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 
