@@ -272,6 +272,9 @@ for (const backend of backends()) {
       const sandbox = (await http.get(`/api/sandboxes/${added.conversation.sandbox_id}`, { token })).body;
       t.equal(sandbox.status, 'ready', 'its lasting machine is kept');
       t.equal((await http.delete(`/api/team/${agent.id}`, { token })).status, 404, 'once');
+      const audit = (await http.get('/api/audit?action_prefix=team.removed', { token })).body.data;
+      t.equal(audit.length, 1, 'audited once');
+      t.match(audit[0], { action: 'team.removed', resource_type: 'agent', resource_id: agent.id });
 
       const back = await http.post('/api/team', { token, body: { agent_id: agent.id } });
       t.equal(back.status, 201, 'it can join again');

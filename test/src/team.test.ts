@@ -44,6 +44,9 @@ for (const backend of backends()) {
         roster.map((m) => m.agent_id),
         [agent.id],
       );
+      const audit = (await http.get('/api/audit?action_prefix=team.added', { token })).body.data;
+      t.equal(audit.length, 1, 'audited once');
+      t.match(audit[0], { action: 'team.added', resource_type: 'agent', resource_id: agent.id });
       const listed = (await http.get('/api/conversations?channel_id=svc:team', { token })).body.data;
       t.same(
         listed.map((c: { id: string }) => c.id),

@@ -119,16 +119,18 @@ export async function lastTurns(sql: Sql, accountId: string, conversationIds: st
     ORDER BY conversation_id, number DESC`;
 }
 
-/** Usage summed per agent over every conversation it has on the team channel. */
+/** Usage summed per agent of `agentIds` over every conversation it has on the team channel. */
 export async function teamUsage(
   sql: Sql,
   accountId: string,
+  agentIds: string[],
 ): Promise<{ agent_id: string; input: string; output: string }[]> {
+  if (agentIds.length === 0) return [];
   return sql`
     SELECT c.agent_id,
       coalesce(sum((t.usage->>'input')::bigint), 0)::text AS input,
       coalesce(sum((t.usage->>'output')::bigint), 0)::text AS output
     FROM conversations c JOIN turns t ON t.conversation_id = c.id
-    WHERE c.account_id = ${accountId} AND c.channel_id = ${TEAM_CHANNEL}
+    WHERE c.account_id = ${accountId} AND c.channel_id = ${TEAM_CHANNEL} AND c.agent_id = ANY(${agentIds})
     GROUP BY c.agent_id`;
 }

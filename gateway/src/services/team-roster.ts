@@ -56,7 +56,15 @@ async function entries(deps: TeamDeps, accountId: string, rows: teammates.Teamma
   const lastById = new Map(
     (await teammates.lastTurns(sql, accountId, conversationIds)).map((t) => [t.conversation_id, t]),
   );
-  const usageByAgent = new Map((await teammates.teamUsage(sql, accountId)).map((u) => [u.agent_id, u]));
+  const usageByAgent = new Map(
+    (
+      await teammates.teamUsage(
+        sql,
+        accountId,
+        rows.map((r) => r.agent_id),
+      )
+    ).map((u) => [u.agent_id, u]),
+  );
   const now = Date.now();
 
   const out: TeammateEntry[] = [];
