@@ -111,7 +111,15 @@ for (const backend of backends()) {
 
     t.test('a message to a terminated conversation opens a fresh one, named in the reply', async (t) => {
       const agent = await agentOf(token, 'hopper');
-      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id, name: 'Grace H' } })).body;
+      const vault = (await http.post('/api/vaults', { token, body: { name: 'hopper-keys' } })).body;
+      const added = (
+        await http.post('/api/team', { token, body: { agent_id: agent.id, name: 'Grace H', vault_id: vault.id } })
+      ).body;
+      t.equal(
+        (await http.get(`/api/sandboxes/${added.conversation.sandbox_id}`, { token })).body.vault_id,
+        vault.id,
+        'its machine is built with the vault',
+      );
       const old = added.conversation.id as string;
       await online(agent.id);
       t.equal((await http.post(`/api/conversations/${old}/terminate`, { token })).status, 200);
@@ -122,7 +130,11 @@ for (const backend of backends()) {
       t.not(res.body.conversation_id, old, 'a fresh conversation');
       const fresh = (await http.get(`/api/conversations/${res.body.conversation_id}`, { token })).body;
       t.match(fresh, { title: 'Grace H', channel_id: 'svc:team', agent_id: agent.id });
-      t.equal(fresh.sandbox_id, added.conversation.sandbox_id, 'on the same lasting machine');
+      t.equal(
+        fresh.sandbox_id,
+        added.conversation.sandbox_id,
+        'on the same lasting machine: same environment and vault',
+      );
       t.equal((await settled(fresh.id, 1)).prompt, 'are you there', 'the message is its first prompt');
       const mate = (await http.get(`/api/team/${agent.id}`, { token })).body;
       t.equal(mate.conversation.id, fresh.id, 'the teammate points at it');

@@ -97,6 +97,8 @@ export interface SandboxSignal {
   status: 'provisioning' | 'ready' | 'suspended' | 'terminated' | 'failed';
   provider: string;
   runner_id: string | null;
+  incarnation: number;
+  built_incarnation: number | null;
   runner_connected: boolean | null;
   runner_last_seen_at: Date | null;
 }
@@ -105,7 +107,7 @@ export interface SandboxSignal {
 export async function sandboxSignals(sql: Sql, accountId: string, sandboxIds: string[]): Promise<SandboxSignal[]> {
   if (sandboxIds.length === 0) return [];
   return sql<SandboxSignal[]>`
-    SELECT s.id, s.status, s.provider, s.runner_id, r.connected AS runner_connected, r.last_seen_at AS runner_last_seen_at
+    SELECT s.id, s.status, s.provider, s.runner_id, s.incarnation, s.built_incarnation, r.connected AS runner_connected, r.last_seen_at AS runner_last_seen_at
     FROM sandboxes s LEFT JOIN runners r ON r.id = s.runner_id
     WHERE s.account_id = ${accountId} AND s.id = ANY(${sandboxIds})`;
 }
