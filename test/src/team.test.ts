@@ -1,4 +1,5 @@
 import t from 'tap';
+import { messageTeammate } from '../../gateway/src/services/team.ts';
 import { backends } from './harness.ts';
 import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
@@ -8,7 +9,10 @@ t.setTimeout(backends().length * 120_000);
 
 for (const backend of backends()) {
   t.test(`the team on ${backend}`, async (t) => {
-    const { http, token, other, agentOf, turnsOf, settled, online, teamStream } = await teamSetUp(t, backend);
+    const { svc, http, token, accountId, other, agentOf, turnsOf, settled, online, teamStream } = await teamSetUp(
+      t,
+      backend,
+    );
 
     t.test('adding an agent opens its live conversation on the team channel: 201, then 200 as it is', async (t) => {
       const agent = await agentOf(token, 'ada');
@@ -142,6 +146,22 @@ for (const backend of backends()) {
         await until('a team event', () => stream.events().some((e) => e.event === 'team')),
         'told the roster changed',
       );
+    });
+
+    t.test('a message a sandbox token sends (as the team tools do) opens a fresh conversation too', async (t) => {
+      const agent = await agentOf(token, 'shannon');
+      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+      await online(agent.id);
+      t.equal((await http.post(`/api/conversations/${added.conversation.id}/terminate`, { token })).status, 200);
+      const fromTeammate = { accountId, actor: 'sprite' as const, ip: null };
+      const sent = await messageTeammate({ launch: svc.launch }, fromTeammate, agent.id, { prompt: 'from a peer' });
+      t.not(sent.conversationId, added.conversation.id, 'a fresh conversation');
+      t.equal(sent.turn.prompt, 'from a peer');
+      t.equal(sent.turn.conversation_id, sent.conversationId, 'the turn it opened');
+      const fresh = (await http.get(`/api/conversations/${sent.conversationId}`, { token })).body;
+      t.match(fresh, { channel_id: 'svc:team', parent_id: null, title: 'shannon' });
+      t.equal((await settled(sent.conversationId, 1)).state, 'done');
+      t.equal((await http.get(`/api/team/${agent.id}`, { token })).body.conversation.id, sent.conversationId);
     });
 
     t.test('another tenant’s agent, unknown ids and bad input', async (t) => {

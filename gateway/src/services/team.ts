@@ -93,7 +93,8 @@ export async function addTeammate(
  * 503 `runner_offline` when its self-hosted runner is away). When that conversation cannot be
  * resumed (terminated, deleted, or never given a sandbox), a fresh one opens on the team
  * channel with the teammate's name, environment and vault and the message as its first
- * prompt; the teammate points at it (with a `team` event). Resolves to the conversation the
+ * prompt; the teammate points at it (with a `team` event), whoever sent the message (a
+ * teammate's sandbox token through the team tools too). Resolves to the conversation the
  * message went to and the turn it opened. 404 when the agent is not on the team.
  */
 export async function messageTeammate(
@@ -116,7 +117,7 @@ export async function messageTeammate(
       if (!(err instanceof ApiError && err.code === 'conversation_terminated')) throw err;
     }
   }
-  const fresh = await openConversation(deps.launch, who, mate, conv, input);
+  const fresh = await openConversation(deps.launch, who, mate, conv, { ...input, teamMessage: true });
   const [turn] = await conversations.listTurns(sql, who.accountId, fresh.id);
   return { conversationId: fresh.id, turn: turn as conversations.TurnRow };
 }
@@ -142,7 +143,12 @@ async function openConversation(
   who: ActorRef,
   mate: teammates.TeammateRow,
   previous: conversations.ConversationRow | undefined,
-  input: { prompt?: string; images?: { data: string; media_type: string }[]; sandboxId?: string },
+  input: {
+    prompt?: string;
+    images?: { data: string; media_type: string }[];
+    sandboxId?: string;
+    teamMessage?: boolean;
+  },
 ): Promise<conversations.ConversationRow> {
   const agent = orNotFound(await agents.getAgent(deps.sql, who.accountId, mate.agent_id), 'Agent');
   return startConversation(
@@ -160,6 +166,7 @@ async function openConversation(
     {
       title: mate.name ?? agent.name,
       channelId: TEAM_CHANNEL,
+      teamMessage: input.teamMessage ?? false,
       inTransaction: async (tx, conversationId) => {
         if (!(await teammates.moveConversation(tx, who.accountId, agent.id, mate.conversation_id, conversationId))) {
           if (!(await teammates.getTeammate(tx, who.accountId, agent.id))) throw notOnTeam(agent.id);
