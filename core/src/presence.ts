@@ -17,7 +17,10 @@ export const PRESENCE_STATES = [
 export type PresenceState = (typeof PRESENCE_STATES)[number];
 
 export interface PresenceSignals {
-  /** The status of the live conversation's sandbox; null when it has none (or no live conversation). */
+  /**
+   * The status of the live conversation's sandbox; null when there is no machine: no live
+   * conversation, no sandbox, or a sandbox a reset left without one.
+   */
   sandbox: 'provisioning' | 'ready' | 'suspended' | 'terminated' | 'failed' | null;
   /** The sandbox lives on the tenant's own runner (provider `runner`). */
   runnerBacked: boolean;

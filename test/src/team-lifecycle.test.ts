@@ -231,6 +231,21 @@ for (const backend of backends()) {
       t.equal((await http.get(`/api/team/${agent.id}`, { token })).body.presence.state, 'online');
     });
 
+    t.test('a teammate whose machine was reset is offline; the next message builds it again', async (t) => {
+      const agent = await agentOf(token, 'hoare');
+      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+      await online(agent.id);
+      t.equal((await http.delete(`/api/sandboxes/${added.conversation.sandbox_id}`, { token })).status, 204);
+      const offline = await presenceOf(agent.id);
+      t.equal(offline.state, 'offline');
+      t.match(offline.label, /next message starts its machine/);
+      const res = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'rebuilt?' } });
+      t.equal(res.status, 202, res.text);
+      t.equal(res.body.conversation_id, added.conversation.id, 'the same conversation');
+      t.equal((await settled(added.conversation.id, 1)).state, 'done');
+      t.equal((await presenceOf(agent.id)).state, 'online');
+    });
+
     t.test('removing a teammate terminates its conversation and unbinds its history', async (t) => {
       const agent = await agentOf(token, 'hamilton');
       const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
@@ -272,6 +287,9 @@ for (const backend of backends()) {
       const sandbox = (await http.get(`/api/sandboxes/${added.conversation.sandbox_id}`, { token })).body;
       t.equal(sandbox.status, 'ready', 'its lasting machine is kept');
       t.equal((await http.delete(`/api/team/${agent.id}`, { token })).status, 404, 'once');
+      const audit = (await http.get('/api/audit?action_prefix=team.removed', { token })).body.data;
+      t.equal(audit.length, 1, 'audited once');
+      t.match(audit[0], { action: 'team.removed', resource_type: 'agent', resource_id: agent.id });
 
       const back = await http.post('/api/team', { token, body: { agent_id: agent.id } });
       t.equal(back.status, 201, 'it can join again');

@@ -71,5 +71,18 @@ export async function teamSetUp(t: Test, backend: Backend, env: Record<string, s
       connected: () => until('the stream is open', () => frames(w.text()).length > 0),
     };
   };
-  return { svc, http, token, other, env: mainEnv, agentOf, turnsOf, settled, presenceOf, online, teamStream };
+  return {
+    svc,
+    http,
+    token,
+    accountId: me.accountId,
+    other,
+    env: mainEnv,
+    agentOf,
+    turnsOf,
+    settled,
+    presenceOf,
+    online,
+    teamStream,
+  };
 }

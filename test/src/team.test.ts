@@ -1,4 +1,5 @@
 import t from 'tap';
+import { messageTeammate } from '../../gateway/src/services/team.ts';
 import { backends } from './harness.ts';
 import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
@@ -8,7 +9,10 @@ t.setTimeout(backends().length * 120_000);
 
 for (const backend of backends()) {
   t.test(`the team on ${backend}`, async (t) => {
-    const { http, token, other, agentOf, turnsOf, settled, online, teamStream } = await teamSetUp(t, backend);
+    const { svc, http, token, accountId, other, agentOf, turnsOf, settled, online, teamStream } = await teamSetUp(
+      t,
+      backend,
+    );
 
     t.test('adding an agent opens its live conversation on the team channel: 201, then 200 as it is', async (t) => {
       const agent = await agentOf(token, 'ada');
@@ -44,6 +48,9 @@ for (const backend of backends()) {
         roster.map((m) => m.agent_id),
         [agent.id],
       );
+      const audit = (await http.get('/api/audit?action_prefix=team.added', { token })).body.data;
+      t.equal(audit.length, 1, 'audited once');
+      t.match(audit[0], { action: 'team.added', resource_type: 'agent', resource_id: agent.id });
       const listed = (await http.get('/api/conversations?channel_id=svc:team', { token })).body.data;
       t.same(
         listed.map((c: { id: string }) => c.id),
@@ -108,7 +115,15 @@ for (const backend of backends()) {
 
     t.test('a message to a terminated conversation opens a fresh one, named in the reply', async (t) => {
       const agent = await agentOf(token, 'hopper');
-      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id, name: 'Grace H' } })).body;
+      const vault = (await http.post('/api/vaults', { token, body: { name: 'hopper-keys' } })).body;
+      const added = (
+        await http.post('/api/team', { token, body: { agent_id: agent.id, name: 'Grace H', vault_id: vault.id } })
+      ).body;
+      t.equal(
+        (await http.get(`/api/sandboxes/${added.conversation.sandbox_id}`, { token })).body.vault_id,
+        vault.id,
+        'its machine is built with the vault',
+      );
       const old = added.conversation.id as string;
       await online(agent.id);
       t.equal((await http.post(`/api/conversations/${old}/terminate`, { token })).status, 200);
@@ -119,7 +134,11 @@ for (const backend of backends()) {
       t.not(res.body.conversation_id, old, 'a fresh conversation');
       const fresh = (await http.get(`/api/conversations/${res.body.conversation_id}`, { token })).body;
       t.match(fresh, { title: 'Grace H', channel_id: 'svc:team', agent_id: agent.id });
-      t.equal(fresh.sandbox_id, added.conversation.sandbox_id, 'on the same lasting machine');
+      t.equal(
+        fresh.sandbox_id,
+        added.conversation.sandbox_id,
+        'on the same lasting machine: same environment and vault',
+      );
       t.equal((await settled(fresh.id, 1)).prompt, 'are you there', 'the message is its first prompt');
       const mate = (await http.get(`/api/team/${agent.id}`, { token })).body;
       t.equal(mate.conversation.id, fresh.id, 'the teammate points at it');
@@ -127,6 +146,22 @@ for (const backend of backends()) {
         await until('a team event', () => stream.events().some((e) => e.event === 'team')),
         'told the roster changed',
       );
+    });
+
+    t.test('a message a sandbox token sends (as the team tools do) opens a fresh conversation too', async (t) => {
+      const agent = await agentOf(token, 'shannon');
+      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+      await online(agent.id);
+      t.equal((await http.post(`/api/conversations/${added.conversation.id}/terminate`, { token })).status, 200);
+      const fromTeammate = { accountId, actor: 'sprite' as const, ip: null };
+      const sent = await messageTeammate({ launch: svc.launch }, fromTeammate, agent.id, { prompt: 'from a peer' });
+      t.not(sent.conversationId, added.conversation.id, 'a fresh conversation');
+      t.equal(sent.turn.prompt, 'from a peer');
+      t.equal(sent.turn.conversation_id, sent.conversationId, 'the turn it opened');
+      const fresh = (await http.get(`/api/conversations/${sent.conversationId}`, { token })).body;
+      t.match(fresh, { channel_id: 'svc:team', parent_id: null, title: 'shannon' });
+      t.equal((await settled(sent.conversationId, 1)).state, 'done');
+      t.equal((await http.get(`/api/team/${agent.id}`, { token })).body.conversation.id, sent.conversationId);
     });
 
     t.test('another tenant’s agent, unknown ids and bad input', async (t) => {

@@ -97,6 +97,8 @@ export interface SandboxSignal {
   status: 'provisioning' | 'ready' | 'suspended' | 'terminated' | 'failed';
   provider: string;
   runner_id: string | null;
+  incarnation: number;
+  built_incarnation: number | null;
   runner_connected: boolean | null;
   runner_last_seen_at: Date | null;
 }
@@ -105,7 +107,7 @@ export interface SandboxSignal {
 export async function sandboxSignals(sql: Sql, accountId: string, sandboxIds: string[]): Promise<SandboxSignal[]> {
   if (sandboxIds.length === 0) return [];
   return sql<SandboxSignal[]>`
-    SELECT s.id, s.status, s.provider, s.runner_id, r.connected AS runner_connected, r.last_seen_at AS runner_last_seen_at
+    SELECT s.id, s.status, s.provider, s.runner_id, s.incarnation, s.built_incarnation, r.connected AS runner_connected, r.last_seen_at AS runner_last_seen_at
     FROM sandboxes s LEFT JOIN runners r ON r.id = s.runner_id
     WHERE s.account_id = ${accountId} AND s.id = ANY(${sandboxIds})`;
 }
@@ -119,16 +121,18 @@ export async function lastTurns(sql: Sql, accountId: string, conversationIds: st
     ORDER BY conversation_id, number DESC`;
 }
 
-/** Usage summed per agent over every conversation it has on the team channel. */
+/** Usage summed per agent of `agentIds` over every conversation it has on the team channel. */
 export async function teamUsage(
   sql: Sql,
   accountId: string,
+  agentIds: string[],
 ): Promise<{ agent_id: string; input: string; output: string }[]> {
+  if (agentIds.length === 0) return [];
   return sql`
     SELECT c.agent_id,
       coalesce(sum((t.usage->>'input')::bigint), 0)::text AS input,
       coalesce(sum((t.usage->>'output')::bigint), 0)::text AS output
     FROM conversations c JOIN turns t ON t.conversation_id = c.id
-    WHERE c.account_id = ${accountId} AND c.channel_id = ${TEAM_CHANNEL}
+    WHERE c.account_id = ${accountId} AND c.channel_id = ${TEAM_CHANNEL} AND c.agent_id = ANY(${agentIds})
     GROUP BY c.agent_id`;
 }

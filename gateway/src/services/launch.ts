@@ -74,6 +74,9 @@ const permits = (list: string[] | null, id: string) => list === null || list.inc
  * and put it on a channel (the team's). `options.inTransaction` runs inside the transaction
  * that records the conversation, after it is written: what it writes commits with the launch,
  * and what it throws rolls the launch back, before any machine is built or turn run.
+ * `options.teamMessage` marks a teammate's fresh conversation opened by a message to it,
+ * which a sandbox token may send (the team tools' `send_to_teammate`); a sandbox token's
+ * other launches are only sub-conversations of its own conversation.
  */
 export async function startConversation(
   deps: LaunchDeps,
@@ -93,10 +96,11 @@ export async function startConversation(
     title?: string;
     channelId?: string;
     inTransaction?: (tx: Sql, conversationId: string) => Promise<void>;
+    teamMessage?: boolean;
   } = {},
 ) {
   const { sql } = deps;
-  if (who.actor === 'sprite') {
+  if (who.actor === 'sprite' && !options.teamMessage) {
     if (parentId === null) {
       throw new ApiError('forbidden', 'A sandbox token starts only sub-conversations (X-Svc-Parent-Conversation-Id).');
     }

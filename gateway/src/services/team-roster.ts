@@ -4,6 +4,7 @@ import type { z } from 'zod';
 import { shapeAgent } from './agents.ts';
 import { shapeConversation, shapeTurn } from './conversations.ts';
 import type { LaunchDeps } from './launch.ts';
+import { unbuiltMachine } from './machine.ts';
 import type { ActorRef } from './principal.ts';
 import { runnerOnline } from './runners.ts';
 
@@ -56,7 +57,15 @@ async function entries(deps: TeamDeps, accountId: string, rows: teammates.Teamma
   const lastById = new Map(
     (await teammates.lastTurns(sql, accountId, conversationIds)).map((t) => [t.conversation_id, t]),
   );
-  const usageByAgent = new Map((await teammates.teamUsage(sql, accountId)).map((u) => [u.agent_id, u]));
+  const usageByAgent = new Map(
+    (
+      await teammates.teamUsage(
+        sql,
+        accountId,
+        rows.map((r) => r.agent_id),
+      )
+    ).map((u) => [u.agent_id, u]),
+  );
   const now = Date.now();
 
   const out: TeammateEntry[] = [];
@@ -68,7 +77,7 @@ async function entries(deps: TeamDeps, accountId: string, rows: teammates.Teamma
     const last = conv ? lastById.get(conv.id) : undefined;
     const usage = usageByAgent.get(row.agent_id);
     const presence = presenceOf({
-      sandbox: sandbox?.status ?? null,
+      sandbox: sandbox && !unbuiltMachine(sandbox) ? sandbox.status : null,
       runnerBacked: sandbox ? providers.of(sandbox.provider).showsRunner : false,
       runnerOnline: runnerOnline(
         sandbox?.runner_connected ?? false,

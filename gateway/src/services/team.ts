@@ -93,7 +93,8 @@ export async function addTeammate(
  * 503 `runner_offline` when its self-hosted runner is away). When that conversation cannot be
  * resumed (terminated, deleted, or never given a sandbox), a fresh one opens on the team
  * channel with the teammate's name, environment and vault and the message as its first
- * prompt; the teammate points at it (with a `team` event). Resolves to the conversation the
+ * prompt; the teammate points at it (with a `team` event), whoever sent the message (a
+ * teammate's sandbox token through the team tools too). Resolves to the conversation the
  * message went to and the turn it opened. 404 when the agent is not on the team.
  */
 export async function messageTeammate(
@@ -116,16 +117,19 @@ export async function messageTeammate(
       if (!(err instanceof ApiError && err.code === 'conversation_terminated')) throw err;
     }
   }
-  const fresh = await openConversation(deps.launch, who, mate, conv, input);
+  const fresh = await openConversation(deps.launch, who, mate, conv, { ...input, teamMessage: true });
   const [turn] = await conversations.listTurns(sql, who.accountId, fresh.id);
   return { conversationId: fresh.id, turn: turn as conversations.TurnRow };
 }
 
-/** 503 `provisioning` while the sandbox's machine is being built (or woken): a message or a start-over waits. */
+/** A message or a start-over waits while the teammate's machine is being built (or woken). */
+const stillBuilding = () =>
+  new ApiError('provisioning', 'The teammate’s machine is still being built; try again shortly.');
+
+/** 503 `provisioning` while the sandbox's machine is being built (or woken). */
 async function refuseWhileBuilding(deps: LaunchDeps, who: ActorRef, sandboxId: string): Promise<void> {
-  const sandbox = await sandboxes.getSandbox(deps.sql, who.accountId, sandboxId);
-  if (sandbox?.status === 'provisioning') {
-    throw new ApiError('provisioning', 'The teammate’s machine is still being built; try again shortly.');
+  if ((await sandboxes.getSandbox(deps.sql, who.accountId, sandboxId))?.status === 'provisioning') {
+    throw stillBuilding();
   }
 }
 
@@ -142,7 +146,12 @@ async function openConversation(
   who: ActorRef,
   mate: teammates.TeammateRow,
   previous: conversations.ConversationRow | undefined,
-  input: { prompt?: string; images?: { data: string; media_type: string }[]; sandboxId?: string },
+  input: {
+    prompt?: string;
+    images?: { data: string; media_type: string }[];
+    sandboxId?: string;
+    teamMessage?: boolean;
+  },
 ): Promise<conversations.ConversationRow> {
   const agent = orNotFound(await agents.getAgent(deps.sql, who.accountId, mate.agent_id), 'Agent');
   return startConversation(
@@ -160,6 +169,7 @@ async function openConversation(
     {
       title: mate.name ?? agent.name,
       channelId: TEAM_CHANNEL,
+      teamMessage: input.teamMessage ?? false,
       inTransaction: async (tx, conversationId) => {
         if (!(await teammates.moveConversation(tx, who.accountId, agent.id, mate.conversation_id, conversationId))) {
           if (!(await teammates.getTeammate(tx, who.accountId, agent.id))) throw notOnTeam(agent.id);
@@ -185,10 +195,11 @@ async function endIfLive(deps: LaunchDeps, who: ActorRef, conversationId: string
 /**
  * `POST /api/team/:agent_id/conversations`: starts the teammate over on its machine. A new
  * live conversation opens on the current one's sandbox when that is ready or suspended
- * (attached: nothing is built, nothing interrupted), else as `POST /api/team` provisions (its
- * machine failed, was destroyed, or it never had one); then the current one is retired
- * (terminated, its persistent machine kept). 400 `conversation_busy` while a turn runs; 503
- * `provisioning` while its machine is being built. Audited as `team.conversation.rotated`.
+ * (attached: nothing is built or interrupted; a suspended machine is woken for it), else as
+ * `POST /api/team` provisions (its machine failed, was destroyed, or it never had one); then
+ * the current one is retired (terminated, its persistent machine kept). 400
+ * `conversation_busy` while a turn runs; 503 `provisioning` while its machine is being built.
+ * Audited as `team.conversation.rotated`.
  */
 export async function rotateTeammate(
   deps: TeamDeps,
@@ -201,8 +212,8 @@ export async function rotateTeammate(
     ? await conversations.getConversation(sql, who.accountId, mate.conversation_id)
     : undefined;
   if (current?.status === 'running') throw new ApiError('conversation_busy');
-  if (current?.sandbox_id) await refuseWhileBuilding(deps.launch, who, current.sandbox_id);
   const sandbox = current?.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, current.sandbox_id) : undefined;
+  if (sandbox?.status === 'provisioning') throw stillBuilding();
   const keep = sandbox && (sandbox.status === 'ready' || sandbox.status === 'suspended') ? sandbox.id : undefined;
   const fresh = await openConversation(deps.launch, who, mate, current, keep ? { sandboxId: keep } : {});
   if (current && current.status !== 'terminated') await endIfLive(deps.launch, who, current.id);
