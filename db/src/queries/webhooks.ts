@@ -169,21 +169,27 @@ export async function claimDueJobs(
 ): Promise<ClaimedJob[]> {
   if (limit <= 0) return [];
   return transaction(sql, async (tx) => {
+    // Per active endpoint, its free slots (in flight counted up to the bound only) and that
+    // many of its due jobs, each found through the endpoint's own index range: the cost of a
+    // claim follows the number of endpoints, not the backlog.
     const due = await tx<{ id: string }[]>`
-      WITH busy AS (
-        SELECT endpoint_id, count(*)::int AS n FROM webhook_jobs
-        WHERE state = 'pending' AND claimed_until > ${now} GROUP BY endpoint_id
-      ), candidates AS (
-        SELECT j.id, j.next_attempt_at,
-          row_number() OVER (PARTITION BY j.endpoint_id ORDER BY j.next_attempt_at, j.id) + coalesce(b.n, 0) AS slot
-        FROM webhook_jobs j
-        JOIN webhook_endpoints e ON e.id = j.endpoint_id AND e.status = 'active'
-        LEFT JOIN busy b ON b.endpoint_id = j.endpoint_id
-        WHERE j.state = 'pending' AND j.next_attempt_at <= ${now}
-          AND (j.claimed_until IS NULL OR j.claimed_until <= ${now})
-      )
-      SELECT id FROM webhook_jobs
-      WHERE id IN (SELECT id FROM candidates WHERE slot <= ${perEndpoint} ORDER BY next_attempt_at LIMIT ${limit})
+      SELECT id FROM webhook_jobs WHERE id IN (
+        SELECT j.id FROM webhook_endpoints e
+        CROSS JOIN LATERAL (
+          SELECT count(*)::int AS n FROM (
+            SELECT 1 FROM webhook_jobs x
+            WHERE x.endpoint_id = e.id AND x.claimed_until IS NOT NULL AND x.state = 'pending'
+              AND x.claimed_until > ${now}
+            LIMIT ${perEndpoint}) held
+        ) busy
+        CROSS JOIN LATERAL (
+          SELECT x.id, x.next_attempt_at FROM webhook_jobs x
+          WHERE x.endpoint_id = e.id AND x.state = 'pending' AND x.next_attempt_at <= ${now}
+            AND (x.claimed_until IS NULL OR x.claimed_until <= ${now})
+          ORDER BY x.next_attempt_at LIMIT greatest(${perEndpoint} - busy.n, 0)
+        ) j
+        WHERE e.status = 'active'
+        ORDER BY j.next_attempt_at LIMIT ${limit})
       FOR UPDATE SKIP LOCKED`;
     if (due.length === 0) return [];
     return tx<ClaimedJob[]>`
