@@ -1,6 +1,7 @@
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { verifyWebhookSignature } from '@svc/core';
+import { loadConfig } from '@svc/gateway';
 import postgres from 'postgres';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
@@ -284,4 +285,14 @@ t.test('webhook endpoints', async (t) => {
     t.equal(deleted[0]?.resource_id, id);
     t.equal((await http.get(`/api/webhooks/${id}`, { token })).status, 404);
   });
+});
+
+t.test('a WEBHOOK_ALLOW_CIDRS entry that is not a range stops the start, naming the variable', async (t) => {
+  t.throws(
+    () => loadConfig({ WEBHOOK_ALLOW_CIDRS: '10.0.0.0/8,10.1.0.0/33' }),
+    /WEBHOOK_ALLOW_CIDRS.*prefix must be 0 to 32/s,
+  );
+  t.throws(() => loadConfig({ WEBHOOK_ALLOW_CIDRS: 'intranet' }), /WEBHOOK_ALLOW_CIDRS.*not an address or a CIDR/s);
+  t.same(loadConfig({ WEBHOOK_ALLOW_CIDRS: '10.0.0.0/8, fd00::/8' }).WEBHOOK_ALLOW_CIDRS, ['10.0.0.0/8', 'fd00::/8']);
+  t.equal(loadConfig({}).WEBHOOK_ALLOW_HTTP, false, 'https only unless asked');
 });
