@@ -285,9 +285,11 @@ export async function listDeliveries(
 }
 
 /**
- * Queues the job of delivery `deliveryId` for one more attempt at `now`, to the endpoint's
- * URL and secret as they are when it is sent; a redelivery is manual (its failure does not
- * count toward disabling). Undefined when the endpoint has no such delivery.
+ * Sends the event of delivery `deliveryId` again at `now`, to the endpoint's URL and secret as
+ * they are when it is sent. An event whose retries are under way is just due now and keeps
+ * the retries it has left; a finished one (delivered, or out of attempts) gets one manual
+ * attempt, whose failure is not retried and does not count toward disabling. Undefined when the
+ * endpoint has no such delivery.
  */
 export async function requeueDelivery(
   sql: Sql,
@@ -297,8 +299,10 @@ export async function requeueDelivery(
   now: Date,
 ): Promise<{ event_id: string; event_type: string } | undefined> {
   const rows = await sql<{ event_id: string; event_type: string }[]>`
-    UPDATE webhook_jobs j SET state = 'pending', manual = true, max_attempts = j.attempts + 1,
-      next_attempt_at = ${now}, claimed_until = NULL
+    UPDATE webhook_jobs j SET next_attempt_at = ${now},
+      manual = CASE WHEN j.state = 'pending' THEN j.manual ELSE true END,
+      max_attempts = CASE WHEN j.state = 'pending' THEN j.max_attempts ELSE j.attempts + 1 END,
+      state = 'pending'
     FROM webhook_deliveries d
     WHERE d.id = ${deliveryId} AND d.account_id = ${accountId} AND d.endpoint_id = ${endpointId} AND j.id = d.job_id
     RETURNING j.event_id, j.event_type`;
