@@ -9,6 +9,7 @@ import { until } from './until.ts';
 const SECRET_KEY = 'sk_test_billing_0123456789';
 const WEBHOOK_SECRET = 'whsec_test_billing_0123456789';
 const UPGRADE_URL = 'https://console.example.test/billing';
+const ADMIN = 'ops@billing.example.test';
 
 /** A rate of one cent per millisecond of turn time, so any turn's charge is visible. */
 const CENTS_PER_TURN_HOUR = 3_600_000;
@@ -25,6 +26,7 @@ async function paymentOn(t: Test, backend: Backend, fake: FakeStripe, env: Recor
       PAYMENT_CREDIT_PACK_PRICE_CENTS: '2000',
       PAYMENT_CENTS_PER_TURN_HOUR: String(CENTS_PER_TURN_HOUR),
       PAYMENT_UPGRADE_URL: UPGRADE_URL,
+      ADMIN_EMAILS: ADMIN,
       ...env,
     },
   });
@@ -46,7 +48,10 @@ async function ledgerRows(svc: TestService, accountId: string) {
 
 for (const backend of backends()) {
   t.test(`billing with payment off (${backend})`, async (t) => {
-    const svc = await startTestService(t, { backend, env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND } });
+    const svc = await startTestService(t, {
+      backend,
+      env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND, ADMIN_EMAILS: ADMIN },
+    });
     const me = await signUp(svc);
     const disabled = { error: 'not_found', message: 'Billing is not enabled on this instance.', billing: 'disabled' };
 
@@ -61,6 +66,19 @@ for (const backend of backends()) {
       t.equal(hook.status, 404);
       t.same(hook.body, disabled);
       t.equal((await svc.http.get('/api/auth/me', { token: me.key })).body.comped, null, 'comped is null');
+      const admin = await signUp(svc, ADMIN);
+      const comp = await svc.http.post(`/api/admin/users/${me.accountId}/comp`, {
+        token: admin.key,
+        body: { comped: true },
+      });
+      t.equal(comp.status, 404);
+      t.same(comp.body, disabled);
+      const credits = await svc.http.post(`/api/admin/users/${me.accountId}/credits`, {
+        token: admin.key,
+        body: { cents: 100, note: 'welcome' },
+      });
+      t.equal(credits.status, 404);
+      t.same(credits.body, disabled);
     });
 
     t.test('nothing is gated and no turn is charged', async (t) => {
@@ -172,7 +190,13 @@ for (const backend of backends()) {
 
     t.test('a comped account is never gated nor charged, and may not check out', async (t) => {
       const me = await signUp(svc);
-      await svc.db.sql`UPDATE accounts SET comped = true WHERE id = ${me.accountId}`;
+      const admin = await signUp(svc, `ops+comp-${backend}@billing.example.test`);
+      await svc.db.sql`UPDATE accounts SET role = 'admin' WHERE id = ${admin.accountId}`;
+      const comp = await svc.http.post(`/api/admin/users/${me.accountId}/comp`, {
+        token: admin.key,
+        body: { comped: true },
+      });
+      t.same(comp.body, { id: me.accountId, comped: true }, comp.text);
       const { agent } = await claudeAgent(t, svc.http, me.key);
       const started = await svc.http.post('/api/conversations', {
         token: me.key,
@@ -258,6 +282,30 @@ for (const backend of backends()) {
       t.same(await ledgerRows(svc, me.accountId), [], 'nothing was credited');
       const right = await fake.deliver(hookUrl, event);
       t.equal(right.status, 200, 'the same event signed with the secret is taken');
+    });
+
+    t.test('an admin grants credit; others may not; an unknown user is 404', async (t) => {
+      const admin = await signUp(svc, ADMIN);
+      const me = await signUp(svc);
+      const granted = await svc.http.post(`/api/admin/users/${me.accountId}/credits`, {
+        token: admin.key,
+        body: { cents: 500, note: 'welcome' },
+      });
+      t.equal(granted.status, 200, granted.text);
+      t.same(granted.body, { id: me.accountId, balance_cents: 500 });
+      t.equal((await svc.http.get('/api/account/billing', { token: me.key })).body.balance_cents, 500);
+      const self = await svc.http.post(`/api/admin/users/${me.accountId}/credits`, {
+        token: me.key,
+        body: { cents: 500, note: 'mine' },
+      });
+      t.equal(self.status, 403, 'a user may not grant credit');
+      const unknown = await svc.http.post('/api/admin/users/acc_nobody/credits', {
+        token: admin.key,
+        body: { cents: 500, note: 'welcome' },
+      });
+      t.equal(unknown.status, 404);
+      t.same(unknown.body, { error: 'not_found', message: 'User not found.' });
+      t.equal((await svc.http.get('/api/account/billing', { token: me.key })).body.balance_cents, 500, 'unchanged');
     });
 
     t.test('a provider that refuses the checkout is 502', async (t) => {

@@ -83,7 +83,21 @@ export async function recordPurchase(
   return rows.length > 0;
 }
 
-/** Appends an operator's grant (`cents` may be negative to take credit back). */
-export async function grant(sql: Sql, accountId: string, cents: number, note: string): Promise<void> {
-  await sql`INSERT INTO credit_ledger (account_id, kind, cents, note) VALUES (${accountId}, 'grant', ${cents}, ${note})`;
+/**
+ * Appends an operator's grant (`cents` may be negative to take credit back). False when the
+ * account does not exist.
+ */
+export async function grant(sql: Sql, accountId: string, cents: number, note: string): Promise<boolean> {
+  const rows = await sql`
+    INSERT INTO credit_ledger (account_id, kind, cents, note)
+    SELECT id, 'grant', ${cents}, ${note} FROM accounts WHERE id = ${accountId}
+    RETURNING id`;
+  return rows.length > 0;
+}
+
+/** Marks the account comped (never charged, never gated) or not. False when it does not exist. */
+export async function setComped(sql: Sql, accountId: string, comped: boolean): Promise<boolean> {
+  const rows =
+    await sql`UPDATE accounts SET comped = ${comped}, updated_at = now() WHERE id = ${accountId} RETURNING id`;
+  return rows.length > 0;
 }

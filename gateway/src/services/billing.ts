@@ -1,4 +1,4 @@
-import { ApiError } from '@svc/core';
+import { ApiError, orNotFound } from '@svc/core';
 import { accounts, billing as ledger, type Sql } from '@svc/db';
 import { BadSignature, type CreditPack, PaymentProviderError, type Payments } from '../payments/payments.ts';
 import { recordAudit } from './audit.ts';
@@ -153,4 +153,33 @@ export async function receivePaymentEvent(
     );
   }
   return credited;
+}
+
+/**
+ * `POST /api/admin/users/:id/comp`: an operator makes the account free (never charged, never
+ * refused for credit) or paying again. 404 when the account does not exist; audited on the
+ * admin's account with the target.
+ */
+export async function compAccount(sql: Sql, billing: Billing | null, admin: ActorRef, userId: string, comped: boolean) {
+  enabled(billing);
+  orNotFound(await ledger.setComped(sql, userId, comped), 'User');
+  await recordAudit(sql, admin, 'admin.user.comped', { type: 'account', id: userId }, { comped });
+  return { id: userId, comped };
+}
+
+/**
+ * `POST /api/admin/users/:id/credits`: an operator grants credit (a `grant` row on the
+ * ledger; negative cents take credit back). Resolves to the account's balance after it.
+ */
+export async function grantCredit(
+  sql: Sql,
+  billing: Billing | null,
+  admin: ActorRef,
+  userId: string,
+  input: { cents: number; note: string },
+) {
+  enabled(billing);
+  orNotFound(await ledger.grant(sql, userId, input.cents, input.note), 'User');
+  await recordAudit(sql, admin, 'admin.user.credits', { type: 'account', id: userId }, { cents: input.cents });
+  return { id: userId, balance_cents: await ledger.balance(sql, userId) };
 }
