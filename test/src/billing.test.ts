@@ -27,6 +27,7 @@ async function paymentOn(t: Test, backend: Backend, fake: FakeStripe, env: Recor
       PAYMENT_CENTS_PER_TURN_HOUR: String(CENTS_PER_TURN_HOUR),
       PAYMENT_UPGRADE_URL: UPGRADE_URL,
       ADMIN_EMAILS: ADMIN,
+      AUTONOMOUS_IDLE_MS: '300',
       ...env,
     },
   });
@@ -185,7 +186,34 @@ for (const backend of backends()) {
       t.equal(state.body.usage.conversations, 1);
       t.equal(state.body.usage.credit_burned_cents, -Number(charged.cents));
       t.equal(state.body.usage.month, new Date().toISOString().slice(0, 7));
-      t.ok(state.body.usage.turn_hours >= 0, 'turn_hours is reported');
+      t.equal(state.body.usage.turn_hours, Number(metered?.ms) / 3_600_000, 'turn_hours is the metered time');
+    });
+
+    t.test('an autonomous turn is charged when it ends, like a person’s', async (t) => {
+      const me = await signUp(svc);
+      const { agent } = await claudeAgent(t, svc.http, me.key);
+      await ledger.grant(svc.db.sql, me.accountId, 10_000_000, 'test');
+      // The scripted agent's keyword `background` makes it say more after its answer.
+      const started = await svc.http.post('/api/conversations', {
+        token: me.key,
+        body: { agent_id: agent.id, prompt: 'background please' },
+      });
+      t.equal(started.status, 201, started.text);
+      const turns = await until('the autonomous turn ends', async () => {
+        const all = await turnsOf(svc, me.key, started.body.id);
+        return all.length === 2 && all.every((x) => x.state !== 'running') ? all : undefined;
+      });
+      const charged = await until('both turns are charged', async () => {
+        const rows = (await ledgerRows(svc, me.accountId)).filter((r) => r.kind === 'turn');
+        return rows.length === 2 ? rows : undefined;
+      });
+      t.same(charged.map((r) => r.turn_id).sort(), turns.map((x) => x.id).sort(), 'one charge per turn');
+      const origins = await svc.db.sql<{ origin: string }[]>`
+        SELECT origin FROM turns WHERE conversation_id = ${started.body.id} ORDER BY number`;
+      t.same(
+        origins.map((o) => o.origin),
+        ['user', 'autonomous'],
+      );
     });
 
     t.test('a comped account is never gated nor charged, and may not check out', async (t) => {

@@ -46,7 +46,7 @@ export async function billingState(sql: Sql, billing: Billing | null, accountId:
       month: now.toISOString().slice(0, 7),
       conversations: usage.conversations,
       credit_burned_cents: usage.creditBurnedCents,
-      turn_hours: Math.round((usage.turnMs / 3_600_000) * 10_000) / 10_000,
+      turn_hours: usage.turnMs / 3_600_000,
     },
   };
 }
