@@ -12,7 +12,8 @@ import type { EventLog, LogEvent, NewEvent } from './log.ts';
  * the sink resolved; what a dead consumer held is handed out again; a trim never makes the
  * consumer skip an event. `make` gives a log and groups sharing one store; `tenant` makes an
  * account with the conversations `<tenant>-c1` and `<tenant>-c2` (the durable copy keeps only events of
- * conversations that exist), fresh per call.
+ * conversations that exist), fresh per call. `loseHotState` gives a log and groups as after
+ * the hot log lost everything, the Postgres copy being kept.
  */
 export function consumerGroupsContract(
   t: Test,
@@ -20,6 +21,11 @@ export function consumerGroupsContract(
     sql: Sql;
     make: () => { log: EventLog; groups: ConsumerGroups };
     tenant: () => Promise<string>;
+    /** The log and groups after the hot state is lost (Redis lost its data, or a restart in memory). */
+    loseHotState: (parts: {
+      log: EventLog;
+      groups: ConsumerGroups;
+    }) => Promise<{ log: EventLog; groups: ConsumerGroups }>;
   },
 ) {
   const logger = pino({ level: 'silent' });
@@ -37,12 +43,12 @@ export function consumerGroupsContract(
     data,
   });
   /** Appends `count` events, every `every`-th a stage event, alternating conversations. */
-  const burst = async (log: EventLog, tenant: string, from: number, count: number, every = 3) => {
+  const burst = async (log: EventLog, tenant: string, from: number, count: number, every = 3, producer = 'p') => {
     const ids: number[] = [];
     for (let i = from; i < from + count; i++) {
       const c = `${tenant}-${i % 2 ? 'c1' : 'c2'}`;
       const e = i % every === 0 ? stage(c, 'turn', `s${i}`) : output(c, `line ${i}`);
-      const r = await log.append({ tenant, producer: 'p', seq: i + 1, events: [e] });
+      const r = await log.append({ tenant, producer, seq: i + 1, events: [e] });
       if (r.status !== 'appended') throw new Error(`append ${i}: ${r.status}`);
       ids.push(...r.events.map((x) => x.id));
     }
@@ -235,5 +241,44 @@ export function consumerGroupsContract(
     await until('every stage event', () => rec.ids().length >= expected.length);
     await c2.pass();
     t.same(rec.ids(), expected, 'every stage event once, in id order, across the durable copy and the hot log');
+  });
+
+  t.test('a group lost with the hot log resumes from its recorded mark, skipping nothing copied', async (t) => {
+    const parts = deps.make();
+    const tenant = await deps.tenant();
+    const rec = recorder();
+    const c1 = consumer(parts, tenant, rec.sink);
+    await c1.start();
+    await burst(parts.log, tenant, 0, 30);
+    await until(
+      'the first events are consumed',
+      async () => rec.ids().length === (await stageIds(parts.log, tenant)).length,
+    );
+    await c1.pass(); // the sweep records how far the group got
+    await c1.stop();
+    const consumed = rec.ids();
+    await burst(parts.log, tenant, 30, 30);
+    const copier = new LogCopier(
+      { sql: deps.sql, log: parts.log, logger },
+      { intervalMs: 1000, batch: 100, keepHot: 1000 },
+    );
+    t.equal(await copier.copyTenant(tenant), 60);
+    const unconsumed = (await stageIds(parts.log, tenant)).filter((id) => !consumed.includes(id));
+    t.equal(unconsumed.length, 10);
+
+    const after = await deps.loseHotState(parts);
+    t.equal(await after.log.lastId(tenant), 0, 'the hot log is empty');
+    const later = (await burst(after.log, tenant, 0, 9, 3, 'q')).filter((_, i) => i % 3 === 0);
+    const rec2 = recorder();
+    const c2 = consumer(after, tenant, rec2.sink, { batch: 7 });
+    await c2.start();
+    t.teardown(() => c2.stop());
+    await until('the rest', () => rec2.ids().length >= unconsumed.length + later.length);
+    await c2.pass();
+    t.same(
+      rec2.ids(),
+      [...unconsumed, ...later],
+      'what was not consumed, from the copy, then the new events, once each',
+    );
   });
 }

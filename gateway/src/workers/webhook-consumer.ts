@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import type { Sql } from '@svc/db';
+import { consumerMarks, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { ConsumerGroups } from '../log/consumer.ts';
 import type { EventLog, LogEvent } from '../log/log.ts';
@@ -52,9 +52,13 @@ interface Watched {
  * order per batch, to the sink; acknowledges a batch only once the sink resolved, so every
  * stage event reaches the sink at least once whatever process dies when. Woken by the tenant's
  * live feed (one subscription per tenant on this node), not by polling each tenant; a slow
- * sweep refreshes the tenant list, claims what dead consumers left, and drains every tenant
- * in case a wake was lost. A group behind the hot log's trim point is caught up from the
- * durable copy. A tenant that leaves the list has its group removed.
+ * sweep refreshes the tenant list, claims what dead consumers left, records in Postgres how
+ * far each group got, and drains every tenant in case a wake was lost.
+ *
+ * A group behind the hot log's trim point is caught up from the durable copy. A group lost
+ * with the hot log (Redis lost its data, the embedded defaults restarted) is made again after
+ * a catch-up from the recorded mark, so nothing copied is skipped. A tenant that leaves the
+ * list has its group and mark removed.
  */
 export class WebhookConsumer extends PeriodicWorker {
   private readonly watched = new Map<string, Watched>();
@@ -104,22 +108,24 @@ export class WebhookConsumer extends PeriodicWorker {
       w.unsubscribe();
       this.watched.delete(tenant);
       await this.deps.groups.drop(tenant);
+      await consumerMarks.forgetConsumed(this.deps.sql, tenant);
     }
     for (const t of listed) if (!this.watched.has(t.accountId)) await this.watch(t);
     for (const tenant of [...this.watched.keys()]) {
       await this.claim(tenant);
       await this.wake(tenant);
+      const hold = await this.deps.groups.holdFrom(tenant);
+      if (hold !== undefined) await consumerMarks.recordConsumed(this.deps.sql, tenant, hold - 1);
     }
     return this.watched.size;
   }
 
-  /** Subscribes first, then makes the group: an append after the group exists always wakes. */
+  /** Subscribes before the first drain (which makes the group): an append after it always wakes. */
   private async watch(t: ConsumedTenant): Promise<void> {
     const w: Watched = { unsubscribe: () => {}, since: t.since, draining: undefined, again: false };
     this.watched.set(t.accountId, w);
     w.unsubscribe = await this.deps.log.subscribe(t.accountId, () => void this.wake(t.accountId));
     if (this.stopped) w.unsubscribe();
-    await this.deps.groups.create(t.accountId, await this.startAfter(t.accountId, t.since));
   }
 
   private async startAfter(tenant: string, since: number | undefined): Promise<number> {
@@ -156,14 +162,13 @@ export class WebhookConsumer extends PeriodicWorker {
 
   private async drain(tenant: string, w: Watched): Promise<void> {
     const { groups } = this.deps;
-    let recreated = false;
+    let made = false;
     while (!this.stopped) {
       const r = await groups.read(tenant, this.options.name, this.options.batch);
       if (r.status === 'missing') {
-        // The group went with the stream (the tenant's log was dropped, or Redis lost its data).
-        if (recreated) return;
-        recreated = true;
-        await groups.create(tenant, await this.startAfter(tenant, w.since));
+        if (made) return;
+        made = true;
+        await this.makeGroup(tenant, w);
         continue;
       }
       if (r.status === 'behind') {
@@ -173,6 +178,34 @@ export class WebhookConsumer extends PeriodicWorker {
       await this.deliver(tenant, r.events);
       if (r.events.length < this.options.batch) return;
     }
+  }
+
+  /**
+   * A tenant never consumed starts where `startAfter` says, and that is recorded. One whose
+   * group is gone although it was consumed before (the hot log lost it) resumes after its
+   * recorded mark: what lies between is read from the durable copy and the hot log, sunk, and
+   * the group made after the last event read. (Another node doing the same at once is harmless:
+   * the sink is idempotent, and the first group made stays.)
+   */
+  private async makeGroup(tenant: string, w: Watched): Promise<void> {
+    const { sql, groups } = this.deps;
+    let after = await consumerMarks.consumedUpTo(sql, tenant);
+    if (after === undefined) {
+      const start = await this.startAfter(tenant, w.since);
+      await groups.create(tenant, start);
+      await consumerMarks.recordConsumed(sql, tenant, start);
+      return;
+    }
+    for (;;) {
+      const page = await readLog({ sql, log: this.deps.log }, tenant, { after, limit: this.options.batch });
+      if (page.length === 0) break;
+      const stage = page.filter(isStage);
+      if (stage.length > 0) await this.deps.sink(tenant, stage);
+      after = (page.at(-1) as LogEvent).id;
+      await consumerMarks.recordConsumed(sql, tenant, after);
+      if (page.length < this.options.batch) break;
+    }
+    await groups.create(tenant, after);
   }
 
   /** The sink first, then the acknowledgement: a death in between hands them out again. */

@@ -1,0 +1,21 @@
+import type { Sql } from '../connect.ts';
+
+/** How far the tenant's webhook consumer has taken its log; undefined when it never started. */
+export async function consumedUpTo(sql: Sql, accountId: string): Promise<number | undefined> {
+  const rows = await sql<{ consumed_id: string }[]>`
+    SELECT consumed_id FROM webhook_consumer_marks WHERE account_id = ${accountId}`;
+  return rows[0] ? Number(rows[0].consumed_id) : undefined;
+}
+
+/** Records that everything up to `id` was consumed; never moves the mark back. */
+export async function recordConsumed(sql: Sql, accountId: string, id: number): Promise<void> {
+  await sql`
+    INSERT INTO webhook_consumer_marks (account_id, consumed_id) VALUES (${accountId}, ${id})
+    ON CONFLICT (account_id) DO UPDATE
+    SET consumed_id = GREATEST(webhook_consumer_marks.consumed_id, excluded.consumed_id)`;
+}
+
+/** Forgets the mark (the tenant has no endpoints any more); idempotent. */
+export async function forgetConsumed(sql: Sql, accountId: string): Promise<void> {
+  await sql`DELETE FROM webhook_consumer_marks WHERE account_id = ${accountId}`;
+}
