@@ -185,5 +185,10 @@ t.test(
       'each batch in id order',
     );
     t.ok((await log.floor(tenant)) > 0, 'the hot tail was trimmed meanwhile');
+    const consumers = (await redis.xinfo('CONSUMERS', key, 'webhooks')) as string[][];
+    t.notOk(
+      consumers.some((c) => c[c.indexOf('name') + 1] === 'first'),
+      'the dead consumer was forgotten by the group once it held nothing',
+    );
   },
 );

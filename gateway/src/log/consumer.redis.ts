@@ -62,6 +62,30 @@ end
 return string.format('%.0f', hold)
 `;
 
+/**
+ * KEYS: tenant log. ARGV: group, idle ms. Forgets the group's consumers that hold nothing and
+ * were idle that long: each process names a consumer of its own, so a dead one's name would
+ * stay forever. A script, so no read hands one of them an entry between the look and the
+ * removal (a live consumer removed this way is made again by its next read).
+ */
+const PRUNE = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if not ok then return 0 end
+local removed = 0
+for _, c in ipairs(consumers) do
+  local name, pending, idle
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] elseif c[i] == 'idle' then idle = c[i + 1] end
+  end
+  if pending == 0 and idle >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
+    removed = removed + 1
+  end
+end
+return removed
+`;
+
 const idOf = (entryId: string) => Number(entryId.slice(0, -2));
 
 /**
@@ -78,8 +102,9 @@ export function redisConsumerGroups(
   redis.defineCommand('svcGroupRead', { numberOfKeys: 2, lua: READ });
   redis.defineCommand('svcGroupAdvance', { numberOfKeys: 1, lua: ADVANCE });
   redis.defineCommand('svcGroupHold', { numberOfKeys: 1, lua: HOLD });
+  redis.defineCommand('svcGroupPrune', { numberOfKeys: 1, lua: PRUNE });
   const scripts = redis as unknown as Record<
-    'svcGroupRead' | 'svcGroupAdvance' | 'svcGroupHold',
+    'svcGroupRead' | 'svcGroupAdvance' | 'svcGroupHold' | 'svcGroupPrune',
     (...a: (string | number)[]) => Promise<unknown>
   >;
   const toEvent = (entryId: string, payload: string): LogEvent => ({
@@ -122,6 +147,7 @@ export function redisConsumerGroups(
         throw err;
       }
       const [, entries, deleted] = reply;
+      await scripts.svcGroupPrune(key, group, minIdleMs);
       return {
         events: entries.map(([entryId, fields]) => toEvent(entryId, fields[1] as string)),
         gone: (deleted ?? []).map(idOf),

@@ -34,7 +34,8 @@ export interface ConsumerGroups {
    * Hands `consumer` up to `count` pending events nobody acknowledged for `minIdleMs` (their
    * consumer died or failed), oldest first; they stay pending, now as this consumer's. Pending
    * events the hot log no longer holds come back as `gone` ids and leave the pending list: the
-   * caller reads them from the durable copy.
+   * caller reads them from the durable copy. Consumers that hold nothing and were idle for
+   * `minIdleMs` are forgotten (each process names its own, so the dead would pile up).
    */
   claim(
     tenant: string,
