@@ -7,6 +7,11 @@ export async function consumedUpTo(sql: Sql, accountId: string): Promise<number 
   return rows[0] ? Number(rows[0].consumed_id) : undefined;
 }
 
+/** The tenants with a mark: those whose group some consumer made and has not removed. */
+export async function consumedTenants(sql: Sql): Promise<string[]> {
+  return (await sql<{ account_id: string }[]>`SELECT account_id FROM webhook_consumer_marks`).map((r) => r.account_id);
+}
+
 /** Records that everything up to `id` was consumed; never moves the mark back. */
 export async function recordConsumed(sql: Sql, accountId: string, id: number): Promise<void> {
   await sql`

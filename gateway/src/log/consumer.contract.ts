@@ -68,9 +68,10 @@ export function consumerGroupsContract(
     tenant: string,
     sink: StageSink,
     options: Partial<WebhookConsumerOptions> = {},
+    tenants: () => string[] = () => [tenant],
   ) =>
     new WebhookConsumer(
-      { sql: deps.sql, ...parts, sink, tenants: async () => [{ accountId: tenant }], logger },
+      { sql: deps.sql, ...parts, sink, tenants: async () => tenants().map((accountId) => ({ accountId })), logger },
       { name: `c${Math.random().toString(36).slice(2, 8)}`, batch: 50, minIdleMs: 60_000, sweepMs: 0, ...options },
     );
   const until = async (what: string, check: () => boolean | Promise<boolean>) => {
@@ -280,5 +281,34 @@ export function consumerGroupsContract(
       [...unconsumed, ...later],
       'what was not consumed, from the copy, then the new events, once each',
     );
+  });
+
+  t.test('a tenant that leaves the list loses its group, also one left by a consumer that is gone', async (t) => {
+    const parts = deps.make();
+    const watched = await deps.tenant();
+    const orphan = await deps.tenant();
+    const gone = consumer(parts, orphan, recorder().sink);
+    await gone.start();
+    await gone.stop();
+    t.type(await parts.groups.holdFrom(orphan), 'number', 'a consumer that stopped left a group behind');
+    let list = [watched];
+    const c = consumer(parts, watched, recorder().sink, {}, () => list);
+    await c.start();
+    t.teardown(() => c.stop());
+    t.equal(await parts.groups.holdFrom(orphan), undefined, 'the group nobody lists any more is removed');
+    t.type(await parts.groups.holdFrom(watched), 'number', 'the listed tenant has a group');
+    list = [];
+    await c.pass();
+    t.equal(await parts.groups.holdFrom(watched), undefined, 'and loses it when it leaves the list');
+    const rec = recorder();
+    list = [watched];
+    const c2 = consumer(parts, watched, rec.sink, {}, () => list);
+    await burst(parts.log, watched, 0, 3);
+    await c2.start();
+    t.teardown(() => c2.stop());
+    const later = (await burst(parts.log, watched, 3, 3)).slice(0, 1);
+    await until('the event after it came back', () => rec.ids().length >= 1);
+    await c2.pass();
+    t.same(rec.ids(), later, 'back on the list, it starts at the events appended from then on');
   });
 }

@@ -167,7 +167,8 @@ export function redisConsumerGroups(
       try {
         await redis.xgroup('DESTROY', logKeys(prefix, tenant).log, group);
       } catch (err) {
-        if (!/no such key|NOGROUP/i.test(String((err as Error).message))) throw err;
+        // No stream (XGROUP wants the key to exist): no group either.
+        if (!/requires the key to exist|no such key|NOGROUP/i.test(String((err as Error).message))) throw err;
       }
     },
   };

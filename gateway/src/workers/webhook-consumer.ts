@@ -103,9 +103,13 @@ export class WebhookConsumer extends PeriodicWorker {
     const listed = await this.deps.tenants();
     if (this.stopped) return 0;
     const wanted = new Map(listed.map((t) => [t.accountId, t]));
-    for (const [tenant, w] of this.watched) {
+    // Tenants that left the list, here or while no consumer ran (their groups would otherwise
+    // hold the hot log's trim for good).
+    const left = new Set(await consumerMarks.consumedTenants(this.deps.sql));
+    for (const tenant of this.watched.keys()) left.add(tenant);
+    for (const tenant of left) {
       if (wanted.has(tenant)) continue;
-      w.unsubscribe();
+      this.watched.get(tenant)?.unsubscribe();
       this.watched.delete(tenant);
       await this.deps.groups.drop(tenant);
       await consumerMarks.forgetConsumed(this.deps.sql, tenant);
