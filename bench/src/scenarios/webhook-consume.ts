@@ -84,7 +84,7 @@ export const webhookConsume: Scenario = {
         log,
         groups: redisConsumerGroups(redis, { prefix }),
         sink,
-        tenants: async () => [{ accountId: tenant }],
+        tenants: async () => [tenant],
         logger: createLogger('warn'),
       },
       { name: 'bench', batch: 100, minIdleMs: 30_000, sweepMs: 5000 },

@@ -69,9 +69,10 @@ export function consumerGroupsContract(
     sink: StageSink,
     options: Partial<WebhookConsumerOptions> = {},
     tenants: () => string[] = () => [tenant],
+    since?: number,
   ) =>
     new WebhookConsumer(
-      { sql: deps.sql, ...parts, sink, tenants: async () => tenants().map((accountId) => ({ accountId })), logger },
+      { sql: deps.sql, ...parts, sink, tenants: async () => tenants(), since: async () => since, logger },
       { name: `c${Math.random().toString(36).slice(2, 8)}`, batch: 50, minIdleMs: 60_000, sweepMs: 0, ...options },
     );
   const until = async (what: string, check: () => boolean | Promise<boolean>) => {
@@ -310,5 +311,22 @@ export function consumerGroupsContract(
     await until('the event after it came back', () => rec.ids().length >= 1);
     await c2.pass();
     t.same(rec.ids(), later, 'back on the list, it starts at the events appended from then on');
+  });
+
+  t.test('a tenant seen for the first time is consumed from when its endpoints exist', async (t) => {
+    const parts = deps.make();
+    const tenant = await deps.tenant();
+    await burst(parts.log, tenant, 0, 6);
+    await new Promise((r) => setTimeout(r, 5));
+    const since = Date.now();
+    await new Promise((r) => setTimeout(r, 5));
+    const after = (await burst(parts.log, tenant, 6, 6)).filter((_, i) => i % 3 === 0);
+    const rec = recorder();
+    const c = consumer(parts, tenant, rec.sink, {}, undefined, since);
+    await c.start();
+    t.teardown(() => c.stop());
+    await until('the events appended since then', () => rec.ids().length >= after.length);
+    await c.pass();
+    t.same(rec.ids(), after, 'the stage events appended since then, not those before');
   });
 }

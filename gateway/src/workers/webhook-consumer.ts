@@ -14,16 +14,6 @@ import { PeriodicWorker } from './periodic.ts';
  */
 export type StageSink = (accountId: string, events: LogEvent[]) => Promise<void>;
 
-/**
- * A tenant to consume and, when known, since when (epoch ms) it has had endpoints: its group
- * then starts at the first event appended from then on (ids are at least the append's clock
- * in microseconds), else at the log's last id when this consumer first sees the tenant.
- */
-export interface ConsumedTenant {
-  accountId: string;
-  since?: number | undefined;
-}
-
 export interface WebhookConsumerOptions {
   /** This consumer's name in the groups: unique per process (a dead one's entries are claimed). */
   name: string;
@@ -42,7 +32,6 @@ const isStage = (e: LogEvent) => e.kind === 'stage';
 
 interface Watched {
   unsubscribe: () => void;
-  since: number | undefined;
   draining: Promise<void> | undefined;
   again: boolean;
 }
@@ -70,7 +59,16 @@ export class WebhookConsumer extends PeriodicWorker {
       log: EventLog;
       groups: ConsumerGroups;
       sink: StageSink;
-      tenants: () => Promise<ConsumedTenant[]>;
+      /** The tenants to consume (those with webhook endpoints). */
+      tenants: () => Promise<string[]>;
+      /**
+       * Since when (epoch ms) the tenant has had endpoints, asked when its group is first
+       * made: the group then starts at the first event appended from then on (ids are at
+       * least the append's clock in microseconds), so an event appended between the first
+       * endpoint's creation and this consumer's noticing it is not missed. Without an answer
+       * it starts at the log's last id.
+       */
+      since?: (tenant: string) => Promise<number | undefined>;
       logger: Logger;
     },
     private readonly options: WebhookConsumerOptions,
@@ -102,7 +100,7 @@ export class WebhookConsumer extends PeriodicWorker {
   protected async work(): Promise<number> {
     const listed = await this.deps.tenants();
     if (this.stopped) return 0;
-    const wanted = new Map(listed.map((t) => [t.accountId, t]));
+    const wanted = new Set(listed);
     // Tenants that left the list, here or while no consumer ran (their groups would otherwise
     // hold the hot log's trim for good).
     const left = new Set(await consumerMarks.consumedTenants(this.deps.sql));
@@ -114,7 +112,7 @@ export class WebhookConsumer extends PeriodicWorker {
       await this.deps.groups.drop(tenant);
       await consumerMarks.forgetConsumed(this.deps.sql, tenant);
     }
-    for (const t of listed) if (!this.watched.has(t.accountId)) await this.watch(t);
+    for (const tenant of listed) if (!this.watched.has(tenant)) await this.watch(tenant);
     for (const tenant of [...this.watched.keys()]) {
       await this.claim(tenant);
       await this.wake(tenant);
@@ -125,15 +123,16 @@ export class WebhookConsumer extends PeriodicWorker {
   }
 
   /** Subscribes before the first drain (which makes the group): an append after it always wakes. */
-  private async watch(t: ConsumedTenant): Promise<void> {
-    const w: Watched = { unsubscribe: () => {}, since: t.since, draining: undefined, again: false };
-    this.watched.set(t.accountId, w);
-    w.unsubscribe = await this.deps.log.subscribe(t.accountId, () => void this.wake(t.accountId));
+  private async watch(tenant: string): Promise<void> {
+    const w: Watched = { unsubscribe: () => {}, draining: undefined, again: false };
+    this.watched.set(tenant, w);
+    w.unsubscribe = await this.deps.log.subscribe(tenant, () => void this.wake(tenant));
     if (this.stopped) w.unsubscribe();
   }
 
-  private async startAfter(tenant: string, since: number | undefined): Promise<number> {
+  private async startAfter(tenant: string): Promise<number> {
     const last = await this.deps.log.lastId(tenant);
+    const since = await this.deps.since?.(tenant);
     return since === undefined ? last : Math.max(0, Math.min(last, since * 1000 - 1));
   }
 
@@ -151,7 +150,7 @@ export class WebhookConsumer extends PeriodicWorker {
     const run = (async () => {
       do {
         w.again = false;
-        await this.drain(tenant, w);
+        await this.drain(tenant);
       } while (w.again && !this.stopped);
     })()
       .catch((err: Error) =>
@@ -164,7 +163,7 @@ export class WebhookConsumer extends PeriodicWorker {
     return run;
   }
 
-  private async drain(tenant: string, w: Watched): Promise<void> {
+  private async drain(tenant: string): Promise<void> {
     const { groups } = this.deps;
     let made = false;
     while (!this.stopped) {
@@ -172,7 +171,7 @@ export class WebhookConsumer extends PeriodicWorker {
       if (r.status === 'missing') {
         if (made) return;
         made = true;
-        await this.makeGroup(tenant, w);
+        await this.makeGroup(tenant);
         continue;
       }
       if (r.status === 'behind') {
@@ -191,11 +190,11 @@ export class WebhookConsumer extends PeriodicWorker {
    * the group made after the last event read. (Another node doing the same at once is harmless:
    * the sink is idempotent, and the first group made stays.)
    */
-  private async makeGroup(tenant: string, w: Watched): Promise<void> {
+  private async makeGroup(tenant: string): Promise<void> {
     const { sql, groups } = this.deps;
     let after = await consumerMarks.consumedUpTo(sql, tenant);
     if (after === undefined) {
-      const start = await this.startAfter(tenant, w.since);
+      const start = await this.startAfter(tenant);
       await groups.create(tenant, start);
       await consumerMarks.recordConsumed(sql, tenant, start);
       return;
