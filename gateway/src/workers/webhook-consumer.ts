@@ -32,6 +32,8 @@ const isStage = (e: LogEvent) => e.kind === 'stage';
 
 interface Watched {
   unsubscribe: () => void;
+  /** The mark this node last recorded for the tenant (a sweep writes only a moved one). */
+  recorded: number | undefined;
   draining: Promise<void> | undefined;
   again: boolean;
 }
@@ -113,18 +115,21 @@ export class WebhookConsumer extends PeriodicWorker {
       await consumerMarks.forgetConsumed(this.deps.sql, tenant);
     }
     for (const tenant of listed) if (!this.watched.has(tenant)) await this.watch(tenant);
-    for (const tenant of [...this.watched.keys()]) {
+    for (const [tenant, w] of [...this.watched]) {
       await this.claim(tenant);
       await this.wake(tenant);
       const hold = await this.deps.groups.holdFrom(tenant);
-      if (hold !== undefined) await consumerMarks.recordConsumed(this.deps.sql, tenant, hold - 1);
+      if (hold !== undefined && hold - 1 !== w.recorded) {
+        await consumerMarks.recordConsumed(this.deps.sql, tenant, hold - 1);
+        w.recorded = hold - 1;
+      }
     }
     return this.watched.size;
   }
 
   /** Subscribes before the first drain (which makes the group): an append after it always wakes. */
   private async watch(tenant: string): Promise<void> {
-    const w: Watched = { unsubscribe: () => {}, draining: undefined, again: false };
+    const w: Watched = { unsubscribe: () => {}, recorded: undefined, draining: undefined, again: false };
     this.watched.set(tenant, w);
     w.unsubscribe = await this.deps.log.subscribe(tenant, () => void this.wake(tenant));
     if (this.stopped) w.unsubscribe();
