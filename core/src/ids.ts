@@ -25,4 +25,8 @@ export type IdPrefix =
   | 'trn'
   | 'rnr'
   | 'sbx'
-  | 'sch';
+  | 'sch'
+  | 'sup'
+  | 'whe'
+  | 'whj'
+  | 'whd';

@@ -170,6 +170,35 @@ export function commandLine(line: string): { command: string; args: string[] } {
   return { command: words[0] ?? '', args: words.slice(1) };
 }
 
+/** An MCP server the runtime starts itself: a stdio command (the agent's own servers). */
+export const McpStdioServer = z.object({
+  name: z.string().min(1).max(64),
+  command: z.string().min(1).max(1000),
+  args: z.array(z.string().max(4000)).max(100),
+});
+
+export type McpStdioServer = z.infer<typeof McpStdioServer>;
+
+/** An MCP server the runtime reaches over HTTP (ACP's McpServerHttp): the service's `svc-team`. */
+export const McpHttpServer = z.object({
+  type: z.literal('http'),
+  name: z.string().min(1).max(64),
+  url: z.url().max(2000),
+  headers: z.array(z.object({ name: z.string().min(1).max(200), value: z.string().max(4000) })).max(20),
+});
+
+export type McpHttpServer = z.infer<typeof McpHttpServer>;
+
+/** An MCP server of a turn's runtime: a stdio command, or an HTTP endpoint. */
+export const McpServerEntry = z.union([McpStdioServer, McpHttpServer]);
+export type McpServerEntry = z.infer<typeof McpServerEntry>;
+
+/**
+ * The runner-agent's subcommand that bridges a stdio MCP client to an HTTP MCP server:
+ * `svc-runner mcp-bridge <url>` (runner-agent's mcp-bridge.ts).
+ */
+export const MCP_BRIDGE_COMMAND = 'mcp-bridge';
+
 /**
  * Runs a turn of a conversation on a built sandbox: the runtime (an ACP agent started with
  * `runtime.command`, kept per conversation across turns) gets the prompt. Its session/update
@@ -253,19 +282,18 @@ export const TurnStart = z.object({
    */
   autonomous_idle_ms: z.number().int().min(100).optional(),
   /**
-   * The agent's MCP servers, passed to the runtime in ACP `session/new` as stdio servers
-   * (`env` empty: they inherit the runtime's). Read when the conversation's runtime starts.
+   * The agent's own MCP servers for the runtime's ACP `session/new`, read when the
+   * conversation's runtime starts; passed with `env` empty, so they inherit the runtime's.
    */
-  mcp_servers: z
-    .array(
-      z.object({
-        name: z.string().min(1).max(64),
-        command: z.string().min(1).max(1000),
-        args: z.array(z.string().max(4000)).max(100),
-      }),
-    )
-    .max(50)
-    .optional(),
+  mcp_servers: z.array(McpStdioServer).max(50).optional(),
+  /**
+   * The service's MCP servers over HTTP (`svc-team` on a team conversation, its sandbox token
+   * in `headers`), passed as they are to a runtime whose `initialize` advertises
+   * `mcpCapabilities.http`; any other runtime gets a stdio server in each one's place, the
+   * runner's bridge to that URL (MCP_BRIDGE_COMMAND). A field of its own so that a runner one
+   * release older, which ignores it, still runs the turn (without those servers).
+   */
+  mcp_http_servers: z.array(McpHttpServer).max(10).optional(),
 });
 
 export type TurnStartCommand = z.infer<typeof TurnStart>;

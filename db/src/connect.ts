@@ -49,6 +49,8 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
   }
 
   const { PGlite } = await import('@electric-sql/pglite');
+  // Extensions the migrations create must be bundled into the instance when it starts.
+  const { btree_gin } = await import('@electric-sql/pglite/contrib/btree_gin');
   const { PGLiteSocketServer } = await import('@electric-sql/pglite-socket');
   const memory = options.url === 'memory';
   let dataPath: string | undefined;
@@ -56,7 +58,7 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
     dataPath = join(options.dataDir, 'pglite');
     await mkdir(dataPath, { recursive: true });
   }
-  const db = await PGlite.create(dataPath);
+  const db = await PGlite.create(dataPath, { extensions: { btree_gin } });
   // Socket paths are limited to ~107 bytes, so the socket lives in the temp dir.
   const socketDir = join(tmpdir(), `svc-pglite-${process.pid}-${Math.random().toString(36).slice(2, 8)}`);
   await mkdir(socketDir, { recursive: true });

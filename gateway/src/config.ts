@@ -86,8 +86,39 @@ export const ConfigSchema = z.object({
     .default(1024 * 1024),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
+  /** Webhook URLs may be plain `http://` (the scheme rule only; addresses are still checked). */
+  WEBHOOK_ALLOW_HTTP: bool.default(false),
+  /**
+   * Ranges (CIDRs or addresses) webhooks may reach although they are not public: this weakens
+   * the protection against reaching internal services, for these ranges only.
+   */
+  WEBHOOK_ALLOW_CIDRS: csv.default([]).superRefine((entries, ctx) => {
+    for (const entry of entries) {
+      const problem = cidrProblem(entry);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    }
+  }),
+  /** How often a webhook delivery worker looks for due jobs; 0 turns it off. */
+  WEBHOOK_INTERVAL_MS: z.coerce.number().int().min(0).default(1000),
+  /** Webhook requests in flight per process, and per endpoint across all processes. */
+  WEBHOOK_CONCURRENCY: z.coerce.number().int().min(1).max(1000).default(32),
+  WEBHOOK_ENDPOINT_CONCURRENCY: z.coerce.number().int().min(1).max(100).default(4),
   /** How often the scheduler looks for due schedules; 0 turns it off. */
   SCHEDULER_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
+  /** Where support reports are mailed (screenshot attached); unset, none are mailed. */
+  SUPPORT_EMAIL: z.email({ message: 'must be an email address' }).optional(),
+  /** `owner/name` of the repository support reports open issues in, with SUPPORT_GITHUB_TOKEN. */
+  SUPPORT_GITHUB_REPOSITORY: z
+    .string()
+    .regex(/^[A-Za-z0-9_.-]+\/[A-Za-z0-9_.-]+$/, 'must be owner/name')
+    .optional(),
+  SUPPORT_GITHUB_TOKEN: z.string().optional(),
+  /** GitHub's REST API root; GitHub Enterprise Server's is `https://<host>/api/v3`. */
+  SUPPORT_GITHUB_API_URL: url.default('https://api.github.com'),
+  /** How often the forwarder looks for new support reports; 0 turns it off. */
+  SUPPORT_FORWARD_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
+  /** Forwarding attempts per report before it ends `failed`. */
+  SUPPORT_FORWARD_ATTEMPTS: z.coerce.number().int().min(1).max(50).default(6),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
   RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),
@@ -142,6 +173,13 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   const config = parsed.data;
   if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
     throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
+  }
+  // A repository without a token (or the reverse) would leave support issues silently unopened.
+  if (Boolean(config.SUPPORT_GITHUB_REPOSITORY) !== Boolean(config.SUPPORT_GITHUB_TOKEN)) {
+    const [set, missing] = config.SUPPORT_GITHUB_REPOSITORY
+      ? ['SUPPORT_GITHUB_REPOSITORY', 'SUPPORT_GITHUB_TOKEN']
+      : ['SUPPORT_GITHUB_TOKEN', 'SUPPORT_GITHUB_REPOSITORY'];
+    throw new ConfigError(`invalid configuration:\n  ${missing}: required when ${set} is set`);
   }
   if (config.REDIS_CLUSTER && !config.REDIS_URL) {
     throw new ConfigError('invalid configuration:\n  REDIS_URL: required when REDIS_CLUSTER=true');

@@ -3,15 +3,17 @@ import { mkdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
-import { accounts, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
+import { accounts, conversations, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
 import { type Config, publicUrl } from './config.ts';
+import { exemptList } from './edge/client-ip.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
 import { redisRunnerRouter } from './fabric/router.redis.ts';
+import { githubIssues } from './issues/issues.github.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -33,15 +35,23 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { LaunchDeps } from './services/launch.ts';
+import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';
+import { listTeammates, messageTeammate, type TeamDeps } from './services/team.ts';
+import type { TeamOps } from './services/team-mcp.ts';
+import { TurnWaiters } from './services/turn-waiters.ts';
 import { StreamServer } from './streams/streams.ts';
+import { systemResolver } from './webhooks/transport.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
 import { OutboxRelay } from './workers/outbox-relay.ts';
+import { RunnerPresenceWorker } from './workers/runner-presence.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
+import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
+import { WebhookDeliveryWorker } from './workers/webhook-delivery.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
 export function createLogger(level: Config['LOG_LEVEL']): Logger {
@@ -93,6 +103,8 @@ export interface Service {
   metrics: ServiceMetrics;
   /** With EDGE_PROCESSES > 1, the other processes serving this port; else undefined. */
   edgeProcesses: EdgeProcesses | undefined;
+  /** The process's one registry of waits for turns to end (the team MCP server's `wait_for_teammate`). */
+  turnWaiters: TurnWaiters;
   /** Every route the api role registered (for the OpenAPI coverage test). */
   routes: readonly { method: string; url: string; hidden: boolean }[];
   close(): Promise<void>;
@@ -122,6 +134,14 @@ export interface ServiceOverrides {
  */
 function tuneHeap(): void {
   setFlagsFromString('--no-allocation-site-pretenuring');
+}
+
+/** The team core's operations, as the team MCP server's tools take them. */
+function teamOps(deps: TeamDeps): TeamOps {
+  return {
+    listTeammates: (who) => listTeammates(deps, who),
+    messageTeammate: (who, agentId, message) => messageTeammate(deps, who, agentId, message),
+  };
 }
 
 /**
@@ -230,6 +250,17 @@ export async function startService(
     });
     await relay.start();
     cleanups.push(() => relay.stop());
+    // Turns that ended before replies were stored get theirs from the log, once, in the
+    // background (search finds them by prompt only until then); stopped at shutdown.
+    const backfill = new AbortController();
+    const backfilled = backfillReplies({ sql: db.sql, log: eventLog }, { signal: backfill.signal }).then(
+      (turns) => turns && log.info({ turns }, 'search: stored the replies of turns that ended before replies were'),
+      (err: Error) => log.warn({ err: { message: err.message } }, 'search: reply backfill stopped'),
+    );
+    cleanups.push(() => {
+      backfill.abort();
+      return backfilled;
+    });
 
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(
@@ -294,6 +325,13 @@ export async function startService(
     );
     idle.start();
     cleanups.push(() => idle.stop());
+    // The same timeout the fabric closes a silent connection after, for drops no node closed.
+    const presence = new RunnerPresenceWorker(
+      { sql: db.sql, logger: log.child({ role: 'worker' }) },
+      { timeoutMs: config.RUNNER_GRACE_MS },
+    );
+    presence.start();
+    cleanups.push(() => presence.stop());
     const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
     lost.start();
     cleanups.push(() => lost.stop());
@@ -304,9 +342,41 @@ export async function startService(
       limiter = redis ? redisRateLimiter(redis.redis, opts, config.REDIS_KEY_PREFIX) : memoryRateLimiter(opts);
     }
 
+    // One registry per process: per tenant one feed of the log, one timer for all deadlines.
+    const turnWaiters = new TurnWaiters({
+      log: eventLog,
+      readTurn: (accountId, turnId) => conversations.getTurn(db.sql, accountId, turnId),
+    });
+
     let boundPort = config.PORT;
     const base = () => publicUrl(config, boundPort);
     const redisClient = redis?.redis;
+    const launch: LaunchDeps = {
+      sql: db.sql,
+      keyring,
+      fabric,
+      redaction,
+      logger: log.child({ role: 'launch' }),
+      runtimeCommands: {
+        claude: config.RUNTIME_CLAUDE_COMMAND,
+        codex: config.RUNTIME_CODEX_COMMAND,
+        gemini: config.RUNTIME_GEMINI_COMMAND,
+        opencode: config.RUNTIME_OPENCODE_COMMAND,
+      },
+      turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
+      autonomousIdleMs: config.AUTONOMOUS_IDLE_MS,
+      log: eventLog,
+      permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
+      providers,
+      relay,
+      apiUrl: base,
+      limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
+      providerUrls: {
+        anthropic: config.ANTHROPIC_BASE_URL,
+        openai: config.OPENAI_BASE_URL,
+        google: config.GEMINI_BASE_URL,
+      },
+    };
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -342,31 +412,11 @@ export async function startService(
         timeoutMs: 2000,
       },
       metrics,
-      launch: {
+      launch,
+      teamMcp: {
         sql: db.sql,
-        keyring,
-        fabric,
-        redaction,
-        logger: log.child({ role: 'launch' }),
-        runtimeCommands: {
-          claude: config.RUNTIME_CLAUDE_COMMAND,
-          codex: config.RUNTIME_CODEX_COMMAND,
-          gemini: config.RUNTIME_GEMINI_COMMAND,
-          opencode: config.RUNTIME_OPENCODE_COMMAND,
-        },
-        turnTimeLimitMs: config.TURN_TIME_LIMIT_MS,
-        autonomousIdleMs: config.AUTONOMOUS_IDLE_MS,
-        log: eventLog,
-        permissionTimeoutMs: config.PERMISSION_TIMEOUT_S * 1000,
-        providers,
-        relay,
-        apiUrl: base,
-        limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
-        providerUrls: {
-          anthropic: config.ANTHROPIC_BASE_URL,
-          openai: config.OPENAI_BASE_URL,
-          google: config.GEMINI_BASE_URL,
-        },
+        team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
+        waiters: turnWaiters,
       },
     };
 
@@ -377,6 +427,53 @@ export async function startService(
     );
     scheduler.start();
     cleanups.push(() => scheduler.stop());
+
+    // Support reports go to an issue and/or a mailbox, whichever is configured; a lease outlives
+    // a batch's requests (10 s timeout each) by far, so only a worker that died lets one expire.
+    const supportForwarder = new SupportForwarder(
+      {
+        sql: db.sql,
+        issues:
+          config.SUPPORT_GITHUB_REPOSITORY && config.SUPPORT_GITHUB_TOKEN
+            ? githubIssues({
+                apiUrl: config.SUPPORT_GITHUB_API_URL,
+                repository: config.SUPPORT_GITHUB_REPOSITORY,
+                token: config.SUPPORT_GITHUB_TOKEN,
+                timeoutMs: 10_000,
+              })
+            : undefined,
+        mail: config.SUPPORT_EMAIL ? { mailer, to: config.SUPPORT_EMAIL } : undefined,
+        now: () => new Date(),
+        logger: log.child({ role: 'support' }),
+      },
+      {
+        periodMs: config.SUPPORT_FORWARD_INTERVAL_MS,
+        leaseMs: 10 * 60_000,
+        maxAttempts: config.SUPPORT_FORWARD_ATTEMPTS,
+        retryBaseMs: 60_000,
+      },
+    );
+    supportForwarder.start();
+    cleanups.push(() => supportForwarder.stop());
+    const webhookDelivery = new WebhookDeliveryWorker(
+      {
+        sql: db.sql,
+        keyring,
+        mailer,
+        logger: log.child({ role: 'webhooks' }),
+        now: () => new Date(),
+        publicUrl: base,
+        transport: { resolve: systemResolver, allowed: exemptList(config.WEBHOOK_ALLOW_CIDRS) },
+      },
+      {
+        periodMs: config.WEBHOOK_INTERVAL_MS,
+        concurrency: config.WEBHOOK_CONCURRENCY,
+        perEndpoint: config.WEBHOOK_ENDPOINT_CONCURRENCY,
+        timeoutMs: 10_000,
+      },
+    );
+    webhookDelivery.start();
+    cleanups.push(() => webhookDelivery.stop());
 
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({
@@ -415,6 +512,8 @@ export async function startService(
     });
     // Open streams end before the listener closes.
     cleanups.push(async () => streams.close());
+    // Held waits answer (timed out) before the api waits for its responses to finish.
+    cleanups.push(() => turnWaiters.close());
     if (!config.EDGE) {
       // Node's listener binds without SO_REUSEPORT: a port anyone holds fails EADDRINUSE.
       await api.listen({ host: config.HOST, port: config.PORT }).catch(async (err: NodeJS.ErrnoException) => {
@@ -484,6 +583,7 @@ export async function startService(
       providers,
       launch: deps.launch,
       metrics,
+      turnWaiters,
       edgeProcesses,
       routes: routeTable.entries,
       close: closeAll,

@@ -20,9 +20,14 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import { MCP_BRIDGE_COMMAND } from '@svc/core';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import { runMcpBridge } from './mcp-bridge.ts';
 import type { RunAs } from './network.ts';
 import { runtimeCommandsFrom } from './runtime-commands.ts';
+
+// `svc-runner mcp-bridge <url>`: what a runtime without HTTP MCP runs as its stdio server.
+if (process.argv[2] === MCP_BRIDGE_COMMAND) await runMcpBridge(process.argv.slice(3));
 
 /** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
 export const EXIT: Record<AgentStop | 'usage', number> = {

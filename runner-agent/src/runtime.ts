@@ -5,7 +5,9 @@ import { Readable, Writable } from 'node:stream';
 // `session/prompt` response only as an unstable field (`PromptResponse.usage`), which the stable
 // entrypoint's types leave out. The wire protocol is the same ACP v1 either way.
 import * as acp from '@agentclientprotocol/sdk/unstable';
+import type { McpServerEntry } from '@svc/core';
 import { AGENT_VERSION } from './agent.ts';
+import { acpMcpServers } from './mcp-bridge.ts';
 import { foldDumpedObjects } from './stderr-lines.ts';
 
 /** The answer to one `session/request_permission`: an option the agent offered, or none. */
@@ -50,8 +52,11 @@ export interface AcpRuntimeOptions {
    * later answer. A rejection is sent to the agent as a JSON-RPC error.
    */
   onPermission(request: unknown): Promise<PermissionAnswer>;
-  /** ACP `McpServer` entries for `session/new`. */
-  mcpServers?: unknown[];
+  /**
+   * The turn's MCP servers for `session/new` (see acpMcpServers: an HTTP one reaches a runtime
+   * without `mcpCapabilities.http` through the runner's stdio bridge).
+   */
+  mcpServers?: McpServerEntry[];
   /**
    * `_meta` of `session/new`: what a runtime takes there beyond ACP's fields (claude-agent-acp
    * reads `systemPrompt`, a string or `{append}`).
@@ -257,7 +262,10 @@ export class AcpRuntime {
     const session = await this.settled(
       agent.request(acp.methods.agent.session.new, {
         cwd: options.cwd,
-        mcpServers: (options.mcpServers ?? []) as acp.McpServer[],
+        mcpServers: acpMcpServers(
+          options.mcpServers ?? [],
+          this.agentCapabilities.mcpCapabilities?.http === true,
+        ) as acp.McpServer[],
         ...(options.sessionMeta ? { _meta: options.sessionMeta } : {}),
       }),
     );

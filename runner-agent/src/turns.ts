@@ -157,8 +157,7 @@ export class Turns {
           ...(built.user ? { user: built.user } : {}),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
           ...(command.runtime.session_meta ? { sessionMeta: command.runtime.session_meta } : {}),
-          // ACP stdio McpServer entries; `env` is empty: a server inherits the runtime's.
-          mcpServers: (command.mcp_servers ?? []).map((m) => ({ ...m, env: [] })),
+          mcpServers: [...(command.mcp_servers ?? []), ...(command.mcp_http_servers ?? [])],
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,

@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -6,7 +6,7 @@ import PostalMime from 'postal-mime';
 import { SMTPServer, type SMTPServerOptions } from 'smtp-server';
 import t, { type Test } from 'tap';
 import { mailerContract } from '../../gateway/src/mail/mail.contract.ts';
-import { fileMailer } from '../../gateway/src/mail/mail.file.ts';
+import { fileMailer, readMailFile } from '../../gateway/src/mail/mail.file.ts';
 import { smtpMailer } from '../../gateway/src/mail/mail.smtp.ts';
 import type { MailMessage } from '../../gateway/src/mail/mail.ts';
 
@@ -22,7 +22,7 @@ t.test('file mailer contract', async (t) => {
         describes: dir,
         async received() {
           const names = (await readdir(dir)).filter((f) => f.endsWith('.json')).sort();
-          return Promise.all(names.map(async (f) => JSON.parse(await readFile(join(dir, f), 'utf8')) as MailMessage));
+          return Promise.all(names.map((f) => readMailFile(join(dir, f))));
         },
       };
     },
@@ -51,13 +51,21 @@ async function startSmtpServer(t: Test, options: SMTPServerOptions = {}) {
       stream.on('data', (c: Buffer) => chunks.push(c));
       stream.on('end', () => {
         PostalMime.parse(Buffer.concat(chunks)).then((m) => {
-          received.push({
+          const message: MailMessage = {
             to: m.to?.[0]?.address ?? '',
             subject: m.subject ?? '',
             // A MIME body part ends with a line break that is not part of the content.
             text: (m.text ?? '').replace(/\r?\n$/, ''),
             html: (m.html ?? '').replace(/\r?\n$/, ''),
-          });
+          };
+          if (m.attachments.length) {
+            message.attachments = m.attachments.map((a) => ({
+              filename: a.filename ?? '',
+              contentType: a.mimeType,
+              content: Buffer.from(a.content as ArrayBuffer),
+            }));
+          }
+          received.push(message);
           done();
         }, done);
       });

@@ -6,6 +6,8 @@ import { startConversation } from '../../gateway/src/services/launch.ts';
 import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { frames, parseFrame, rawGet } from './sse-client.ts';
+import { eventually } from './until.ts';
 
 const HOUR = 3_600_000;
 const LEASE_MS = 60_000;
@@ -40,7 +42,11 @@ for (const backend of backends()) {
     };
     const get = async (id: string) => (await http.get(`${base}/${id}`, { token })).body;
     const runsOf = async (id: string) =>
-      ((await http.get('/api/audit?action_prefix=team.schedule.run', { token })).body.data as { resource_id: string }[])
+      (
+        (await http.get('/api/audit?action_prefix=team.schedule.run&limit=500', { token })).body.data as {
+          resource_id: string;
+        }[]
+      )
         .filter((r) => r.resource_id === id)
         .map((r) => r);
     const conversationIds = async () =>
@@ -89,6 +95,43 @@ for (const backend of backends()) {
       await removeAll(all.map((s) => s.id));
     });
 
+    t.test('two workers at once, 20 rounds in a row: each due schedule fires exactly once a round', async (t) => {
+      const due = await Promise.all(Array.from({ length: 4 }, (_, i) => create({ name: `r${i}` })));
+      clock = new Date(Math.max(...due.map((s) => Date.parse(s.next_run_at))) + 1000);
+      for (let round = 1; round <= 20; round++) {
+        const fired = await Promise.all([a.pass(), b.pass()]);
+        t.equal(fired[0] + fired[1], due.length, `round ${round}: every due schedule fired, by one worker`);
+        for (const s of due) {
+          const row = await get(s.id);
+          t.equal(row.last_run_at, clock.toISOString(), `round ${round}: ${s.id} stamped at this round`);
+          t.equal(row.next_run_at, nextHourAfter(clock), `round ${round}: ${s.id} moved to the next slot`);
+          t.equal((await runsOf(s.id)).length, round, `round ${round}: ${s.id} has one run per round`);
+        }
+        t.same(await Promise.all([a.pass(), b.pass()]), [0, 0], `round ${round}: nothing left due`);
+        clock = new Date(clock.getTime() + HOUR);
+      }
+      await removeAll(due.map((s) => s.id));
+    });
+
+    t.test('a scheduled fire tells /api/team/stream', async (t) => {
+      // Every change written so far is in the log first, so the stream opens after all of them.
+      await svc.relay.flush(me.accountId);
+      const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${token}` });
+      t.teardown(() => w.sock.destroy());
+      const changes = () =>
+        frames(w.text())
+          .map(parseFrame)
+          .filter((e) => e.event === 'schedule');
+      t.ok(await eventually(() => frames(w.text()).some((f) => parseFrame(f).id !== undefined), 10_000));
+      const s = await create({});
+      t.ok(await eventually(() => changes().length === 1, 15_000), 'told of the create');
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      t.equal(await a.pass(), 1);
+      t.ok(await eventually(() => changes().length === 2, 15_000), 'told of the fire');
+      t.same(JSON.parse(changes()[1]?.data as string), { reason: 'changed' });
+      await removeAll([s.id]);
+    });
+
     t.test('after downtime a missed schedule fires once, and next from now', async (t) => {
       const s = await create({});
       clock = new Date(Date.parse(s.next_run_at) + 5 * HOUR + 30 * 60_000);
@@ -104,6 +147,73 @@ for (const backend of backends()) {
       clock = new Date(clock.getTime() + 48 * HOUR);
       t.equal(await a.pass(), 0);
       t.same(await runsOf(s.id), []);
+      await removeAll([s.id]);
+    });
+
+    t.test('a worker that outlived its lease stamps nothing once another took the row over', async (t) => {
+      const s = await create({});
+      const claimedAt = new Date(Date.parse(s.next_run_at) + 1000);
+      const [slow] = await schedules.claimDue(svc.db.sql, claimedAt, new Date(claimedAt.getTime() + LEASE_MS), 50, () =>
+        newId('cnv'),
+      );
+      t.equal(slow?.id, s.id);
+      clock = new Date(claimedAt.getTime() + LEASE_MS + 1000);
+      t.equal(await b.pass(), 1, 'the expired lease is taken over');
+      const stamped = await get(s.id);
+      t.equal(stamped.last_run_at, clock.toISOString());
+      await a.fire(slow as schedules.ScheduleRow, claimedAt);
+      t.equal((await runsOf(s.id)).length, 1, 'one run recorded, not two');
+      t.same(await get(s.id), stamped, 'the late stamp changed nothing');
+      await removeAll([s.id]);
+    });
+
+    t.test('an edit made while a run is under way keeps the next_run_at it computed', async (t) => {
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      const claimNow = async () =>
+        (await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () => newId('cnv')))[0];
+      const first = await claimNow();
+      t.equal(first?.id, s.id);
+      const off = await http.call('PATCH', `${base}/${s.id}`, { token, body: { enabled: false } });
+      t.equal(off.body.next_run_at, null);
+      await a.fire(first as schedules.ScheduleRow, clock);
+      const afterOff = await get(s.id);
+      t.equal(afterOff.last_run_at, clock.toISOString(), 'the run is recorded');
+      t.equal(afterOff.next_run_at, null, 'still disabled: no next run');
+      t.equal((await runsOf(s.id)).length, 1);
+
+      const on = await http.call('PATCH', `${base}/${s.id}`, { token, body: { enabled: true } });
+      clock = new Date(Date.parse(on.body.next_run_at) + 1000);
+      const second = await claimNow();
+      t.equal(second?.id, s.id);
+      const yearly = await http.call('PATCH', `${base}/${s.id}`, { token, body: { cron: '0 0 1 1 *' } });
+      t.match(yearly.body.next_run_at, /-01-01T00:00:00\.000Z$/);
+      await a.fire(second as schedules.ScheduleRow, clock);
+      const afterCron = await get(s.id);
+      t.equal(afterCron.last_run_at, clock.toISOString(), 'the run is recorded');
+      t.equal(afterCron.next_run_at, yearly.body.next_run_at, 'the slot of the new expression, not of the old one');
+      t.equal((await runsOf(s.id)).length, 2);
+      await removeAll([s.id]);
+    });
+
+    t.test('a claim whose worker died before an edit moved the slot is not the new slot’s run', async (t) => {
+      const [earlier] = await conversationIds();
+      t.ok(earlier, 'a conversation of the account to stand for the dead worker’s launch');
+      const s = await create({});
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      // The dead worker claimed the row and launched under the claim's id (`earlier`), then died.
+      const [dead] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        String(earlier),
+      );
+      t.equal(dead?.claim_conversation_id, earlier);
+      const edited = await http.call('PATCH', `${base}/${s.id}`, { token, body: { cron: '30 * * * *' } });
+      t.equal(edited.status, 200);
+      clock = new Date(Math.max(Date.parse(edited.body.next_run_at), clock.getTime() + LEASE_MS) + 1000);
+      t.equal(await b.pass(), 1, 'the new slot fires once its turn comes');
+      const after = await get(s.id);
+      t.not(after.last_conversation_id, earlier, 'the old slot’s launch is not passed off as this run');
+      t.match(after.last_error, /not on the team/, 'this run went where an in-thread schedule goes');
+      t.equal((await runsOf(s.id)).length, 1);
       await removeAll([s.id]);
     });
 

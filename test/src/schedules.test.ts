@@ -88,6 +88,20 @@ for (const backend of backends()) {
       t.equal(off.body.next_run_at, null);
     });
 
+    t.test('next_run_at is computed again when cron changes, and kept when only other fields do', async (t) => {
+      const made = (await http.post(base, { token, body: { cron: '@daily', prompt: 'p' } })).body;
+      const renamed = await http.call('PATCH', `${base}/${made.id}`, { token, body: { name: 'renamed', prompt: 'q' } });
+      t.equal(renamed.status, 200);
+      t.equal(renamed.body.next_run_at, made.next_run_at, 'unchanged by a rename');
+      const hourly = await http.call('PATCH', `${base}/${made.id}`, { token, body: { cron: '0 * * * *' } });
+      t.equal(hourly.status, 200);
+      const d = new Date(hourly.body.updated_at);
+      const nextHour = new Date(Math.floor(d.getTime() / 3_600_000) * 3_600_000 + 3_600_000).toISOString();
+      t.equal(hourly.body.next_run_at, nextHour, 'the first slot of the new expression after the edit');
+      t.equal((await http.get(`${base}/${made.id}`, { token })).body.next_run_at, nextHour, 'as stored');
+      t.equal((await http.delete(`${base}/${made.id}`, { token })).status, 204);
+    });
+
     t.test('lists: every schedule soonest first, and one agent’s', async (t) => {
       const yearly = (
         await http.post(`/api/team/${second.id}/schedules`, { token, body: { cron: '@yearly', prompt: 'y' } })
@@ -212,7 +226,7 @@ for (const backend of backends()) {
       t.ok(done, 'the turn ran to its end');
     });
 
-    t.test('/api/team/stream tells of each create, delete and run', async (t) => {
+    t.test('/api/team/stream tells of each create, update, delete and run', async (t) => {
       const w = rawGet(svc, '/api/team/stream', { authorization: `Bearer ${token}` });
       t.teardown(() => w.sock.destroy());
       const changes = () =>
@@ -224,6 +238,9 @@ for (const backend of backends()) {
       const s = (await http.post(base, { token, body: { cron: '@daily', prompt: 'p' } })).body;
       t.ok(await until(() => changes().length > before), 'told of the create');
       t.same(JSON.parse(changes().at(-1)?.data as string), { reason: 'changed' });
+      const beforeUpdate = changes().length;
+      await http.call('PATCH', `${base}/${s.id}`, { token, body: { name: 'renamed' } });
+      t.ok(await until(() => changes().length > beforeUpdate), 'told of the update');
       const afterCreate = changes().length;
       await http.delete(`${base}/${s.id}`, { token });
       t.ok(await until(() => changes().length > afterCreate), 'told of the delete');
@@ -232,6 +249,37 @@ for (const backend of backends()) {
       const afterSecond = changes().length;
       t.equal((await http.post(`${base}/${fired.id}/run`, { token })).status, 404, 'the agent is not on the team');
       t.ok(await until(() => changes().length > afterSecond), 'told of the run, which was stamped');
+    });
+
+    t.test('run now of an in-thread schedule is a message in the teammate’s own conversation', async (t) => {
+      const mate = await agentOf(token, 'mate');
+      const mateBase = `/api/team/${mate.id}/schedules`;
+      const added = await http.post('/api/team', { token, body: { agent_id: mate.id } });
+      t.equal(added.status, 201, added.text);
+      const live = added.body.conversation.id as string;
+      t.ok(
+        await until(
+          async () => (await http.get(`/api/team/${mate.id}`, { token })).body.presence.state === 'online',
+          30_000,
+        ),
+        'its machine is up',
+      );
+      const turnsOf = async () => (await http.get(`/api/conversations/${live}/turns`, { token })).body.data;
+      const s = (await http.post(mateBase, { token, body: { cron: '@daily', prompt: 'slow daily report' } })).body;
+      const res = await http.post(`${mateBase}/${s.id}/run`, { token });
+      t.equal(res.status, 202, res.text);
+      t.same(res.body, { status: 'queued', conversation_id: live }, 'the live conversation');
+      t.equal((await turnsOf())[0]?.prompt, 'slow daily report', 'the prompt is its next turn');
+      const stamped = (await http.get(`${mateBase}/${s.id}`, { token })).body;
+      t.equal(stamped.last_conversation_id, live);
+      t.equal(stamped.last_error, null);
+
+      const busy = await http.post(`${mateBase}/${s.id}/run`, { token });
+      t.equal(busy.status, 400, 'the previous turn still runs');
+      t.equal(busy.body.error, 'conversation_busy');
+      t.equal((await http.get(`${mateBase}/${s.id}`, { token })).body.last_error, busy.body.message, 'stamped');
+      t.ok(await until(async () => (await turnsOf())[0]?.state === 'done', 30_000), 'the turn ran to its end');
+      t.equal((await turnsOf()).length, 1, 'the refused run recorded no turn');
     });
   });
 }

@@ -39,9 +39,49 @@ export interface TurnRow {
   ended_at: Date | null;
 }
 
+/*
+ * The columns the rows above read, named rather than `*`: both tables also hold search vectors
+ * (migration 022), which no reader of a turn or conversation needs and which are as large as
+ * the text they index. `satisfies Record<keyof Row, true>` fails the typecheck when a row type
+ * gains a field these lists lack.
+ */
+const TURN_COLUMNS = Object.keys({
+  id: true,
+  conversation_id: true,
+  number: true,
+  prompt: true,
+  origin: true,
+  image_count: true,
+  state: true,
+  usage: true,
+  reply: true,
+  error: true,
+  created_at: true,
+  ended_at: true,
+} satisfies Record<keyof TurnRow, true>);
+
+const CONVERSATION_COLUMNS = Object.keys({
+  id: true,
+  agent_id: true,
+  title: true,
+  status: true,
+  source: true,
+  parent_id: true,
+  sandbox_id: true,
+  channel_id: true,
+  environment_id: true,
+  vault_id: true,
+  last_active_at: true,
+  last_read_at: true,
+  created_at: true,
+  updated_at: true,
+} satisfies Record<Exclude<keyof ConversationRow, 'turn_count' | 'usage_input' | 'usage_output'>, true>).map(
+  (name) => `c.${name}`,
+);
+
 function selectConversations(sql: Sql) {
   return sql`
-    SELECT c.*,
+    SELECT ${sql(CONVERSATION_COLUMNS)},
       (SELECT count(*)::int FROM turns t WHERE t.conversation_id = c.id) AS turn_count,
       (SELECT coalesce(sum((t.usage->>'input')::bigint), 0)::text FROM turns t WHERE t.conversation_id = c.id) AS usage_input,
       (SELECT coalesce(sum((t.usage->>'output')::bigint), 0)::text FROM turns t WHERE t.conversation_id = c.id) AS usage_output
@@ -75,6 +115,25 @@ export async function getConversation(sql: Sql, accountId: string, id: string): 
     ConversationRow[]
   >`${selectConversations(sql)} WHERE c.account_id = ${accountId} AND c.id = ${id}`;
   return rows[0];
+}
+
+/** The given conversations of the tenant (missing ids are absent), in one query. */
+export async function conversationsByIds(sql: Sql, accountId: string, ids: string[]): Promise<ConversationRow[]> {
+  if (ids.length === 0) return [];
+  return sql<ConversationRow[]>`${selectConversations(sql)} WHERE c.account_id = ${accountId} AND c.id = ANY(${ids})`;
+}
+
+/** The agent's conversations on a channel, newest first (by creation). */
+export async function onChannel(
+  sql: Sql,
+  accountId: string,
+  agentId: string,
+  channelId: string,
+): Promise<ConversationRow[]> {
+  return sql<ConversationRow[]>`
+    ${selectConversations(sql)}
+    WHERE c.account_id = ${accountId} AND c.agent_id = ${agentId} AND c.channel_id = ${channelId}
+    ORDER BY c.created_at DESC, c.id DESC`;
 }
 
 /**
@@ -146,7 +205,7 @@ export async function spawnTree(sql: Sql, accountId: string, id: string) {
 export async function listTurns(sql: Sql, accountId: string, conversationId: string): Promise<TurnRow[]> {
   return sql<
     TurnRow[]
-  >`SELECT * FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} ORDER BY number`;
+  >`SELECT ${sql(TURN_COLUMNS)} FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} ORDER BY number`;
 }
 
 /**
@@ -203,7 +262,7 @@ export async function startTurn(
       VALUES (${t.id}, ${t.accountId}, ${t.conversationId},
               (SELECT coalesce(max(number), 0) + 1 FROM turns WHERE conversation_id = ${t.conversationId}),
               ${t.prompt}, ${t.origin}, ${images.length})
-      RETURNING *`;
+      RETURNING ${s(TURN_COLUMNS)}`;
     for (const [position, image] of images.entries()) {
       await s`INSERT INTO turn_images (account_id, turn_id, position, media_type, data)
               VALUES (${t.accountId}, ${t.id}, ${position}, ${image.mediaType}, ${image.data})`;
@@ -230,14 +289,16 @@ export async function turnImage(
 
 /** A turn by id, with its conversation. */
 export async function getTurn(sql: Sql, accountId: string, turnId: string): Promise<TurnRow | undefined> {
-  const rows = await sql<TurnRow[]>`SELECT * FROM turns WHERE account_id = ${accountId} AND id = ${turnId}`;
+  const rows = await sql<
+    TurnRow[]
+  >`SELECT ${sql(TURN_COLUMNS)} FROM turns WHERE account_id = ${accountId} AND id = ${turnId}`;
   return rows[0];
 }
 
 /** The running turn of a conversation, if one runs. */
 export async function runningTurn(sql: Sql, accountId: string, conversationId: string): Promise<TurnRow | undefined> {
   const rows = await sql<TurnRow[]>`
-    SELECT * FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} AND state = 'running'`;
+    SELECT ${sql(TURN_COLUMNS)} FROM turns WHERE account_id = ${accountId} AND conversation_id = ${conversationId} AND state = 'running'`;
   return rows[0];
 }
 

@@ -58,40 +58,94 @@ export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<Runn
   return rows[0];
 }
 
-export async function deleteRunner(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows =
-    await sql`DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self' RETURNING id`;
-  return rows.length === 1;
+/** Deletes the owner's runner; returns whether it was recorded connected, undefined when there is none. */
+export async function deleteRunner(
+  sql: Sql,
+  accountId: string,
+  id: string,
+): Promise<{ connected: boolean } | undefined> {
+  const rows = await sql<{ connected: boolean }[]>`
+    DELETE FROM runners WHERE account_id = ${accountId} AND id = ${id} AND kind = 'self' RETURNING connected`;
+  return rows[0];
 }
 
-/** Records an accepted connection; returns its epoch (one more than the last). */
+/**
+ * A change of a runner's connection, as recorded: the connection's epoch, whose runner it is,
+ * and whether it is the owner's own machine (`self`) or one the instance started (`local`).
+ */
+export interface ConnectionChange {
+  epoch: number;
+  account_id: string;
+  kind: 'self' | 'local';
+}
+
+/** Records an accepted connection with a new epoch (one more than the last). */
 export async function connected(
   sql: Sql,
   id: string,
   hello: { hostname: string; path: string; version: string; instance: string },
-): Promise<number | undefined> {
-  const rows = await sql<{ epoch: number }[]>`
+): Promise<ConnectionChange | undefined> {
+  const rows = await sql<ConnectionChange[]>`
     UPDATE runners SET hostname = ${hello.hostname}, path = ${hello.path}, version = ${hello.version},
       instance = ${hello.instance}, epoch = epoch + 1, connected = true, last_seen_at = now()
-    WHERE id = ${id} RETURNING epoch`;
-  return rows[0]?.epoch;
+    WHERE id = ${id} RETURNING epoch, account_id, kind`;
+  return rows[0];
 }
 
 /**
  * A heartbeat of the connection `epoch`: recorded when that connection is still the runner's
- * newest. Returns the runner's current epoch (undefined when the runner was deleted), so a
- * node holding a replaced or deleted runner's connection learns it and closes it.
+ * newest. Returns the runner's current epoch and whether it is recorded connected (undefined
+ * when the runner was deleted), so a node holding a replaced or deleted runner's connection
+ * learns it and closes it, and so does one whose connection was recorded gone meanwhile.
  */
-export async function seen(sql: Sql, id: string, epoch: number): Promise<number | undefined> {
-  const rows = await sql<{ epoch: number }[]>`
-    UPDATE runners SET last_seen_at = CASE WHEN epoch = ${epoch} THEN now() ELSE last_seen_at END
-    WHERE id = ${id} RETURNING epoch`;
-  return rows[0]?.epoch;
+export async function seen(
+  sql: Sql,
+  id: string,
+  epoch: number,
+): Promise<{ epoch: number; connected: boolean } | undefined> {
+  const rows = await sql<{ epoch: number; connected: boolean }[]>`
+    UPDATE runners SET last_seen_at = CASE WHEN epoch = ${epoch} AND connected THEN now() ELSE last_seen_at END
+    WHERE id = ${id} RETURNING epoch, connected`;
+  return rows[0];
 }
 
-/** The connection `epoch` ended; a newer one that took over stays connected. */
-export async function disconnected(sql: Sql, id: string, epoch: number): Promise<void> {
-  await sql`UPDATE runners SET connected = false, last_seen_at = now() WHERE id = ${id} AND epoch = ${epoch}`;
+/**
+ * The connection `epoch` ended: compare-and-set on that epoch while it is recorded connected,
+ * so a newer connection that took over stays connected and an end recorded twice (by its node
+ * and by a presence sweep) changes the row once. With `silentForMs`, only while the connection
+ * has not been heard from for that long (a heartbeat recorded meanwhile keeps it). Returns the
+ * change when this call made it, else undefined.
+ */
+export async function disconnected(
+  sql: Sql,
+  id: string,
+  epoch: number,
+  opts: { silentForMs?: number } = {},
+): Promise<ConnectionChange | undefined> {
+  const silent =
+    opts.silentForMs === undefined
+      ? sql``
+      : sql`AND last_seen_at < now() - ${opts.silentForMs}::integer * interval '1 millisecond'`;
+  const rows = await sql<ConnectionChange[]>`
+    UPDATE runners SET connected = false, last_seen_at = now()
+    WHERE id = ${id} AND epoch = ${epoch} AND connected ${silent}
+    RETURNING epoch, account_id, kind`;
+  return rows[0];
+}
+
+/**
+ * Runners recorded connected that no heartbeat reached for `silentForMs` (their node died
+ * with the connection, or never noticed it end), oldest first, with the epoch each was seen at.
+ */
+export async function silentSince(
+  sql: Sql,
+  silentForMs: number,
+  limit: number,
+): Promise<{ id: string; epoch: number }[]> {
+  return sql<{ id: string; epoch: number }[]>`
+    SELECT id, epoch FROM runners
+    WHERE connected AND last_seen_at < now() - ${silentForMs}::integer * interval '1 millisecond'
+    ORDER BY last_seen_at LIMIT ${limit}`;
 }
 
 /** Whether the runner holds a connection newer than `epoch` (it came back, maybe through another node). */

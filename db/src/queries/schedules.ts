@@ -58,8 +58,11 @@ export async function insertSchedule(
 
 /**
  * Writes every value; `next_run_at` only when given, so an edit that leaves the timing alone
- * never puts back a slot the scheduler has moved on from meanwhile. Undefined when the agent
- * has no such schedule.
+ * never puts back a slot the scheduler has moved on from meanwhile. A new `next_run_at` also
+ * forgets the conversation id of a claim on the row: a claimant that died is taken over for the
+ * new slot, which then gets its own launch instead of passing off the old slot's as its run
+ * (a claimant still at work launches under the id it holds, and stamps under its lease).
+ * Undefined when the agent has no such schedule.
  */
 export async function updateSchedule(
   sql: Sql,
@@ -71,7 +74,7 @@ export async function updateSchedule(
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET name = ${v.name}, cron = ${v.cron}, prompt = ${v.prompt}, one_off = ${v.one_off},
       enabled = ${v.enabled}, updated_at = now()
-      ${v.next_run_at === undefined ? sql`` : sql`, next_run_at = ${v.next_run_at}`}
+      ${v.next_run_at === undefined ? sql`` : sql`, next_run_at = ${v.next_run_at}, claim_conversation_id = NULL`}
     WHERE account_id = ${accountId} AND agent_id = ${agentId} AND id = ${id}
     RETURNING *`;
   return rows[0];
@@ -92,23 +95,43 @@ export interface RunOutcome {
   error: string | null;
 }
 
+/** What a run of the scheduler's claim stamps besides its outcome. */
+export interface ClaimAdvance {
+  /** The slot the schedule moves to (null: it stops). */
+  nextRunAt: Date | null;
+  /** The claim's lease (`claimed_until` as claimed): the stamp is this claim's only while it holds. */
+  lease: Date;
+  /** `next_run_at` as claimed: an edit that moved it since (new cron, disabled) keeps its own. */
+  slot: Date | null;
+}
+
 /**
  * Stamps a run's outcome. `last_conversation_id` keeps the previous conversation when this run
- * started none. With `advance` (a run of the scheduler's claim), `next_run_at` moves to the slot
- * given and the claim is released. Undefined when the schedule is gone (deleted while it ran).
+ * started none. With `advance` (a run of the scheduler's claim), only while that claim still
+ * holds the row (compare-and-set on its lease: a claimant that outlived its lease, whose row
+ * another took over, stamps nothing), the claim is released and `next_run_at` moves to the
+ * slot given unless an edit moved it meanwhile. Undefined when nothing was stamped (the
+ * schedule is gone, or the claim is no longer this one).
  */
 export async function stampRun(
   sql: Sql,
   accountId: string,
   id: string,
   outcome: RunOutcome,
-  advance?: { nextRunAt: Date | null },
+  advance?: ClaimAdvance,
 ): Promise<ScheduleRow | undefined> {
   const rows = await sql<ScheduleRow[]>`
     UPDATE schedules SET last_run_at = ${outcome.at}, last_error = ${outcome.error},
       last_conversation_id = coalesce(${outcome.conversationId}, last_conversation_id)
-      ${advance ? sql`, next_run_at = ${advance.nextRunAt}, claimed_until = NULL, claim_conversation_id = NULL` : sql``}
+      ${
+        advance
+          ? sql`, next_run_at = CASE WHEN next_run_at IS NOT DISTINCT FROM ${advance.slot}::timestamptz
+                  THEN ${advance.nextRunAt}::timestamptz ELSE next_run_at END,
+                claimed_until = NULL, claim_conversation_id = NULL`
+          : sql``
+      }
     WHERE account_id = ${accountId} AND id = ${id}
+      ${advance ? sql`AND claimed_until = ${advance.lease}` : sql``}
     RETURNING *`;
   return rows[0];
 }

@@ -32,8 +32,13 @@ import { runnerSocketRoute } from './routes/runner-socket.ts';
 import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
+import { searchRoutes } from './routes/search.ts';
 import { streamRoutes } from './routes/streams.ts';
+import { supportRoutes } from './routes/support.ts';
+import { teamRoutes } from './routes/team.ts';
+import { teamMcpRoutes } from './routes/team-mcp.ts';
 import { vaultRoutes } from './routes/vaults.ts';
+import { webhookRoutes } from './routes/webhooks.ts';
 import { validatorCompiler } from './validation.ts';
 
 export interface ApiOptions {
@@ -194,7 +199,12 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   conversationRoutes(app, deps);
   sandboxRoutes(app, deps);
   scheduleRoutes(app, deps);
+  teamRoutes(app, deps);
+  supportRoutes(app, deps);
+  searchRoutes(app, deps);
   permissionRoutes(app, deps);
+  teamMcpRoutes(app, deps);
+  webhookRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 

@@ -11,6 +11,7 @@ import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
 import type { LaunchDeps } from '../services/launch.ts';
 import type { ReadinessDeps } from '../services/readiness.ts';
 import type { RetireSandboxesBuiltOn } from '../services/sandboxes.ts';
+import type { TeamMcpDeps } from '../services/team-mcp.ts';
 
 /** What the api role's routes are given by the composition root. */
 export interface ApiDeps {
@@ -37,4 +38,6 @@ export interface ApiDeps {
   readiness: ReadinessDeps;
   /** Where answered requests are counted, and what `/metrics` serves. */
   metrics: RequestMetrics & Pick<ServiceMetrics, 'scrape'>;
+  /** The team MCP server's tools: the team's operations and the process's turn waiters. */
+  teamMcp: TeamMcpDeps;
 }

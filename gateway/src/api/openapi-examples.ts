@@ -98,6 +98,16 @@ const runner = {
   token: 'svcr_NjFQsnGPzQTWawtJATU3WEKQgpIdpgNncwTJYoB30Ow',
 };
 
+const searchHit = {
+  kind: 'reply',
+  conversation_id: conversation.id,
+  agent_id: agent.id,
+  turn_id: turn.id,
+  turn_number: turn.number,
+  snippet: 'Two things must change: the retry loop in pay.ts swallows errors, and the cart total is computed twice.',
+  ts: at,
+};
+
 /** By component schema name. */
 const RESOURCES: Record<string, object> = {
   Agent: agent,
@@ -106,6 +116,7 @@ const RESOURCES: Record<string, object> = {
   Conversation: conversation,
   Turn: turn,
   Runner: runner,
+  SearchHit: searchHit,
 };
 
 /** Request bodies, by operationId. */

@@ -27,27 +27,51 @@ function refuseNul(value: unknown, ctx: z.RefinementCtx): void {
   for (const path of found) ctx.addIssue({ code: 'custom', path, message: NUL_MESSAGE });
 }
 
+/** Stands in the walk for a key that itself holds NUL: reported at the key's path. */
+const NUL_KEY = Symbol('key holding NUL');
+
+/** A path into the value, linked to its parent, so a deep walk never copies paths it does not report. */
+type Path = { parent: Path | null; key: PropertyKey } | null;
+
+function pathOf(at: Path): PropertyKey[] {
+  const keys: PropertyKey[] = [];
+  for (let p = at; p; p = p.parent) keys.push(p.key);
+  return keys.reverse();
+}
+
 /**
- * Collects the paths of strings holding NUL. Only plain objects and arrays are walked (the
- * output of a JSON body, query or path), never a Buffer of raw bytes; a key holding NUL is
- * named with the NUL written `\u0000`.
+ * Collects the paths of strings holding NUL, in document order. Only plain objects and arrays
+ * are walked (the output of a JSON body, query or path), never a Buffer of raw bytes; a key
+ * holding NUL is named with the NUL written `\u0000`. The walk keeps its own stack, so a body
+ * nested thousands deep is judged like any other instead of overflowing the call stack (a 500).
  */
-function findNul(value: unknown, path: PropertyKey[], found: PropertyKey[][]): void {
-  if (found.length >= MAX_FINDINGS) return;
-  if (typeof value === 'string') {
-    if (value.includes('\0')) found.push(path);
-    return;
-  }
-  if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) findNul(value[i], [...path, i], found);
-    return;
-  }
-  if (value === null || typeof value !== 'object') return;
-  const proto = Object.getPrototypeOf(value);
-  if (proto !== Object.prototype && proto !== null) return;
-  for (const [key, v] of Object.entries(value)) {
-    if (key.includes('\0')) {
-      if (found.length < MAX_FINDINGS) found.push([...path, key.replaceAll('\0', '\\u0000')]);
-    } else findNul(v, [...path, key], found);
+function findNul(root: unknown, rootPath: PropertyKey[], found: PropertyKey[][]): void {
+  let base: Path = null;
+  for (const key of rootPath) base = { parent: base, key };
+  const stack: [unknown, Path][] = [[root, base]];
+  while (stack.length && found.length < MAX_FINDINGS) {
+    const [value, path] = stack.pop() as [unknown, Path];
+    if (value === NUL_KEY) {
+      found.push(pathOf(path));
+      continue;
+    }
+    if (typeof value === 'string') {
+      if (value.includes('\0')) found.push(pathOf(path));
+      continue;
+    }
+    if (value === null || typeof value !== 'object') continue;
+    const children: [unknown, Path][] = [];
+    if (Array.isArray(value)) {
+      for (let i = 0; i < value.length; i++) children.push([value[i], { parent: path, key: i }]);
+    } else {
+      const proto = Object.getPrototypeOf(value);
+      if (proto !== Object.prototype && proto !== null) continue;
+      for (const [key, v] of Object.entries(value)) {
+        if (key.includes('\0')) children.push([NUL_KEY, { parent: path, key: key.replaceAll('\0', '\\u0000') }]);
+        else children.push([v, { parent: path, key }]);
+      }
+    }
+    // Pushed last-first, so the first child is looked at next: findings keep document order.
+    for (let i = children.length - 1; i >= 0; i--) stack.push(children[i] as [unknown, Path]);
   }
 }

@@ -20,6 +20,7 @@ import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import type { AppendResult, NewEvent } from '../log/log.ts';
 import { hashSecret } from '../secrets/tokens.ts';
+import { recordConnected, recordDisconnected } from '../services/runners.ts';
 import type { RunnerRouter, RunnerSelector } from './router.ts';
 
 type TurnResult = 'done' | 'failed' | 'interrupted' | 'timeout';
@@ -284,8 +285,12 @@ export class RunnerFabric {
             .then((current) => {
               // Deleted, or replaced through another node: this connection is over.
               if (current === undefined) this.close(s, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
-              else if (current !== s.epoch) {
+              else if (current.epoch !== s.epoch) {
                 this.close(s, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');
+              } else if (!current.connected) {
+                // Recorded gone by a presence sweep while this node still holds it: the runner connects
+                // again, so the row and its owner's watchers learn it is back.
+                this.close(s, RUNNER_CLOSE.going_away, 'no heartbeat in time; reconnect');
               } else if (!s.closed) this.router?.hold(s.runnerId);
             })
             .catch((err: Error) => this.deps.logger.warn({ err: { message: err.message } }, 'runner heartbeat'));
@@ -304,14 +309,14 @@ export class RunnerFabric {
       );
     }
     s.instance = hello.instance;
-    const epoch = await runners.connected(this.deps.sql, s.runnerId, {
+    const epoch = await recordConnected(this.deps.sql, s.runnerId, {
       hostname: hello.hostname,
       path: hello.root,
       version: hello.version,
       instance: hello.instance,
     });
     if (s.closed) {
-      if (epoch !== undefined) await runners.disconnected(this.deps.sql, s.runnerId, epoch);
+      if (epoch !== undefined) await recordDisconnected(this.deps.sql, s.runnerId, epoch);
       return;
     }
     if (epoch === undefined) return this.close(s, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
@@ -571,7 +576,7 @@ export class RunnerFabric {
     }
     s.pending.clear();
     if (s.epoch > 0) {
-      runners.disconnected(this.deps.sql, s.runnerId, s.epoch).catch((err: Error) => {
+      recordDisconnected(this.deps.sql, s.runnerId, s.epoch).catch((err: Error) => {
         this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'runner disconnect not recorded');
       });
     }

@@ -55,6 +55,24 @@ export function mailerContract(t: Test, adapter: { open(): Promise<MailDestinati
     );
   });
 
+  t.test('attachments arrive byte for byte, with their names and types', async (t) => {
+    const dest = await adapter.open();
+    // Every byte value, NUL included, and more than one MIME line of base64.
+    const image = Buffer.concat([
+      Buffer.from('89504e470d0a1a0a', 'hex'),
+      Buffer.from(Array.from({ length: 3000 }, (_, i) => i % 256)),
+    ]);
+    const sent: MailMessage = {
+      ...message('support@example.com', 'Support report with a screenshot'),
+      attachments: [
+        { filename: 'screenshot.png', contentType: 'image/png', content: image },
+        { filename: 'context.json', contentType: 'application/json', content: Buffer.from('{"page":"/"}') },
+      ],
+    };
+    await dest.mailer.send(sent);
+    t.same(await dest.received(), [sent]);
+  });
+
   t.test('send rejects when the destination refuses the message', async (t) => {
     const mailer = await adapter.refusing();
     await t.rejects(mailer.send(message('ada@example.com', 'Lost')));

@@ -8,7 +8,20 @@ export function smtpMailer(smtpUrl: string, from: string): Mailer & { close(): v
   return {
     describe: `smtp ${host}`,
     async send(message: MailMessage) {
-      await transport.sendMail({ from, ...message });
+      const { attachments, ...rest } = message;
+      await transport.sendMail({
+        from,
+        ...rest,
+        ...(attachments?.length
+          ? {
+              attachments: attachments.map((a) => ({
+                filename: a.filename,
+                contentType: a.contentType,
+                content: a.content,
+              })),
+            }
+          : {}),
+      });
     },
     close: () => transport.close(),
   };

@@ -1,9 +1,18 @@
+/** A file sent with a message, delivered byte for byte under its name and media type. */
+export interface MailAttachment {
+  filename: string;
+  contentType: string;
+  content: Buffer;
+}
+
 /** One outgoing message. `text` carries every link in full, so a plain-text reader can follow it. */
 export interface MailMessage {
   to: string;
   subject: string;
   text: string;
   html: string;
+  /** Absent or empty: a message without files. */
+  attachments?: MailAttachment[];
 }
 
 /**

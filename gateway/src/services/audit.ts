@@ -24,7 +24,8 @@ export async function recordAudit(
   });
 }
 
-function parseInstant(name: string, value: string | undefined): Date | undefined {
+/** An optional ISO 8601 query parameter as an instant; anything else is 400 `invalid_request` naming it. */
+export function parseInstant(name: string, value: string | undefined): Date | undefined {
   if (value === undefined) return undefined;
   // ISO 8601 date or date-time; Date.parse alone accepts too much ("1", "May 5").
   const iso = /^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;

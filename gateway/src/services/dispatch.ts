@@ -1,4 +1,11 @@
-import { ApiError, commandLine, type Runtime } from '@svc/core';
+import {
+  ApiError,
+  commandLine,
+  type McpHttpServer,
+  type McpServerEntry,
+  type McpStdioServer,
+  type Runtime,
+} from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
 import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
@@ -54,8 +61,8 @@ interface TurnPlan {
     sessionMeta: Record<string, unknown> | undefined;
     /** Files for the runtime's HOME (the system prompt, for runtimes that read it from a file). */
     homeFiles: { path: string; content: string }[];
-    /** The agent's MCP servers, for the runtime's ACP session. */
-    mcpServers: { name: string; command: string; args: string[] }[];
+    /** The runtime's MCP servers (the agent's, and the team's on a team conversation), for its ACP session. */
+    mcpServers: McpServerEntry[];
   } | null;
 }
 
@@ -81,7 +88,7 @@ export async function runOnSandbox(
   },
 ): Promise<void> {
   const { agent, environment } = p;
-  const { env, runtimeEnv, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
+  const { env, runtimeEnv, token, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
     deps,
     p.accountId,
     p.conversationId,
@@ -90,6 +97,7 @@ export async function runOnSandbox(
     p.vaultId,
     p.credential,
   );
+  const mcpServers = p.turn ? await mcpServersOf(deps, p.accountId, p.conversationId, agent, token) : [];
   runTurn(deps, {
     accountId: p.accountId,
     conversationId: p.conversationId,
@@ -114,7 +122,7 @@ export async function runOnSandbox(
           permissionPolicy: policyOf(agent),
           sessionMeta,
           homeFiles,
-          mcpServers: mcpServersOf(agent),
+          mcpServers,
         }
       : null,
   });
@@ -185,7 +193,8 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         permission_policy: plan.turn.permissionPolicy,
         permission_timeout_ms: deps.permissionTimeoutMs,
         autonomous_idle_ms: deps.autonomousIdleMs,
-        mcp_servers: plan.turn.mcpServers,
+        mcp_servers: plan.turn.mcpServers.filter((m): m is McpStdioServer => !('type' in m)),
+        mcp_http_servers: plan.turn.mcpServers.filter((m): m is McpHttpServer => 'type' in m),
         ...(plan.turn.images.length
           ? { images: plan.turn.images.map((i) => ({ data: i.data.toString('base64'), media_type: i.mediaType })) }
           : {}),

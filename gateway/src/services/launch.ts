@@ -70,6 +70,13 @@ const permits = (list: string[] | null, id: string) => list === null || list.inc
  * (`X-Svc-Parent-Conversation-Id`); a sandbox token may start one only under its own
  * conversation. `options.conversationId` launches under an id chosen beforehand (the scheduler's
  * claim), so a caller that retries can see whether the launch already happened.
+ * `options.title` and `options.channelId` title the conversation (default: the agent's name)
+ * and put it on a channel (the team's). `options.inTransaction` runs inside the transaction
+ * that records the conversation, after it is written: what it writes commits with the launch,
+ * and what it throws rolls the launch back, before any machine is built or turn run.
+ * `options.teamMessage` marks a teammate's fresh conversation opened by a message to it,
+ * which a sandbox token may send (the team tools' `send_to_teammate`); a sandbox token's
+ * other launches are only sub-conversations of its own conversation.
  */
 export async function startConversation(
   deps: LaunchDeps,
@@ -84,10 +91,16 @@ export async function startConversation(
     sandbox_mode?: 'ephemeral' | 'persistent';
   },
   parentId: string | null = null,
-  options: { conversationId?: string } = {},
+  options: {
+    conversationId?: string;
+    title?: string;
+    channelId?: string;
+    inTransaction?: (tx: Sql, conversationId: string) => Promise<void>;
+    teamMessage?: boolean;
+  } = {},
 ) {
   const { sql } = deps;
-  if (who.actor === 'sprite') {
+  if (who.actor === 'sprite' && !options.teamMessage) {
     if (parentId === null) {
       throw new ApiError('forbidden', 'A sandbox token starts only sub-conversations (X-Svc-Parent-Conversation-Id).');
     }
@@ -182,9 +195,10 @@ export async function startConversation(
       id: conversationId,
       accountId: who.accountId,
       agentId: agent.id,
-      title: agent.name,
+      title: options.title ?? agent.name,
       source: parentId === null ? 'ui' : 'agent',
       parentId,
+      channelId: options.channelId ?? null,
       environmentId,
       vaultId,
     });
@@ -201,6 +215,7 @@ export async function startConversation(
       });
     }
     await outbox.enqueue(t, who.accountId, [changed('conversations')]);
+    await options.inTransaction?.(t, conversationId);
     return claimed;
   });
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id: conversationId });

@@ -14,6 +14,11 @@ export interface Machine {
   runnerId: string | null;
 }
 
+/** A `ready` sandbox whose incarnation was never built (a reset or a retirement left it without a machine). */
+export function unbuiltMachine(sandbox: Pick<sandboxes.SandboxRow, 'status' | 'incarnation' | 'built_incarnation'>) {
+  return sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
+}
+
 /**
  * Whether the sandbox's machine can take a turn as it is, or must be built again first (its
  * machine failed or was destroyed, or is lost, as a local runner-agent after a restart), and
@@ -26,7 +31,7 @@ export async function machineOf(
 ): Promise<Machine> {
   const provider = deps.providers.of(sandbox.provider);
   const health = await provider.health(sandbox);
-  const unbuilt = sandbox.status === 'ready' && (sandbox.built_incarnation ?? -1) < sandbox.incarnation;
+  const unbuilt = unbuiltMachine(sandbox);
   const asleep = provider.suspends && sandbox.status === 'suspended';
   const gone =
     unbuilt || sandbox.status === 'failed' || sandbox.status === 'terminated' || (health === 'lost' && !asleep);

@@ -1,9 +1,10 @@
 import { newId, orNotFound, RUNNER_CLOSE } from '@svc/core';
-import { runners, type Sql } from '@svc/db';
+import { outbox, runners, type Sql, transaction } from '@svc/db';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
+import { changed } from './tenant-events.ts';
 
 /** Runner tokens are told apart from API keys by their prefix. */
 export const RUNNER_TOKEN_PREFIX = 'svcr_';
@@ -41,7 +42,8 @@ export async function createRunner(sql: Sql, who: ActorRef, name: string) {
 
 /**
  * Deletes the runner (its token stops working) and closes its connection on whichever node
- * holds it (`fabric.disconnectEverywhere`).
+ * holds it (`fabric.disconnectEverywhere`). A runner deleted while connected drops: its owner's
+ * `team` event is written with the delete (the closed connection finds no row to change).
  */
 export async function deleteRunner(
   sql: Sql,
@@ -49,7 +51,71 @@ export async function deleteRunner(
   who: ActorRef,
   id: string,
 ) {
-  orNotFound(await runners.deleteRunner(sql, who.accountId, id), 'Runner');
+  await transaction(sql, async (tx) => {
+    const deleted = orNotFound(await runners.deleteRunner(tx, who.accountId, id), 'Runner');
+    if (deleted.connected) await outbox.enqueue(tx, who.accountId, [changed('team')]);
+  });
   await fabric.disconnectEverywhere({ runnerId: id }, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
   await recordAudit(sql, who, 'runner.deleted', { type: 'runner', id });
+}
+
+/** How many silent runners one presence pass records gone at most; the next pass takes the rest. */
+const SILENT_BATCH = 100;
+
+/**
+ * The owner's watchers hear of a change of their own runner's connection (`team`, written with
+ * the change); runners the instance starts for local sandboxes are not the owner's machines.
+ */
+async function tellOwner(tx: Sql, change: runners.ConnectionChange | undefined): Promise<void> {
+  if (change?.kind === 'self') await outbox.enqueue(tx, change.account_id, [changed('team')]);
+}
+
+/**
+ * Records an accepted connection of the runner with a new epoch, and the owner's `team` event
+ * in the same transaction. Returns the epoch; undefined when the runner was deleted.
+ */
+export async function recordConnected(
+  sql: Sql,
+  runnerId: string,
+  hello: Parameters<typeof runners.connected>[2],
+): Promise<number | undefined> {
+  return transaction(sql, async (tx) => {
+    const change = await runners.connected(tx, runnerId, hello);
+    await tellOwner(tx, change);
+    return change?.epoch;
+  });
+}
+
+/**
+ * Records that the connection `epoch` ended, compare-and-set (`runners.disconnected`), with the
+ * owner's `team` event in the same transaction: however many nodes record one end, the row
+ * changes and the event is written once. With `silentForMs`, only while the connection has
+ * been silent that long. Resolves to whether this call recorded it.
+ */
+export async function recordDisconnected(
+  sql: Sql,
+  runnerId: string,
+  epoch: number,
+  opts: { silentForMs?: number } = {},
+): Promise<boolean> {
+  return transaction(sql, async (tx) => {
+    const change = await runners.disconnected(tx, runnerId, epoch, opts);
+    await tellOwner(tx, change);
+    return change !== undefined;
+  });
+}
+
+/**
+ * A drop nobody closed (the runner's process or machine died silently, or the node holding its
+ * connection did): every runner recorded connected that no heartbeat reached for `silentForMs`
+ * is recorded disconnected at the epoch it was seen at (`recordDisconnected`), so a runner that
+ * reconnected or was heard from meanwhile is left alone. Any number of nodes may run it at
+ * once. Resolves to how many it recorded.
+ */
+export async function recordSilentRunnersGone(sql: Sql, silentForMs: number): Promise<number> {
+  let recorded = 0;
+  for (const r of await runners.silentSince(sql, silentForMs, SILENT_BATCH)) {
+    if (await recordDisconnected(sql, r.id, r.epoch, { silentForMs })) recorded++;
+  }
+  return recorded;
 }

@@ -1,10 +1,19 @@
-import { ApiError, Packages, providerOf, type Runtime, type SandboxCreateCommand } from '@svc/core';
-import type { agents, environments } from '@svc/db';
+import {
+  ApiError,
+  type McpServerEntry,
+  Packages,
+  providerOf,
+  type Runtime,
+  type SandboxCreateCommand,
+  TEAM_CHANNEL,
+} from '@svc/core';
+import { type agents, conversations, type environments } from '@svc/db';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { LaunchDeps } from './launch.ts';
 import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
 import { revealSecrets } from './secrets.ts';
+import { TEAM_MCP_SERVER } from './team-mcp.ts';
 
 /*
  * The runtime environment of a sandbox and its turns: what the machine is built with (the
@@ -44,8 +53,30 @@ export function buildStages(agent: AgentRow, environment: EnvironmentRow) {
   };
 }
 
-export function mcpServersOf(agent: AgentRow) {
-  return Object.entries(agent.mcp_servers).map(([name, m]) => ({ name, command: m.command, args: m.args ?? [] }));
+/**
+ * The MCP servers of a turn's runtime: the agent's own (stdio), and on a conversation of the
+ * team channel the service's team server `svc-team` (HTTP, SPEC Team rule 7), authenticated
+ * with the conversation's sandbox `token`. An agent server of that name gives way to it.
+ */
+export async function mcpServersOf(
+  deps: Pick<LaunchDeps, 'sql' | 'apiUrl'>,
+  accountId: string,
+  conversationId: string,
+  agent: AgentRow,
+  token: string,
+): Promise<McpServerEntry[]> {
+  const own = Object.entries(agent.mcp_servers).map(([name, m]) => ({ name, command: m.command, args: m.args ?? [] }));
+  const conv = await conversations.getConversation(deps.sql, accountId, conversationId);
+  if (conv?.channel_id !== TEAM_CHANNEL) return own;
+  return [
+    ...own.filter((m) => m.name !== TEAM_MCP_SERVER),
+    {
+      type: 'http',
+      name: TEAM_MCP_SERVER,
+      url: `${deps.apiUrl()}/api/mcp/team/${conversationId}`,
+      headers: [{ name: 'Authorization', value: `Bearer ${token}` }],
+    },
+  ];
 }
 
 /**
@@ -98,6 +129,8 @@ export async function runtimeEnvironment(
   return {
     env,
     runtimeEnv,
+    /** The conversation's sandbox token of this turn (also in `runtimeEnv`), for its MCP servers. */
+    token: token.key,
     args: settings.args,
     model: settings.sessionModel,
     sessionMeta: settings.sessionMeta,

@@ -1,10 +1,9 @@
 import { ApiError } from '@svc/core';
-import { conversations, outbox, type Sql, schedules, transaction } from '@svc/db';
-import { recordAudit } from './audit.ts';
+import { conversations, type Sql, schedules, transaction } from '@svc/db';
 import { type LaunchDeps, startConversation } from './launch.ts';
 import type { ActorRef } from './principal.ts';
-import { getSchedule } from './schedules.ts';
-import { changed } from './tenant-events.ts';
+import { getSchedule, recordScheduleChange } from './schedules.ts';
+import { messageTeammate } from './team.ts';
 
 /*
  * A schedule's run, whether asked for (run now) or due (the scheduler): where the prompt goes,
@@ -25,24 +24,27 @@ export type RunTrigger = 'now' | 'cron';
 export type RunResult = { conversationId: string; error: null } | { conversationId: null; error: ApiError };
 
 /**
- * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and the
- * slot the schedule moves to once the run is stamped (the claim is released with it).
+ * What the scheduler's claim adds to a run: the conversation id chosen at claim time, and what
+ * the stamp moves and checks (`schedules.ClaimAdvance`: the slot the schedule moves to, the
+ * claim's lease and slot as claimed).
  */
-export interface ClaimedRun {
+export interface ClaimedRun extends schedules.ClaimAdvance {
   conversationId: string;
-  nextRunAt: Date | null;
 }
 
 /**
  * Sends the schedule's prompt where it belongs and stamps the outcome. `one_off: true` opens a
  * fresh conversation for the agent (its own environment, a new machine). An in-thread schedule
- * (`one_off: false`) prompts the agent's teammate conversation; until the agent is on the team
- * it is 404 `not_found`. Never throws for a run that could not start: the caller decides
- * whether the error is answered (run now) or only recorded (the scheduler).
+ * (`one_off: false`) is a message to the agent's teammate (messageTeammate: its live
+ * conversation, or a fresh one when that cannot be resumed; 400 `conversation_busy` while a
+ * turn runs, 503 while its machine starts); until the agent is on the team it is 404
+ * `not_found`. Never throws for a run that could not start: the caller decides whether the
+ * error is answered (run now) or only recorded (the scheduler).
  *
- * With `claim`, the launch uses the claim's conversation id, and a conversation that already
- * has it means an earlier claimant launched and died before stamping: that launch is the run,
- * stamped now, never a second one.
+ * With `claim`, a one-off launch uses the claim's conversation id, and a conversation that
+ * already has it means an earlier claimant launched and died before stamping: that launch is
+ * the run, stamped now, never a second one. (An in-thread run has no id of its own to claim:
+ * a claimant that died between the message and the stamp leaves it to be sent again.)
  */
 export async function fireSchedule(
   deps: RunDeps,
@@ -55,24 +57,20 @@ export async function fireSchedule(
   const launched = claim && (await conversations.getConversation(deps.sql, who.accountId, claim.conversationId));
   if (launched) {
     result = { conversationId: launched.id, error: null };
-  } else if (!row.one_off) {
-    result = {
-      conversationId: null,
-      error: new ApiError(
-        'not_found',
-        `Agent ${row.agent_id} is not on the team, so it has no conversation to prompt.`,
-      ),
-    };
   } else {
     try {
-      const conversation = await startConversation(
-        deps.launch,
-        who,
-        { agent_id: row.agent_id, prompt: row.prompt },
-        null,
-        claim ? { conversationId: claim.conversationId } : {},
-      );
-      result = { conversationId: conversation.id, error: null };
+      const conversationId = row.one_off
+        ? (
+            await startConversation(
+              deps.launch,
+              who,
+              { agent_id: row.agent_id, prompt: row.prompt },
+              null,
+              claim ? { conversationId: claim.conversationId } : {},
+            )
+          ).id
+        : (await messageTeammate(deps, who, row.agent_id, { prompt: row.prompt })).conversationId;
+      result = { conversationId, error: null };
     } catch (err) {
       const error = err instanceof ApiError ? err : new ApiError('internal_error', 'The run could not start.');
       if (!(err instanceof ApiError)) deps.launch.logger.error({ err, scheduleId: row.id }, 'schedule run failed');
@@ -85,22 +83,15 @@ export async function fireSchedule(
       who.accountId,
       row.id,
       { at: deps.now(), conversationId: result.conversationId, error: result.error?.message ?? null },
-      claim ? { nextRunAt: claim.nextRunAt } : undefined,
+      claim,
     );
     if (!stamped) return;
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(
-      tx,
-      who,
-      'team.schedule.run',
-      { type: 'schedule', id: row.id },
-      {
-        agent_id: row.agent_id,
-        trigger,
-        conversation_id: result.conversationId,
-        error: result.error?.code ?? null,
-      },
-    );
+    await recordScheduleChange(tx, who, 'run', row.id, {
+      agent_id: row.agent_id,
+      trigger,
+      conversation_id: result.conversationId,
+      error: result.error?.code ?? null,
+    });
   });
   return result;
 }

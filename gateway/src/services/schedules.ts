@@ -42,6 +42,21 @@ export function nextRunAt(cron: string, enabled: boolean, now: Date): Date | nul
   return enabled ? next : null;
 }
 
+/**
+ * What every write of a schedule records in the transaction `tx` of the change: the tenant's
+ * `schedule` change event and the audit row `team.schedule.<action>` (facts, never the prompt).
+ */
+export async function recordScheduleChange(
+  tx: Sql,
+  who: ActorRef,
+  action: 'create' | 'update' | 'delete' | 'run',
+  scheduleId: string,
+  metadata: Record<string, unknown>,
+): Promise<void> {
+  await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
+  await recordAudit(tx, who, `team.schedule.${action}`, { type: 'schedule', id: scheduleId }, metadata);
+}
+
 async function ownAgent(sql: Sql, accountId: string, agentId: string) {
   return orNotFound(await agents.getAgent(sql, accountId, agentId), 'Agent');
 }
@@ -81,14 +96,12 @@ export async function createSchedule(
   };
   return transaction(deps.sql, async (tx) => {
     const row = await schedules.insertSchedule(tx, who.accountId, agentId, newId('sch'), values);
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(
-      tx,
-      who,
-      'team.schedule.create',
-      { type: 'schedule', id: row.id },
-      { agent_id: agentId, cron: row.cron, one_off: row.one_off, enabled: row.enabled },
-    );
+    await recordScheduleChange(tx, who, 'create', row.id, {
+      agent_id: agentId,
+      cron: row.cron,
+      one_off: row.one_off,
+      enabled: row.enabled,
+    });
     return row;
   });
 }
@@ -117,14 +130,7 @@ export async function updateSchedule(
   }
   return transaction(deps.sql, async (tx) => {
     const row = orNotFound(await schedules.updateSchedule(tx, who.accountId, agentId, id, values), 'Schedule');
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(
-      tx,
-      who,
-      'team.schedule.update',
-      { type: 'schedule', id },
-      { agent_id: agentId, fields: Object.keys(patch).sort() },
-    );
+    await recordScheduleChange(tx, who, 'update', id, { agent_id: agentId, fields: Object.keys(patch).sort() });
     return row;
   });
 }
@@ -132,7 +138,6 @@ export async function updateSchedule(
 export async function deleteSchedule(deps: Pick<ScheduleDeps, 'sql'>, who: ActorRef, agentId: string, id: string) {
   await transaction(deps.sql, async (tx) => {
     orNotFound(await schedules.deleteSchedule(tx, who.accountId, agentId, id), 'Schedule');
-    await outbox.enqueue(tx, who.accountId, [changed('schedule')]);
-    await recordAudit(tx, who, 'team.schedule.delete', { type: 'schedule', id }, { agent_id: agentId });
+    await recordScheduleChange(tx, who, 'delete', id, { agent_id: agentId });
   });
 }

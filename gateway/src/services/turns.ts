@@ -270,7 +270,7 @@ const REPLY_MAX_CHARS = 200_000;
  * only once what came before the end is appended, so the reply is whole. It reads the
  * conversation's log from the start: fine at turn ends, worth an index on long conversations.
  */
-async function replyOf(
+export async function replyOf(
   deps: { sql: Sql; log: EventLog },
   accountId: string,
   conversationId: string,

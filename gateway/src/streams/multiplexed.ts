@@ -1,4 +1,4 @@
-import { MultiplexedStreamQuery, streamList, type TenantEventKind } from '@svc/core';
+import { MultiplexedStreamQuery, streamList, TEAM_CHANNEL, type TenantEventKind } from '@svc/core';
 import { follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -10,8 +10,6 @@ import { CONVERSATIONS_EVENT_EVERY_MS, type StreamDeps, type Watcher, type Watch
 
 /** Events a multiplexed watcher may have waiting for conversation lookups before it is cut off. */
 const MAX_QUEUED_EVENTS = 10_000;
-/** The channel of the team roster's conversations. */
-const TEAM_CHANNEL = 'svc:team';
 
 /**
  * A stream over many conversations of the tenant. `select` says whether a conversation's

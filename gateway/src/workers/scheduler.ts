@@ -13,11 +13,13 @@ const BATCH = 50;
  * The scheduler: every `periodMs` it claims the schedules due by its
  * clock and fires each once. A claim is a lease of `leaseMs` taken with `FOR UPDATE SKIP
  * LOCKED`, so any number of workers share the due rows and none fires a row another holds.
- * The run is stamped, and `next_run_at` moved to the first slot after the clock, in one
- * transaction that also releases the claim: after downtime a schedule that missed several
- * slots fires once, not once per slot. A worker killed mid-fire leaves its lease to expire;
- * the next claimant reuses the claim's conversation id, so the run is neither lost nor
- * launched twice. A pass never overlaps the previous one. With `periodMs` 0 it never starts.
+ * The run is stamped, and `next_run_at` moved to the first slot after the clock (unless an
+ * edit moved it meanwhile), in one transaction that also releases the claim, and only while
+ * the claim still holds: after downtime a schedule that missed several slots fires once, not
+ * once per slot. A worker killed mid-fire leaves its lease to expire; the next claimant reuses
+ * the claim's conversation id, so the run is neither lost nor launched twice, and a claimant
+ * that outlived its lease stamps nothing. A pass never overlaps the previous one. With
+ * `periodMs` 0 it never starts.
  */
 export class SchedulerWorker extends PeriodicWorker {
   constructor(
@@ -41,23 +43,32 @@ export class SchedulerWorker extends PeriodicWorker {
       BATCH,
       () => newId('cnv'),
     );
-    for (const row of claimed) {
-      let nextRunAt: Date | null = null;
-      try {
-        nextRunAt = nextSlot(row.cron, now);
-      } catch {
-        // A stored expression no longer parses: the run is recorded and the schedule stops.
-      }
-      const who = { accountId: row.account_id, actor: 'system' as const, ip: null };
-      const result = await fireSchedule(this.deps, who, row, 'cron', {
-        conversationId: row.claim_conversation_id as string,
-        nextRunAt,
-      });
-      this.deps.metrics?.scheduleRun(result.error ? 'failed' : 'started');
-      if (result.error) {
-        this.deps.logger.info({ scheduleId: row.id, error: result.error.code }, 'scheduled run did not start');
-      }
-    }
+    for (const row of claimed) await this.fire(row, now);
     return claimed.length;
+  }
+
+  /**
+   * Fires one row this worker claimed at `now` (`schedules.claimDue`) and stamps it under that
+   * claim: when the lease ran out and another worker took the row over meanwhile, this one
+   * stamps nothing, so a run is recorded once.
+   */
+  async fire(row: schedules.ScheduleRow, now: Date): Promise<void> {
+    let nextRunAt: Date | null = null;
+    try {
+      nextRunAt = nextSlot(row.cron, now);
+    } catch {
+      // A stored expression no longer parses: the run is recorded and the schedule stops.
+    }
+    const who = { accountId: row.account_id, actor: 'system' as const, ip: null };
+    const result = await fireSchedule(this.deps, who, row, 'cron', {
+      conversationId: row.claim_conversation_id as string,
+      nextRunAt,
+      lease: row.claimed_until as Date,
+      slot: row.next_run_at,
+    });
+    this.deps.metrics?.scheduleRun(result.error ? 'failed' : 'started');
+    if (result.error) {
+      this.deps.logger.info({ scheduleId: row.id, error: result.error.code }, 'scheduled run did not start');
+    }
   }
 }

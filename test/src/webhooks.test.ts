@@ -1,0 +1,248 @@
+import { createServer, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { verifyWebhookSignature } from '@svc/core';
+import t from 'tap';
+import { signUp, startTestService } from './harness.ts';
+import { until } from './until.ts';
+
+t.test('webhook endpoints', async (t) => {
+  const svc = await startTestService(t, { env: { WEBHOOK_INTERVAL_MS: '0' } });
+  const { http } = svc;
+  const me = await signUp(svc);
+  const token = me.key;
+  const patch = (path: string, body: unknown, tok = token) => http.call('PATCH', path, { token: tok, body });
+  const audit = async (prefix: string) =>
+    (await http.get(`/api/audit?action_prefix=${prefix}`, { token })).body.data as {
+      action: string;
+      resource_id: string;
+      metadata: Record<string, unknown>;
+    }[];
+
+  t.test('create shows the secret once; list and get never do', async (t) => {
+    const made = await http.post('/api/webhooks', {
+      token,
+      body: { url: 'https://hooks.example.com/svc?key=abc', description: 'ci' },
+    });
+    t.equal(made.status, 201, made.text);
+    t.match(made.body, {
+      url: 'https://hooks.example.com/svc?key=abc',
+      description: 'ci',
+      status: 'active',
+      disabled_reason: null,
+    });
+    t.same(
+      made.body.event_types,
+      ['conversation.turn.done', 'conversation.turn.failed', 'conversation.provision.failed'],
+      'the default set when event_types is absent',
+    );
+    t.match(made.body.secret, /^whsec_[A-Za-z0-9_-]{43}$/);
+    const list = await http.get('/api/webhooks', { token });
+    t.same(
+      list.body.data.map((e: { id: string }) => e.id),
+      [made.body.id],
+    );
+    t.notOk('secret' in list.body.data[0], 'no secret in the list');
+    t.notMatch(list.text, made.body.secret);
+    const one = await http.get(`/api/webhooks/${made.body.id}`, { token });
+    t.equal(one.status, 200);
+    t.notMatch(one.text, made.body.secret, 'nor in the endpoint itself');
+
+    const rotated = await http.post(`/api/webhooks/${made.body.id}/rotate-secret`, { token });
+    t.equal(rotated.status, 200);
+    t.match(rotated.body.secret, /^whsec_/);
+    t.not(rotated.body.secret, made.body.secret, 'a new secret');
+
+    const rows = await audit('webhook.');
+    t.same(
+      rows.map((r) => r.action),
+      ['webhook.secret_rotated', 'webhook.created'],
+    );
+    t.same(rows[1]?.metadata, {
+      url: 'https://hooks.example.com/svc',
+      event_types: ['conversation.turn.done', 'conversation.turn.failed', 'conversation.provision.failed'],
+    });
+    const trail = (await http.get('/api/audit', { token })).text;
+    t.notMatch(trail, made.body.secret, 'the audit trail never holds a secret');
+    t.notMatch(trail, rotated.body.secret);
+    t.notMatch(trail, 'key=abc', 'nor the query of the URL');
+    t.equal((await http.delete(`/api/webhooks/${made.body.id}`, { token })).status, 204);
+  });
+
+  t.test('event_types take exact types, one stage, or *; a mistyped type is 422 naming it', async (t) => {
+    const ok = await http.post('/api/webhooks', {
+      token,
+      body: { url: 'https://a.example.com/', event_types: ['conversation.turn.*', '*', 'conversation.session.done'] },
+    });
+    t.equal(ok.status, 201, ok.text);
+    t.same(ok.body.event_types, ['conversation.turn.*', '*', 'conversation.session.done']);
+    const bad = await http.post('/api/webhooks', {
+      token,
+      body: { url: 'https://a.example.com/', event_types: ['conversation.turn.done', 'conversation.trun.done'] },
+    });
+    t.equal(bad.status, 422);
+    t.equal(bad.body.error, 'validation_failed');
+    t.match(bad.body.details.event_types, [/conversation\.trun\.done is not an event type/]);
+    const stage = await patch(`/api/webhooks/${ok.body.id}`, { event_types: ['conversation.nope.*'] });
+    t.equal(stage.status, 422);
+    t.match(stage.body.details.event_types, [/no stage named nope/]);
+    const state = await patch(`/api/webhooks/${ok.body.id}`, { event_types: ['conversation.model.done'] });
+    t.equal(state.status, 422, 'model has no done state');
+    t.equal((await http.get(`/api/webhooks/${ok.body.id}`, { token })).body.event_types.length, 3, 'nothing saved');
+    await http.delete(`/api/webhooks/${ok.body.id}`, { token });
+  });
+
+  t.test('URL rules: https only, no credentials, no private address literal', async (t) => {
+    const cases: [string, RegExp][] = [
+      ['http://hooks.example.com/', /must start with https:\/\//],
+      ['ftp://hooks.example.com/', /must start with https:\/\//],
+      ['https://user:pw@hooks.example.com/', /must not carry credentials/],
+      ['https://127.0.0.1/', /127\.0\.0\.1 is loopback/],
+      ['https://[::1]/', /::1 is loopback/],
+      ['https://169.254.169.254/latest', /link-local/],
+      ['not a url', /is not a URL/],
+    ];
+    for (const [url, reason] of cases) {
+      const res = await http.post('/api/webhooks', { token, body: { url } });
+      t.equal(res.status, 422, url);
+      t.match(res.body.details?.url, [reason], `${url}: ${reason}`);
+      t.notMatch(res.text, 'pw@', 'credentials are not echoed back');
+    }
+    t.same((await http.get('/api/webhooks', { token })).body.data, [], 'none was saved');
+  });
+
+  t.test('with WEBHOOK_ALLOW_HTTP and WEBHOOK_ALLOW_CIDRS the service delivers to a local receiver', async (t) => {
+    const received: { headers: IncomingHttpHeaders; body: string }[] = [];
+    const receiver = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => {
+        body += c;
+      });
+      req.on('end', () => {
+        received.push({ headers: req.headers, body });
+        res.end('got it');
+      });
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    t.teardown(() => receiver.close());
+    const port = (receiver.address() as AddressInfo).port;
+    const other = await startTestService(t, {
+      backend: 'embedded',
+      env: { WEBHOOK_INTERVAL_MS: '50', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOW_CIDRS: '127.0.0.1/32' },
+    });
+    const them = await signUp(other);
+    const made = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: `http://127.0.0.1:${port}/hook` },
+    });
+    t.equal(made.status, 201, made.text);
+    const creds = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: `http://u:p@127.0.0.1:${port}/hook` },
+    });
+    t.equal(creds.status, 422, 'credentials are still refused');
+    t.match(creds.body.details.url, [/credentials/]);
+    const lan = await other.http.post('/api/webhooks', { token: them.key, body: { url: 'http://10.0.0.1/hook' } });
+    t.match(lan.body.details?.url, [/10\.0\.0\.1 is private/], 'a range not listed is still refused');
+
+    const queued = await other.http.post(`/api/webhooks/${made.body.id}/test`, { token: them.key });
+    t.equal(queued.status, 202);
+    await until('the service to deliver the test', () => received.length > 0);
+    const [r] = received;
+    t.match(JSON.parse(r?.body ?? '{}'), { id: queued.body.event, type: 'webhook.test' });
+    t.same(
+      verifyWebhookSignature({
+        header: r?.headers['svc-signature'] as string,
+        body: r?.body ?? '',
+        secret: made.body.secret,
+      }).ok,
+      true,
+    );
+    const listed = await until('the attempt to be recorded', async () => {
+      const rows = (await other.http.get(`/api/webhooks/${made.body.id}/deliveries`, { token: them.key })).body.data;
+      return rows.length > 0 && rows;
+    });
+    t.match(listed, [{ event: queued.body.event, type: 'webhook.test', try: 1, result: 200, detail: 'got it' }]);
+  });
+
+  t.test('every webhook route needs a full-scope key: a standard key is 403', async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://b.example.com/' } });
+    const std = (await http.post('/api/auth/api-keys', { token, body: { scope: 'standard' } })).body.key as string;
+    const id = made.body.id as string;
+    const calls: [string, string][] = [
+      ['GET', '/api/webhooks'],
+      ['POST', '/api/webhooks'],
+      ['GET', `/api/webhooks/${id}`],
+      ['PATCH', `/api/webhooks/${id}`],
+      ['DELETE', `/api/webhooks/${id}`],
+      ['POST', `/api/webhooks/${id}/rotate-secret`],
+      ['POST', `/api/webhooks/${id}/test`],
+      ['POST', `/api/webhooks/${id}/resume`],
+      ['GET', `/api/webhooks/${id}/deliveries`],
+      ['POST', `/api/webhooks/${id}/deliveries/whd_x/redeliver`],
+    ];
+    for (const [method, path] of calls) {
+      const res = await http.call(method, path, {
+        token: std,
+        body: method === 'POST' || method === 'PATCH' ? { url: 'https://c.example.com/' } : undefined,
+      });
+      t.equal(res.status, 403, `${method} ${path}`);
+      t.equal(res.body.error, 'forbidden');
+      t.match(res.body.message, /full-scope/);
+    }
+    t.equal((await http.get(`/api/webhooks/${id}`, { token })).body.url, 'https://b.example.com/', 'untouched');
+    await http.delete(`/api/webhooks/${id}`, { token });
+  });
+
+  t.test("another tenant's endpoint is 404 on every route", async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://d.example.com/' } });
+    const other = await signUp(svc);
+    const id = made.body.id as string;
+    for (const [method, path] of [
+      ['GET', `/api/webhooks/${id}`],
+      ['PATCH', `/api/webhooks/${id}`],
+      ['DELETE', `/api/webhooks/${id}`],
+      ['POST', `/api/webhooks/${id}/rotate-secret`],
+      ['POST', `/api/webhooks/${id}/test`],
+      ['POST', `/api/webhooks/${id}/resume`],
+      ['GET', `/api/webhooks/${id}/deliveries`],
+    ] as const) {
+      const res = await http.call(method, path, {
+        token: other.key,
+        body: method === 'PATCH' ? { description: 'x' } : undefined,
+      });
+      t.equal(res.status, 404, `${method} ${path}`);
+      t.equal(res.body.error, 'not_found');
+    }
+    t.same((await http.get('/api/webhooks', { token: other.key })).body.data, []);
+    t.equal((await http.get(`/api/webhooks/${id}`, { token })).body.description, '', 'untouched');
+    await http.delete(`/api/webhooks/${id}`, { token });
+  });
+
+  t.test('PATCH writes the fields given and is audited by field names', async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://e.example.com/' } });
+    const id = made.body.id as string;
+    const res = await patch(`/api/webhooks/${id}`, { url: 'https://f.example.com/new', event_types: ['*'] });
+    t.equal(res.status, 200, res.text);
+    t.match(res.body, { url: 'https://f.example.com/new', event_types: ['*'], status: 'active' });
+    const off = await patch(`/api/webhooks/${id}`, { status: 'disabled' });
+    t.match(off.body, { status: 'disabled', disabled_reason: 'disabled through the API' });
+    t.ok(off.body.disabled_at);
+    const on = await patch(`/api/webhooks/${id}`, { status: 'active' });
+    t.match(on.body, { status: 'active', disabled_reason: null, disabled_at: null });
+    const rows = (await audit('webhook.')).filter((r) => r.resource_id === id);
+    t.same(
+      rows.map((r) => [r.action, r.metadata.fields ?? r.metadata.via]),
+      [
+        ['webhook.resumed', 'patch'],
+        ['webhook.updated', ['status']],
+        ['webhook.updated', ['status']],
+        ['webhook.updated', ['event_types', 'url']],
+        ['webhook.created', undefined],
+      ],
+    );
+    await http.delete(`/api/webhooks/${id}`, { token });
+    const deleted = await audit('webhook.deleted');
+    t.equal(deleted[0]?.resource_id, id);
+    t.equal((await http.get(`/api/webhooks/${id}`, { token })).status, 404);
+  });
+});
