@@ -24,3 +24,15 @@ export async function recordConsumed(sql: Sql, accountId: string, id: number): P
 export async function forgetConsumed(sql: Sql, accountId: string): Promise<void> {
   await sql`DELETE FROM webhook_consumer_marks WHERE account_id = ${accountId}`;
 }
+
+/**
+ * Since when (epoch ms) the account has had active webhook endpoints, as far as the rows tell:
+ * the earliest last change (creation, resume) among them; undefined without one.
+ */
+export async function endpointsActiveSince(sql: Sql, accountId: string): Promise<number | undefined> {
+  const rows = await sql<{ since: number | null }[]>`
+    SELECT (extract(epoch FROM min(updated_at)) * 1000)::float8 AS since
+    FROM webhook_endpoints WHERE account_id = ${accountId} AND status = 'active'`;
+  const since = rows[0]?.since;
+  return since === null || since === undefined ? undefined : Math.floor(since);
+}
