@@ -1,7 +1,8 @@
 /**
  * A webhook consumer process killed with SIGKILL mid-burst, on real Redis and Postgres: after
- * another consumer process starts, every stage event has reached a sink, and the only events
- * handed to a sink twice are those the dead one had taken and not acknowledged. The hot log
+ * another consumer process starts, every stage event has reached a sink and has exactly one
+ * delivery job, and the only events handed to a sink twice are those the dead one had taken
+ * and not acknowledged. The hot log
  * is copied and trimmed throughout, with a small tail, so the trim's hold is exercised too.
  *
  * Redis and Postgres only: the in-memory groups live and die with their process.
@@ -43,7 +44,13 @@ t.test(
   },
   async (t) => {
     const svc = await startTestService(t, { backend: 'postgres+redis' });
-    const { accountId: tenant } = await signUp(svc);
+    const me = await signUp(svc);
+    const tenant = me.accountId;
+    const endpoint = await svc.http.post('/api/webhooks', {
+      token: me.key,
+      body: { url: 'https://hooks.example.com/in', event_types: ['*'] },
+    });
+    t.equal(endpoint.status, 201, endpoint.text);
     const convs = [`${tenant}-a`, `${tenant}-b`];
     for (const id of convs) {
       await conversations.insertConversation(svc.db.sql, {
@@ -183,6 +190,18 @@ t.test(
     t.ok(
       [...first.sunk, ...second.sunk].every((ids) => ids.every((id, i) => i === 0 || id > (ids[i - 1] as number))),
       'each batch in id order',
+    );
+    const jobs = await svc.db.sql<{ event_id: string; n: number }[]>`
+      SELECT event_id, count(*)::int AS n FROM webhook_jobs
+      WHERE account_id = ${tenant} AND endpoint_id = ${endpoint.body.id as string} GROUP BY event_id`;
+    t.same(
+      jobs.map((j) => Number(j.event_id)).sort((a, b) => a - b),
+      stageIds,
+      'every stage event has a delivery job',
+    );
+    t.ok(
+      jobs.every((j) => j.n === 1),
+      'exactly one each',
     );
     t.ok((await log.floor(tenant)) > 0, 'the hot tail was trimmed meanwhile');
     const consumers = (await redis.xinfo('CONSUMERS', key, 'webhooks')) as string[][];
