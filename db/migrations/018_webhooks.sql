@@ -41,7 +41,9 @@ CREATE TABLE webhook_jobs (
   created_at       timestamptz NOT NULL DEFAULT now(),
   UNIQUE (endpoint_id, event_id)
 );
-CREATE INDEX webhook_jobs_due_idx ON webhook_jobs (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX webhook_jobs_due_idx ON webhook_jobs (endpoint_id, next_attempt_at) WHERE state = 'pending';
+-- Leases under way, counted per endpoint against its bound (a finished attempt clears its lease).
+CREATE INDEX webhook_jobs_leased_idx ON webhook_jobs (endpoint_id) WHERE claimed_until IS NOT NULL;
 CREATE INDEX webhook_jobs_created_idx ON webhook_jobs (created_at);
 
 CREATE TABLE webhook_deliveries (

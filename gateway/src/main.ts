@@ -496,7 +496,17 @@ export async function startService(
       },
     );
     webhookDelivery.start();
-    cleanups.push(() => webhookDelivery.stop());
+    // Requests under way get the shutdown grace to finish and be recorded (before the database
+    // closes); one cut short is sent again once its lease expires.
+    cleanups.push(async () => {
+      webhookDelivery.stop();
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, config.SHUTDOWN_GRACE_MS);
+      });
+      await Promise.race([webhookDelivery.settled(), grace]);
+      clearTimeout(timer);
+    });
 
     // Stage events become delivery jobs (one per matching endpoint) from the log itself.
     if (config.WEBHOOK_CONSUMER_SWEEP_MS > 0) {

@@ -3,11 +3,13 @@ import { schedules } from '@svc/db';
 import t from 'tap';
 import { ServiceMetrics } from '../../gateway/src/metrics.ts';
 import { startConversation } from '../../gateway/src/services/launch.ts';
+import { claimedTurnId } from '../../gateway/src/services/schedule-runs.ts';
+import { messageTeammate } from '../../gateway/src/services/team.ts';
 import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet } from './sse-client.ts';
-import { eventually } from './until.ts';
+import { eventually, until } from './until.ts';
 
 const HOUR = 3_600_000;
 const LEASE_MS = 60_000;
@@ -251,6 +253,42 @@ for (const backend of backends()) {
       t.same(opened, [second?.claim_conversation_id], 'launched under the claim’s id, not lost');
       t.equal((await get(s.id)).last_conversation_id, second?.claim_conversation_id);
       t.equal((await runsOf(s.id)).length, 2);
+    });
+
+    t.test('an in-thread run whose worker died after the message is not sent twice', async (t) => {
+      const added = await http.post('/api/team', { token, body: { agent_id: agent.id } });
+      t.equal(added.status, 201, added.text);
+      const live = added.body.conversation.id as string;
+      const turns = async () =>
+        ((await http.get(`/api/conversations/${live}/turns`, { token })).body.data as unknown[]).length;
+      const s = await create({ prompt: 'in the thread, once' });
+      clock = new Date(Date.parse(s.next_run_at) + 1000);
+      // What a worker did before it died: it claimed the row and sent the message, but never stamped.
+      const [claim] = await schedules.claimDue(svc.db.sql, clock, new Date(clock.getTime() + LEASE_MS), 50, () =>
+        newId('cnv'),
+      );
+      t.equal(claim?.id, s.id);
+      const who = { accountId: me.accountId, actor: 'system' as const, ip: null };
+      await until('the teammate is online', async () => {
+        const mate = (await http.get(`/api/team/${agent.id}`, { token })).body;
+        return mate.presence?.state === 'online';
+      });
+      const sent = await messageTeammate(
+        { launch: svc.launch },
+        who,
+        agent.id,
+        { prompt: 'in the thread, once' },
+        { turnId: claimedTurnId(claim?.claim_conversation_id as string) },
+      );
+      t.equal(sent.conversationId, live);
+      const before = await turns();
+      clock = new Date(clock.getTime() + LEASE_MS + 1000);
+      t.equal(await b.pass(), 1, 'the expired lease is taken over');
+      t.equal(await turns(), before, 'no second message');
+      const after = await get(s.id);
+      t.equal(after.last_conversation_id, live, 'the dead worker’s message is the run');
+      t.equal(after.last_error, null);
+      t.equal((await runsOf(s.id)).length, 1);
     });
   });
 }

@@ -302,5 +302,30 @@ for (const backend of backends()) {
       );
       t.equal((await http.delete(`/api/team/${agent.id}`, { token: other.key })).status, 404, 'not by another tenant');
     });
+
+    t.test('deleting an agent on the team takes it off the team first', async (t) => {
+      const agent = await agentOf(token, 'lovelace');
+      const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+      await online(agent.id);
+      const stream = teamStream(t);
+      await stream.connected();
+      t.equal((await http.delete(`/api/agents/${agent.id}`, { token })).status, 204);
+      const conv = (await http.get(`/api/conversations/${added.conversation.id}`, { token })).body;
+      t.match(conv, { status: 'terminated', channel_id: null }, 'its live conversation ended and left the channel');
+      const roster = (await http.get('/api/team', { token })).body.data as { agent_id: string }[];
+      t.notOk(
+        roster.some((m) => m.agent_id === agent.id),
+        'off the roster',
+      );
+      t.ok(
+        await until('a team event', () => stream.events().some((e) => e.event === 'team')),
+        'told the roster changed',
+      );
+      const audit = (await http.get('/api/audit?action_prefix=team.removed', { token })).body.data;
+      t.ok(
+        audit.some((a: { resource_id: string }) => a.resource_id === agent.id),
+        'audited as a removal',
+      );
+    });
   });
 }

@@ -198,9 +198,19 @@ for (const backend of backends()) {
       t.equal(await deliver(), 1);
       t.equal(receivedOn('/redirect').length, 1);
       t.equal(receivedOn('/ok').length, before, 'the Location was not followed');
-      t.match(await deliveries(moved.id), [{ try: 1, result: 302 }]);
+      const [attempt] = await deliveries(moved.id);
+      t.match(attempt, { try: 1, result: 302 });
       clock = new Date(clock.getTime() + DAY);
       t.equal(await deliver(), 1, 'retried');
+      // A redelivery while retries are under way makes the event due now and keeps them.
+      await http.post(`/api/webhooks/${moved.id}/deliveries/${attempt?.id}/redeliver`, { token });
+      t.equal(await deliver(), 1, 'sent at once');
+      clock = new Date(clock.getTime() + DAY);
+      t.equal(await deliver(), 1, 'and retried after, as before');
+      t.same(
+        (await deliveries(moved.id)).map((d) => d.try),
+        [4, 3, 2, 1],
+      );
       await http.delete(`/api/webhooks/${moved.id}`, { token });
     });
 

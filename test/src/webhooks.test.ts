@@ -1,6 +1,8 @@
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { verifyWebhookSignature } from '@svc/core';
+import { loadConfig } from '@svc/gateway';
+import postgres from 'postgres';
 import t from 'tap';
 import { signUp, startTestService } from './harness.ts';
 import { until } from './until.ts';
@@ -164,6 +166,44 @@ t.test('webhook endpoints', async (t) => {
     t.match(listed, [{ event: queued.body.event, type: 'webhook.test', try: 1, result: 200, detail: 'got it' }]);
   });
 
+  t.test('a delivery under way at shutdown is recorded before the database closes', async (t) => {
+    if (!process.env.TEST_DATABASE_URL) {
+      t.pass('needs the Postgres of the run: skipped');
+      return;
+    }
+    let answer: ((status: number) => void) | undefined;
+    const receiver = createServer((req, res) => {
+      req.resume();
+      answer = (status) => res.writeHead(status).end();
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    t.teardown(() => {
+      receiver.closeAllConnections();
+      receiver.close();
+    });
+    const port = (receiver.address() as AddressInfo).port;
+    const other = await startTestService(t, {
+      backend: 'postgres+redis',
+      env: { WEBHOOK_INTERVAL_MS: '50', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOW_CIDRS: '127.0.0.1/32' },
+    });
+    const them = await signUp(other);
+    const made = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: `http://127.0.0.1:${port}/` },
+    });
+    await other.http.post(`/api/webhooks/${made.body.id}/test`, { token: them.key });
+    await until('the receiver to hold the delivery', () => answer !== undefined);
+    const closing = other.close();
+    // The answer comes while the service is shutting down.
+    await new Promise((r) => setTimeout(r, 500));
+    answer?.(200);
+    await closing;
+    const sql = postgres(other.config.DATABASE_URL as string, { max: 1, onnotice: () => {} });
+    t.teardown(() => sql.end());
+    const rows = await sql`SELECT attempt, status_code FROM webhook_deliveries WHERE endpoint_id = ${made.body.id}`;
+    t.same([...rows], [{ attempt: 1, status_code: 200 }], 'the attempt was recorded, so it is not sent again');
+  });
+
   t.test('every webhook route needs a full-scope key: a standard key is 403', async (t) => {
     const made = await http.post('/api/webhooks', { token, body: { url: 'https://b.example.com/' } });
     const std = (await http.post('/api/auth/api-keys', { token, body: { scope: 'standard' } })).body.key as string;
@@ -245,4 +285,14 @@ t.test('webhook endpoints', async (t) => {
     t.equal(deleted[0]?.resource_id, id);
     t.equal((await http.get(`/api/webhooks/${id}`, { token })).status, 404);
   });
+});
+
+t.test('a WEBHOOK_ALLOW_CIDRS entry that is not a range stops the start, naming the variable', async (t) => {
+  t.throws(
+    () => loadConfig({ WEBHOOK_ALLOW_CIDRS: '10.0.0.0/8,10.1.0.0/33' }),
+    /WEBHOOK_ALLOW_CIDRS.*prefix must be 0 to 32/s,
+  );
+  t.throws(() => loadConfig({ WEBHOOK_ALLOW_CIDRS: 'intranet' }), /WEBHOOK_ALLOW_CIDRS.*not an address or a CIDR/s);
+  t.same(loadConfig({ WEBHOOK_ALLOW_CIDRS: '10.0.0.0/8, fd00::/8' }).WEBHOOK_ALLOW_CIDRS, ['10.0.0.0/8', 'fd00::/8']);
+  t.equal(loadConfig({}).WEBHOOK_ALLOW_HTTP, false, 'https only unless asked');
 });

@@ -169,21 +169,27 @@ export async function claimDueJobs(
 ): Promise<ClaimedJob[]> {
   if (limit <= 0) return [];
   return transaction(sql, async (tx) => {
+    // Per active endpoint, its free slots (in flight counted up to the bound only) and that
+    // many of its due jobs, each found through the endpoint's own index range: the cost of a
+    // claim follows the number of endpoints, not the backlog.
     const due = await tx<{ id: string }[]>`
-      WITH busy AS (
-        SELECT endpoint_id, count(*)::int AS n FROM webhook_jobs
-        WHERE state = 'pending' AND claimed_until > ${now} GROUP BY endpoint_id
-      ), candidates AS (
-        SELECT j.id, j.next_attempt_at,
-          row_number() OVER (PARTITION BY j.endpoint_id ORDER BY j.next_attempt_at, j.id) + coalesce(b.n, 0) AS slot
-        FROM webhook_jobs j
-        JOIN webhook_endpoints e ON e.id = j.endpoint_id AND e.status = 'active'
-        LEFT JOIN busy b ON b.endpoint_id = j.endpoint_id
-        WHERE j.state = 'pending' AND j.next_attempt_at <= ${now}
-          AND (j.claimed_until IS NULL OR j.claimed_until <= ${now})
-      )
-      SELECT id FROM webhook_jobs
-      WHERE id IN (SELECT id FROM candidates WHERE slot <= ${perEndpoint} ORDER BY next_attempt_at LIMIT ${limit})
+      SELECT id FROM webhook_jobs WHERE id IN (
+        SELECT j.id FROM webhook_endpoints e
+        CROSS JOIN LATERAL (
+          SELECT count(*)::int AS n FROM (
+            SELECT 1 FROM webhook_jobs x
+            WHERE x.endpoint_id = e.id AND x.claimed_until IS NOT NULL AND x.state = 'pending'
+              AND x.claimed_until > ${now}
+            LIMIT ${perEndpoint}) held
+        ) busy
+        CROSS JOIN LATERAL (
+          SELECT x.id, x.next_attempt_at FROM webhook_jobs x
+          WHERE x.endpoint_id = e.id AND x.state = 'pending' AND x.next_attempt_at <= ${now}
+            AND (x.claimed_until IS NULL OR x.claimed_until <= ${now})
+          ORDER BY x.next_attempt_at LIMIT greatest(${perEndpoint} - busy.n, 0)
+        ) j
+        WHERE e.status = 'active'
+        ORDER BY j.next_attempt_at LIMIT ${limit})
       FOR UPDATE SKIP LOCKED`;
     if (due.length === 0) return [];
     return tx<ClaimedJob[]>`
@@ -279,9 +285,11 @@ export async function listDeliveries(
 }
 
 /**
- * Queues the job of delivery `deliveryId` for one more attempt at `now`, to the endpoint's
- * URL and secret as they are when it is sent; a redelivery is manual (its failure does not
- * count toward disabling). Undefined when the endpoint has no such delivery.
+ * Sends the event of delivery `deliveryId` again at `now`, to the endpoint's URL and secret as
+ * they are when it is sent. An event whose retries are under way is just due now and keeps
+ * the retries it has left; a finished one (delivered, or out of attempts) gets one manual
+ * attempt, whose failure is not retried and does not count toward disabling. Undefined when the
+ * endpoint has no such delivery.
  */
 export async function requeueDelivery(
   sql: Sql,
@@ -291,8 +299,10 @@ export async function requeueDelivery(
   now: Date,
 ): Promise<{ event_id: string; event_type: string } | undefined> {
   const rows = await sql<{ event_id: string; event_type: string }[]>`
-    UPDATE webhook_jobs j SET state = 'pending', manual = true, max_attempts = j.attempts + 1,
-      next_attempt_at = ${now}, claimed_until = NULL
+    UPDATE webhook_jobs j SET next_attempt_at = ${now},
+      manual = CASE WHEN j.state = 'pending' THEN j.manual ELSE true END,
+      max_attempts = CASE WHEN j.state = 'pending' THEN j.max_attempts ELSE j.attempts + 1 END,
+      state = 'pending'
     FROM webhook_deliveries d
     WHERE d.id = ${deliveryId} AND d.account_id = ${accountId} AND d.endpoint_id = ${endpointId} AND j.id = d.job_id
     RETURNING j.event_id, j.event_type`;

@@ -11,13 +11,14 @@ import {
   sniffImage,
   validationFailed,
 } from '@svc/core';
-import { agents, type Sql, vaults } from '@svc/db';
+import { agents, type Sql, teammates, vaults } from '@svc/db';
 import type { z } from 'zod';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { definedOnly } from './environments.ts';
 import type { ActorRef } from './principal.ts';
 import type { RetireSandboxesBuiltOn } from './sandboxes.ts';
+import { removeTeammate, type TeamDeps } from './team.ts';
 
 type Create = z.infer<typeof AgentCreate>;
 type Patch = z.infer<typeof AgentPatch>;
@@ -165,8 +166,20 @@ function currentValues(row: agents.AgentRow): agents.AgentValues {
   return values;
 }
 
-export async function deleteAgent(sql: Sql, who: ActorRef, id: string) {
+/**
+ * `DELETE /api/agents/:id`. An agent on the team leaves it first, as `DELETE
+ * /api/team/:agent_id` does (its live conversation ends, its team history leaves the channel,
+ * with the `team` event); its conversations stay listed and readable.
+ */
+export async function deleteAgent(deps: Pick<TeamDeps, 'launch'>, who: ActorRef, id: string) {
+  const { sql } = deps.launch;
   const current = await getAgent(sql, who.accountId, id);
+  if (await teammates.getTeammate(sql, who.accountId, id)) {
+    await removeTeammate(deps, who, id).catch((err: unknown) => {
+      // Taken off the team meanwhile by another request: nothing left to do.
+      if (!(err instanceof ApiError && err.code === 'not_found')) throw err;
+    });
+  }
   orNotFound(await agents.deleteAgent(sql, who.accountId, id), 'Agent');
   await recordAudit(sql, who, 'agent.deleted', { type: 'agent', id }, { name: current.name });
 }

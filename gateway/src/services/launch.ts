@@ -97,6 +97,8 @@ export async function startConversation(
     channelId?: string;
     inTransaction?: (tx: Sql, conversationId: string) => Promise<void>;
     teamMessage?: boolean;
+    /** The first turn's id, chosen beforehand (an in-thread schedule's claim), as conversationId. */
+    turnId?: string;
   } = {},
 ) {
   const { sql } = deps;
@@ -165,7 +167,7 @@ export async function startConversation(
       };
 
   const conversationId = options.conversationId ?? newId('cnv');
-  const turnId = input.prompt ? newId('trn') : null;
+  const turnId = input.prompt ? (options.turnId ?? newId('trn')) : null;
   const { sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     // A new machine, or one built again after it failed, counts against the quota and the fleet.
@@ -251,6 +253,7 @@ export async function sendPrompt(
   who: ActorRef,
   conversationId: string,
   input: { prompt: string; images?: { data: string; media_type: string }[] },
+  options: { turnId?: string } = {},
 ): Promise<conversations.TurnRow> {
   const { sql } = deps;
   const conv = await conversations.getConversation(sql, who.accountId, conversationId);
@@ -280,7 +283,7 @@ export async function sendPrompt(
   const seen = await machineOf(deps, who.accountId, current);
 
   await endAutonomousTurnForPrompt(deps, who.accountId, conversationId);
-  const turnId = newId('trn');
+  const turnId = options.turnId ?? newId('trn');
   const { turn, sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
     const opened = await openTurn(t, {

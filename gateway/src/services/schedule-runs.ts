@@ -32,6 +32,11 @@ export interface ClaimedRun extends schedules.ClaimAdvance {
   conversationId: string;
 }
 
+/** The turn an in-thread run claimed as `cnv_<suffix>` opens: `trn_<suffix>`. */
+export function claimedTurnId(claimedConversationId: string): string {
+  return `trn_${claimedConversationId.slice(claimedConversationId.indexOf('_') + 1)}`;
+}
+
 /**
  * Sends the schedule's prompt where it belongs and stamps the outcome. `one_off: true` opens a
  * fresh conversation for the agent (its own environment, a new machine). An in-thread schedule
@@ -41,10 +46,10 @@ export interface ClaimedRun extends schedules.ClaimAdvance {
  * `not_found`. Never throws for a run that could not start: the caller decides whether the
  * error is answered (run now) or only recorded (the scheduler).
  *
- * With `claim`, a one-off launch uses the claim's conversation id, and a conversation that
- * already has it means an earlier claimant launched and died before stamping: that launch is
- * the run, stamped now, never a second one. (An in-thread run has no id of its own to claim:
- * a claimant that died between the message and the stamp leaves it to be sent again.)
+ * With `claim`, the run is pinned to an id chosen at claim time: a one-off launch uses the
+ * claim's conversation id, an in-thread message the turn id of the same suffix
+ * (claimedTurnId). A conversation or turn that already has it means an earlier claimant sent
+ * the run and died before stamping: that is the run, stamped now, never a second one.
  */
 export async function fireSchedule(
   deps: RunDeps,
@@ -54,9 +59,14 @@ export async function fireSchedule(
   claim?: ClaimedRun,
 ): Promise<RunResult> {
   let result: RunResult;
-  const launched = claim && (await conversations.getConversation(deps.sql, who.accountId, claim.conversationId));
+  const turnId = claim && !row.one_off ? claimedTurnId(claim.conversationId) : undefined;
+  const launched = !claim
+    ? undefined
+    : turnId
+      ? (await conversations.getTurn(deps.sql, who.accountId, turnId))?.conversation_id
+      : (await conversations.getConversation(deps.sql, who.accountId, claim.conversationId))?.id;
   if (launched) {
-    result = { conversationId: launched.id, error: null };
+    result = { conversationId: launched, error: null };
   } else {
     try {
       const conversationId = row.one_off
@@ -69,7 +79,8 @@ export async function fireSchedule(
               claim ? { conversationId: claim.conversationId } : {},
             )
           ).id
-        : (await messageTeammate(deps, who, row.agent_id, { prompt: row.prompt })).conversationId;
+        : (await messageTeammate(deps, who, row.agent_id, { prompt: row.prompt }, turnId ? { turnId } : {}))
+            .conversationId;
       result = { conversationId, error: null };
     } catch (err) {
       const error = err instanceof ApiError ? err : new ApiError('internal_error', 'The run could not start.');

@@ -102,6 +102,7 @@ export async function messageTeammate(
   who: ActorRef,
   agentId: string,
   input: { prompt: string; images?: { data: string; media_type: string }[] },
+  options: { turnId?: string } = {},
 ): Promise<{ conversationId: string; turn: conversations.TurnRow }> {
   const { sql } = deps.launch;
   const mate = await teammateRow(sql, who.accountId, agentId);
@@ -111,13 +112,13 @@ export async function messageTeammate(
   if (conv && conv.status !== 'terminated' && conv.sandbox_id !== null) {
     await refuseWhileBuilding(deps.launch, who, conv.sandbox_id);
     try {
-      return { conversationId: conv.id, turn: await sendPrompt(deps.launch, who, conv.id, input) };
+      return { conversationId: conv.id, turn: await sendPrompt(deps.launch, who, conv.id, input, options) };
     } catch (err) {
       // Terminated between the read and the prompt: it cannot be resumed, as below.
       if (!(err instanceof ApiError && err.code === 'conversation_terminated')) throw err;
     }
   }
-  const fresh = await openConversation(deps.launch, who, mate, conv, { ...input, teamMessage: true });
+  const fresh = await openConversation(deps.launch, who, mate, conv, { ...input, ...options, teamMessage: true });
   const [turn] = await conversations.listTurns(sql, who.accountId, fresh.id);
   return { conversationId: fresh.id, turn: turn as conversations.TurnRow };
 }
@@ -151,6 +152,7 @@ async function openConversation(
     images?: { data: string; media_type: string }[];
     sandboxId?: string;
     teamMessage?: boolean;
+    turnId?: string;
   },
 ): Promise<conversations.ConversationRow> {
   const agent = orNotFound(await agents.getAgent(deps.sql, who.accountId, mate.agent_id), 'Agent');
@@ -170,6 +172,7 @@ async function openConversation(
       title: mate.name ?? agent.name,
       channelId: TEAM_CHANNEL,
       teamMessage: input.teamMessage ?? false,
+      ...(input.turnId ? { turnId: input.turnId } : {}),
       inTransaction: async (tx, conversationId) => {
         if (!(await teammates.moveConversation(tx, who.accountId, agent.id, mate.conversation_id, conversationId))) {
           if (!(await teammates.getTeammate(tx, who.accountId, agent.id))) throw notOnTeam(agent.id);

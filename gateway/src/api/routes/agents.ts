@@ -105,13 +105,13 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       tags,
       summary: 'Delete an agent',
       description:
-        "Its conversations stay listed and readable; a prompt to one of them answers 404. 404 for an unknown agent or another account's.",
+        "Its conversations stay listed and readable; a prompt to one of them answers 404. An agent on the team leaves it first, as `DELETE /api/team/:agent_id` does. 404 for an unknown agent or another account's.",
       operationId: 'deleteAgent',
       params: IdParam,
       response: { 204: z.null(), 404: ErrorBody },
     },
     handler: async (req, reply) => {
-      await agents.deleteAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id);
+      await agents.deleteAgent(deps, actorOf(requirePrincipal(req)), req.params.id);
       return reply.code(204).send(null);
     },
   });

@@ -173,7 +173,7 @@ export function webhookRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: "Send a delivery's event again",
       description:
-        "Queues one more attempt of the event, to the endpoint's current URL signed with its current secret; its failure is not retried and does not count toward disabling. 202; 404 for an unknown delivery or endpoint.",
+        "Queues the event to be sent now, to the endpoint's current URL signed with its current secret. An event still being retried keeps the retries it has left; for a finished one this is one more attempt, whose failure is not retried and does not count toward disabling. 202; 404 for an unknown delivery or endpoint.",
       operationId: 'redeliverWebhook',
       params: WebhookDeliveryParams,
       response: { 202: WebhookQueued, 404: ErrorBody },
