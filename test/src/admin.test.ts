@@ -1,8 +1,10 @@
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
+import WebSocket from 'ws';
 import {
   type Backend,
   backends,
+  PASSWORD,
   type Reply,
   signUp,
   startTestService,
@@ -47,6 +49,24 @@ async function launcher(svc: TestService): Promise<User & { launch: () => Promis
   ).body;
   const launch = () => http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: SECRET_PROMPT } });
   return { ...me, launch };
+}
+
+/** The status of a runner WebSocket upgrade with `token` (101 when it opened; closed at once). */
+function upgradeStatus(svc: TestService, token: string): Promise<number> {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(`${svc.url.replace(/^http/, 'ws')}/api/runners/connect`, {
+      headers: { authorization: `Bearer ${token}` },
+    });
+    ws.on('open', () => {
+      ws.close();
+      resolve(101);
+    });
+    ws.on('unexpected-response', (_req, res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    });
+    ws.on('error', () => {});
+  });
 }
 
 for (const backend of backends()) {
@@ -248,8 +268,17 @@ async function adminRoutes(t: Test, backend: Backend) {
     const provisioning = (await op.get(`/api/admin/sandboxes?account_id=${alice.accountId}&status=provisioning`)).body
       .data;
     t.equal(live.length + provisioning.length, 1, 'one sandbox is still active');
+    const runner = await http.post('/api/runners', { token: alice.key, body: { name: 'box' } });
+    t.equal(runner.status, 201, runner.text);
+    t.equal(await upgradeStatus(svc, runner.body.token), 101, 'its runner token connects before');
+    const login = await http.post('/api/auth/login', { body: { email: alice.email, password: PASSWORD } });
+    const cookie = (login.headers.get('set-cookie') ?? '').split(';')[0] as string;
+    t.equal((await http.get('/api/auth/me', { cookie })).status, 200, 'a browser session before');
     const res = await op.post(`/api/admin/users/${alice.accountId}/suspend`, { suspended: true });
     t.equal(res.status, 200, res.text);
+    const session = await http.get('/api/auth/me', { cookie });
+    t.equal(session.status, 403);
+    t.equal(session.body.error, 'account_suspended', 'its browser session is refused too');
     t.match(res.body, { suspended: true, usage: { active_sandboxes: 0 } });
     const refused = await http.get('/api/agents', { token: alice.key });
     t.equal(refused.status, 403);
@@ -261,12 +290,14 @@ async function adminRoutes(t: Test, backend: Backend) {
       'every sandbox of it is stopped',
     );
     t.ok(await until(() => svc.local.held().length === 0), 'no machine of it runs');
+    t.equal(await upgradeStatus(svc, runner.body.token), 401, 'its runner token is refused');
     const self = await op.post(`/api/admin/users/${root.accountId}/suspend`, { suspended: true });
     t.equal(self.status, 422);
     t.equal((await http.get('/api/agents', { token: root.key })).status, 200, 'the admin is not suspended');
     const restored = await op.post(`/api/admin/users/${alice.accountId}/suspend`, { suspended: false });
     t.equal(restored.body.suspended, false);
     t.equal((await http.get('/api/agents', { token: alice.key })).status, 200, 'its key works again');
+    t.equal(await upgradeStatus(svc, runner.body.token), 101, 'and its runner token');
   });
 
   await t.test('cross-tenant audit names each row’s account; prompt text never appears', async (t) => {

@@ -1,4 +1,4 @@
-import { ApiError, validationFailed } from '@svc/core';
+import { ApiError, RUNNER_CLOSE, validationFailed } from '@svc/core';
 import { admin, type Sql, sandboxes } from '@svc/db';
 import { type AccountErasureDeps, eraseAccount } from './accounts.ts';
 import { type LaunchDeps, terminateConversation } from './launch.ts';
@@ -97,9 +97,10 @@ export async function setSandboxLimit(sql: Sql, p: Principal, id: string, limit:
 
 /**
  * Suspends (or restores) an account. From the commit on, every key and session of it is
- * refused with 403 `account_suspended`; then each of its active sandboxes is reaped (its
- * conversations terminated, its machine destroyed through its provider), so nothing of it
- * keeps running.
+ * refused with 403 `account_suspended` and its runners' tokens with 401; then each of its
+ * active sandboxes is reaped (its conversations terminated, its machine destroyed through its
+ * provider) and its connected runners are closed, so nothing of it keeps running. Restoring
+ * restarts nothing: its owner launches again and restarts their runners.
  */
 export async function setSuspended(deps: AdminDeps, p: Principal, id: string, suspended: boolean) {
   refuseSelf(p, id, 'suspend');
@@ -111,6 +112,12 @@ export async function setSuspended(deps: AdminDeps, p: Principal, id: string, su
       await reap(deps, id, s.id, 'account suspended');
       stopped++;
     }
+    // Its own runners are refused at connect while it is suspended; those connected now go.
+    await deps.erasure.fabric.disconnectEverywhere(
+      { accountId: id },
+      RUNNER_CLOSE.revoked,
+      'the account was suspended',
+    );
   }
   await record(deps.sql, p, 'admin.user.suspend', ['account', id], { suspended, sandboxes_stopped: stopped });
   return getUser(deps.sql, id);
