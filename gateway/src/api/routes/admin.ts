@@ -60,6 +60,8 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'One account',
+      description:
+        'The row the users list shows: role, verification, comped, suspension, the sandbox limit (null: the instance default), last activity (latest key use, login or conversation) and usage counts. 404 `not_found` for an unknown id.',
       params: IdParam,
       errors: ['not_found'],
       response: { 200: AdminUser },
