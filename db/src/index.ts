@@ -1,6 +1,7 @@
 export * from './connect.ts';
 export * from './migrate.ts';
 export * as accounts from './queries/accounts.ts';
+export * as admin from './queries/admin.ts';
 export * as agents from './queries/agents.ts';
 export * as audit from './queries/audit.ts';
 export * as authTokens from './queries/auth-tokens.ts';
