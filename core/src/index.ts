@@ -7,6 +7,7 @@ export * from './presence.ts';
 export * from './redact.ts';
 export * from './runner-protocol.ts';
 export * from './schemas/account.ts';
+export * from './schemas/admin.ts';
 export * from './schemas/agents.ts';
 export * from './schemas/apply.ts';
 export * from './schemas/audit.ts';

@@ -103,6 +103,15 @@ export const ConfigSchema = z.object({
   /** Webhook requests in flight per process, and per endpoint across all processes. */
   WEBHOOK_CONCURRENCY: z.coerce.number().int().min(1).max(1000).default(32),
   WEBHOOK_ENDPOINT_CONCURRENCY: z.coerce.number().int().min(1).max(100).default(4),
+  /**
+   * How often each node's webhook consumer refreshes the accounts it reads, takes over what
+   * dead consumers held and records how far it got; 0 turns the consumer off on this node.
+   */
+  WEBHOOK_CONSUMER_SWEEP_MS: z.coerce.number().int().min(0).default(5000),
+  /** How long a batch stays with a consumer that has not acknowledged it before another takes it. */
+  WEBHOOK_CONSUMER_IDLE_MS: z.coerce.number().int().min(100).default(30_000),
+  /** Events per tenant the hot log keeps for a webhook consumer behind it; further behind, it reads Postgres. */
+  LOG_HOLD_MAX_EVENTS: z.coerce.number().int().min(1).default(100_000),
   /** How often the scheduler looks for due schedules; 0 turns it off. */
   SCHEDULER_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
   /** Where support reports are mailed (screenshot attached); unset, none are mailed. */

@@ -3,7 +3,16 @@ import { mkdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
-import { accounts, conversations, type Database, logEvents, migrate, openDatabase, outbox } from '@svc/db';
+import {
+  accounts,
+  consumerMarks,
+  conversations,
+  type Database,
+  logEvents,
+  migrate,
+  openDatabase,
+  outbox,
+} from '@svc/db';
 import pino, { type Logger } from 'pino';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
@@ -14,6 +23,8 @@ import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
 import { redisRunnerRouter } from './fabric/router.redis.ts';
 import { githubIssues } from './issues/issues.github.ts';
+import { memoryConsumerGroups } from './log/consumer.memory.ts';
+import { redisConsumerGroups } from './log/consumer.redis.ts';
 import { type AppendEvents, createAppender, Redaction } from './log/log.append.ts';
 import { memoryEventLog } from './log/log.memory.ts';
 import { redisEventLog } from './log/log.redis.ts';
@@ -43,6 +54,7 @@ import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/
 import { listTeammates, messageTeammate, type TeamDeps } from './services/team.ts';
 import type { TeamOps } from './services/team-mcp.ts';
 import { TurnWaiters } from './services/turn-waiters.ts';
+import { enqueueWebhookJobs, tenantsWithEndpoints } from './services/webhook-jobs.ts';
 import { StreamServer } from './streams/streams.ts';
 import { systemResolver } from './webhooks/transport.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
@@ -53,6 +65,7 @@ import { RunnerPresenceWorker } from './workers/runner-presence.ts';
 import { SchedulerWorker } from './workers/scheduler.ts';
 import { SupportForwarder } from './workers/support-forwarder.ts';
 import { TurnsAdriftWorker } from './workers/turns-adrift.ts';
+import { defaultConsumerName, WebhookConsumer } from './workers/webhook-consumer.ts';
 import { WebhookDeliveryWorker } from './workers/webhook-delivery.ts';
 
 /** pino with every credential-bearing path redacted (CONVENTIONS 8). */
@@ -224,9 +237,19 @@ export async function startService(
     const redaction = new Redaction();
     const metrics = new ServiceMetrics({ edgeProcess: overrides.edgeProcess ?? 0 });
     if (overrides.gatherMetrics) metrics.gatherWith(overrides.gatherMetrics);
+    // Webhook consumers read each tenant's log through a consumer group; the copier's trim
+    // keeps what a group has not acknowledged (up to LOG_HOLD_MAX_EVENTS a tenant).
+    const groups = redis
+      ? redisConsumerGroups(redis.redis, { prefix: config.REDIS_KEY_PREFIX })
+      : memoryConsumerGroups(eventLog);
     const copier = new LogCopier(
-      { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }) },
-      { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 1000, keepHot: config.LOG_HOT_EVENTS },
+      { sql: db.sql, log: eventLog, logger: log.child({ role: 'worker' }), holds: (t) => groups.holdFrom(t) },
+      {
+        intervalMs: config.LOG_COPY_INTERVAL_MS,
+        batch: 1000,
+        keepHot: config.LOG_HOT_EVENTS,
+        maxHeld: config.LOG_HOLD_MAX_EVENTS,
+      },
     );
     await copier.start();
     cleanups.push(() => copier.stop());
@@ -496,6 +519,31 @@ export async function startService(
       await Promise.race([webhookDelivery.settled(), grace]);
       clearTimeout(timer);
     });
+
+    // Stage events become delivery jobs (one per matching endpoint) from the log itself.
+    if (config.WEBHOOK_CONSUMER_SWEEP_MS > 0) {
+      const consumer = new WebhookConsumer(
+        {
+          sql: db.sql,
+          log: eventLog,
+          groups,
+          sink: async (accountId, events) => {
+            await enqueueWebhookJobs(db.sql, accountId, events);
+          },
+          tenants: () => tenantsWithEndpoints(db.sql),
+          since: (accountId) => consumerMarks.endpointsActiveSince(db.sql, accountId),
+          logger: log.child({ role: 'webhook-consumer' }),
+        },
+        {
+          name: defaultConsumerName(),
+          batch: 500,
+          minIdleMs: config.WEBHOOK_CONSUMER_IDLE_MS,
+          sweepMs: config.WEBHOOK_CONSUMER_SWEEP_MS,
+        },
+      );
+      await consumer.start();
+      cleanups.push(() => consumer.stop());
+    }
 
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({

@@ -224,7 +224,7 @@ for (const backend of backends()) {
         token: admin.key,
         body: { comped: true },
       });
-      t.same(comp.body, { id: me.accountId, comped: true }, comp.text);
+      t.match(comp.body, { id: me.accountId, comped: true }, comp.text);
       const { agent } = await claudeAgent(t, svc.http, me.key);
       const started = await svc.http.post('/api/conversations', {
         token: me.key,
@@ -332,8 +332,15 @@ for (const backend of backends()) {
         body: { cents: 500, note: 'welcome' },
       });
       t.equal(unknown.status, 404);
-      t.same(unknown.body, { error: 'not_found', message: 'User not found.' });
+      t.same(unknown.body, { error: 'not_found', message: 'No account has that id.' });
       t.equal((await svc.http.get('/api/account/billing', { token: me.key })).body.balance_cents, 500, 'unchanged');
+      const trail = await svc.http.get('/api/admin/events', { token: admin.key });
+      t.equal(trail.status, 200, trail.text);
+      t.match(
+        trail.body.data.find((e: { action: string }) => e.action === 'admin.user.credits'),
+        { admin_id: admin.accountId, action: 'admin.user.credits', target_id: me.accountId, metadata: { cents: 500 } },
+        'the grant is on the privilege trail',
+      );
     });
 
     t.test('a provider that refuses the checkout is 502', async (t) => {

@@ -86,6 +86,9 @@ export async function startTestService(
     MAIL_DIR: mailDir,
     LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent',
     RATE_LIMIT_PER_MINUTE: '0',
+    // The webhook consumer stays off unless a test turns it on: tests that write delivery jobs
+    // themselves then count only their own.
+    WEBHOOK_CONSUMER_SWEEP_MS: '0',
     MASTER_KEY: randomBytes(32).toString('hex'),
     SHUTDOWN_GRACE_MS: '2000',
     ...(backend === 'postgres+redis'

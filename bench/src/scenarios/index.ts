@@ -9,6 +9,7 @@ import { slowWatcher } from './slow-watcher.ts';
 import { sseCeiling } from './sse-ceiling.ts';
 import { sseFanout, sseTenant } from './sse-fanout.ts';
 import { sseIdle } from './sse-idle.ts';
+import { webhookConsume } from './webhook-consume.ts';
 
 /** Every scenario, in the order `all` runs them and the README lists them. */
 export const scenarios: Scenario[] = [
@@ -23,4 +24,5 @@ export const scenarios: Scenario[] = [
   scaling,
   sseCeiling,
   metrics,
+  webhookConsume,
 ];

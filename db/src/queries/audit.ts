@@ -13,6 +13,7 @@ export interface AuditInsert {
 
 export interface AuditEventRow {
   id: string;
+  account_id: string;
   inserted_at: Date;
   actor: 'ui' | 'api' | 'sprite' | 'system';
   action: string;
@@ -40,15 +41,16 @@ export interface AuditFilter {
 /**
  * Newest first by id as a number. `limit + 1` rows are read so the caller can tell whether
  * more exist. The id goes out as text (a bigint), so ORDER BY names the table's column: the
- * bare name would sort by the text alias, putting 9 before 25.
+ * bare name would sort by the text alias, putting 9 before 25. `accountId` null reads every
+ * tenant's rows (the operator's cross-tenant view).
  */
-export async function listAuditEvents(sql: Sql, accountId: string, f: AuditFilter): Promise<AuditEventRow[]> {
+export async function listAuditEvents(sql: Sql, accountId: string | null, f: AuditFilter): Promise<AuditEventRow[]> {
   // action_prefix is a literal prefix: escape LIKE's wildcards so `a_b` matches only `a_b...`.
   const prefix = f.actionPrefix === undefined ? null : `${f.actionPrefix.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
   return sql<AuditEventRow[]>`
-    SELECT id::text AS id, inserted_at, actor, action, resource_type, resource_id, metadata, request_ip
+    SELECT id::text AS id, account_id, inserted_at, actor, action, resource_type, resource_id, metadata, request_ip
     FROM audit_events
-    WHERE account_id = ${accountId}
+    WHERE ${accountId === null ? sql`true` : sql`account_id = ${accountId}`}
       ${f.before === undefined ? sql`` : sql`AND id < ${f.before.toString()}::bigint`}
       ${prefix === null ? sql`` : sql`AND action LIKE ${prefix}`}
       ${f.resourceType === undefined ? sql`` : sql`AND resource_type = ${f.resourceType}`}

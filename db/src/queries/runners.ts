@@ -53,8 +53,10 @@ export async function deleteLocalRunner(sql: Sql, id: string): Promise<void> {
   await sql`DELETE FROM runners WHERE id = ${id} AND kind = 'local'`;
 }
 
+/** The runner a token belongs to; none while its account is suspended (the upgrade is 401). */
 export async function findByTokenHash(sql: Sql, tokenHash: Buffer): Promise<RunnerRow | undefined> {
-  const rows = await sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE token_hash = ${tokenHash}`;
+  const rows = await sql<RunnerRow[]>`SELECT ${columns(sql)} FROM runners WHERE token_hash = ${tokenHash}
+    AND NOT EXISTS (SELECT 1 FROM accounts a WHERE a.id = runners.account_id AND a.suspended)`;
   return rows[0];
 }
 

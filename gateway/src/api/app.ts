@@ -16,6 +16,7 @@ import { sendApiError, toApiError } from './errors.ts';
 import { describeRoute } from './route-docs.ts';
 import { RouteTable } from './route-table.ts';
 import { accountRoutes } from './routes/account.ts';
+import { adminRoutes } from './routes/admin.ts';
 import { agentRoutes } from './routes/agents.ts';
 import { applyRoutes } from './routes/apply.ts';
 import { auditRoutes } from './routes/audit.ts';
@@ -209,6 +210,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   permissionRoutes(app, deps);
   teamMcpRoutes(app, deps);
   webhookRoutes(app, deps);
+  adminRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);
 

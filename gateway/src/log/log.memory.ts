@@ -10,6 +10,8 @@ import {
   sharedMarkLoads,
   storedFields,
   TRIM_SLACK,
+  type TrimOptions,
+  trimLimit,
 } from './log.ts';
 
 /** Microseconds since the epoch: the floor under every new id. */
@@ -105,15 +107,17 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
       };
     },
 
-    async trim(tenant: string, o: { upTo: number; keep: number }) {
+    async trim(tenant: string, o: TrimOptions) {
       const t = tenants.get(tenant);
       // As on Redis: nothing to do until the tail has grown a TRIM_SLACK-th past `keep`.
       const excess = (t?.events.length ?? 0) - o.keep;
       if (!t || excess <= 0 || excess <= Math.floor(o.keep / TRIM_SLACK)) return;
-      const boundary = (t.events[t.events.length - o.keep] as LogEvent).id;
-      const cut = Math.min(boundary, o.upTo + 1);
+      const events = t.events;
+      const limit = await trimLimit(o, events.length, async (index) => (events[index] as LogEvent).id);
+      const cut = Math.min((events[excess] as LogEvent).id, limit);
+      if ((events[0] as LogEvent).id >= cut) return;
       t.floor = Math.max(t.floor, cut);
-      t.events = t.events.filter((e) => e.id >= cut);
+      t.events = events.filter((e) => e.id >= cut);
     },
 
     async floor(tenant: string) {

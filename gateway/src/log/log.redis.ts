@@ -14,6 +14,8 @@ import {
   sharedMarkLoads,
   storedFields,
   TRIM_SLACK,
+  type TrimOptions,
+  trimLimit,
 } from './log.ts';
 
 /**
@@ -346,18 +348,24 @@ export function redisEventLog(
       };
     },
 
-    async trim(tenant: string, o: { upTo: number; keep: number }) {
+    async trim(tenant: string, o: TrimOptions) {
       const keys = logKeys(prefix, tenant);
       // Once the tail has grown a tenth past `keep` it is cut back to `keep`: a pass costs one
       // XLEN, and the boundary (the oldest entry kept) is read past only the entries that go.
       // (Reading the newest `keep` entries instead moved the whole hot tail through this
       // node's event loop at every copy pass, between the deliveries it makes.)
-      const excess = (await redis.xlen(keys.log)) - o.keep;
+      const length = await redis.xlen(keys.log);
+      const excess = length - o.keep;
       if (excess <= 0 || excess <= Math.floor(o.keep / TRIM_SLACK)) return;
-      const going = (await redis.xrange(keys.log, '-', '+', 'COUNT', excess + 1)) as [string, string[]][];
-      if (going.length <= excess) return;
-      const boundary = Number((going.at(-1) as [string, string[]])[0].slice(0, -2));
-      const cut = Math.min(boundary, o.upTo + 1);
+      const limit = await trimLimit(o, length, async (index) => {
+        const rows = (await redis.xrange(keys.log, '-', '+', 'COUNT', index + 1)) as [string, string[]][];
+        return Number((rows.at(-1) as [string, string[]])[0].slice(0, -2));
+      });
+      const going = (await redis.xrange(keys.log, '-', `(${limit}-0`, 'COUNT', excess + 1)) as [string, string[]][];
+      if (going.length === 0) return;
+      // The entry past the `excess` oldest is the oldest `keep` holds: it and what follows stay.
+      const kept = going[excess];
+      const cut = kept ? Number(kept[0].slice(0, -2)) : limit;
       // The trim point first: a reader that finds the events gone also finds the point moved.
       await redis.set(keys.trim, String(cut));
       await redis.xtrim(keys.log, 'MINID', cut);

@@ -93,6 +93,32 @@ export type LoadMark = (tenant: string, producer: string) => Promise<number | un
 /** The hot tail is trimmed back to `keep` once it has grown a TRIM_SLACK-th past it. */
 export const TRIM_SLACK = 10;
 
+/** What a trim may drop: see EventLog.trim. */
+export interface TrimOptions {
+  upTo: number;
+  keep: number;
+  hold?: number | undefined;
+  maxHeld?: number | undefined;
+}
+
+/**
+ * The id below which a trim may drop events, given the tail's length and a way to find the
+ * id of the event at a position (0 is the oldest): below the durable mark and the hold, but
+ * the hold gives way where it would keep more than `maxHeld` events. Both adapters use it.
+ */
+export async function trimLimit(
+  o: TrimOptions,
+  length: number,
+  idAt: (index: number) => Promise<number>,
+): Promise<number> {
+  let limit = o.upTo + 1;
+  if (o.hold !== undefined) {
+    const over = length - (o.maxHeld ?? Number.POSITIVE_INFINITY);
+    limit = Math.min(limit, over > 0 ? Math.max(o.hold, await idAt(over)) : o.hold);
+  }
+  return limit;
+}
+
 /**
  * One load per producer at a time, shared by every append waiting for it. A producer keeps
  * several appends in flight; each may find the mark missing, and their retries must reach the
@@ -135,8 +161,13 @@ export interface EventLog {
    * event above `upTo`. Conversation streams follow at their next append. Nothing is done
    * until the tail holds more than `keep` plus a TRIM_SLACK-th of it, so most calls cost one
    * length check.
+   *
+   * With `hold` (the lowest id a consumer group has not acknowledged), events at or above it
+   * stay too, as long as the tail then holds at most `maxHeld` events (default: no bound).
+   * Past that the oldest go anyway: a group that far behind reads them from the durable copy
+   * (the trim point tells it so), and the hot log's memory stays bounded.
    */
-  trim(tenant: string, options: { upTo: number; keep: number }): Promise<void>;
+  trim(tenant: string, options: TrimOptions): Promise<void>;
   /**
    * The trim point: events with lower ids may be gone from the hot log (0 when nothing was
    * trimmed). Set before the events go, so a reader that checks it after reading cannot

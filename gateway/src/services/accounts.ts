@@ -313,12 +313,25 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
   if (confirm.trim().toLowerCase() !== a.email.toLowerCase()) {
     throw validationFailed({ confirm: ["must be the account's email address"] });
   }
-  await destroyAccountSandboxes(erasure, a.id);
-  await accounts.deleteAccount(deps.sql, a.id);
+  await eraseAccount(deps, erasure, a.id);
+}
+
+/**
+ * The erasure itself, as `deleteAccount` describes it, for a caller that already decided
+ * (the account's owner after confirming, or an admin). False when there was no such account.
+ */
+export async function eraseAccount(
+  deps: Pick<AccountDeps, 'sql' | 'log'>,
+  erasure: AccountErasureDeps,
+  accountId: string,
+): Promise<boolean> {
+  await destroyAccountSandboxes(erasure, accountId);
+  const deleted = await accounts.deleteAccount(deps.sql, accountId);
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
-  await erasure.fabric.disconnectEverywhere({ accountId: a.id }, RUNNER_CLOSE.revoked, 'the account was deleted');
-  await erasure.eventLog.dropTenant(a.id);
-  deps.log.info('an account was deleted');
+  await erasure.fabric.disconnectEverywhere({ accountId }, RUNNER_CLOSE.revoked, 'the account was deleted');
+  await erasure.eventLog.dropTenant(accountId);
+  if (deleted) deps.log.info('an account was deleted');
+  return deleted;
 }
 
 export type { ActorRef };

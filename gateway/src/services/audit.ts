@@ -45,6 +45,19 @@ export interface AuditListQuery {
 
 /** Newest first, own tenant only; `meta.next_cursor` pages backwards through `before`. */
 export async function listAudit(sql: Sql, accountId: string, q: AuditListQuery) {
+  const page = await readAudit(sql, accountId, q);
+  return { ...page, data: page.data.map(({ account_id: _, ...row }) => row) };
+}
+
+/**
+ * The operator's view: every tenant's rows (or one account's), each naming its account. Audit
+ * metadata never holds content, so this crosses tenants without carrying any.
+ */
+export async function listAuditOfEveryAccount(sql: Sql, q: AuditListQuery & { account_id?: string | undefined }) {
+  return readAudit(sql, q.account_id ?? null, q);
+}
+
+async function readAudit(sql: Sql, accountId: string | null, q: AuditListQuery) {
   const since = parseInstant('since', q.since);
   const until = parseInstant('until', q.until);
   if (since && until && since > until) throw validationFailed({ since: ['must not be after until'] });

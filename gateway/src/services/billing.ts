@@ -1,6 +1,7 @@
-import { ApiError, orNotFound } from '@svc/core';
-import { accounts, billing as ledger, type Sql } from '@svc/db';
+import { ApiError } from '@svc/core';
+import { accounts, admin, billing as ledger, type Sql } from '@svc/db';
 import { BadSignature, type CreditPack, PaymentProviderError, type Payments } from '../payments/payments.ts';
+import { getUser } from './admin.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
 
@@ -157,29 +158,44 @@ export async function receivePaymentEvent(
 
 /**
  * `POST /api/admin/users/:id/comp`: an operator makes the account free (never charged, never
- * refused for credit) or paying again. 404 when the account does not exist; audited on the
- * admin's account with the target.
+ * refused for credit) or paying again. 404 when no account has the id. Written to the
+ * privilege trail; answers the admin user row.
  */
-export async function compAccount(sql: Sql, billing: Billing | null, admin: ActorRef, userId: string, comped: boolean) {
+export async function compAccount(sql: Sql, billing: Billing | null, who: ActorRef, userId: string, comped: boolean) {
   enabled(billing);
-  orNotFound(await ledger.setComped(sql, userId, comped), 'User');
-  await recordAudit(sql, admin, 'admin.user.comped', { type: 'account', id: userId }, { comped });
-  return { id: userId, comped };
+  const before = await getUser(sql, userId);
+  await ledger.setComped(sql, userId, comped);
+  await trail(sql, who, 'admin.user.comp', userId, { from: before.comped, to: comped });
+  return getUser(sql, userId);
 }
 
 /**
  * `POST /api/admin/users/:id/credits`: an operator grants credit (a `grant` row on the
- * ledger; negative cents take credit back). Resolves to the account's balance after it.
+ * ledger; negative cents take credit back). 404 when no account has the id. Written to the
+ * privilege trail (cents, never the note); answers the account's balance after it.
  */
 export async function grantCredit(
   sql: Sql,
   billing: Billing | null,
-  admin: ActorRef,
+  who: ActorRef,
   userId: string,
   input: { cents: number; note: string },
 ) {
   enabled(billing);
-  orNotFound(await ledger.grant(sql, userId, input.cents, input.note), 'User');
-  await recordAudit(sql, admin, 'admin.user.credits', { type: 'account', id: userId }, { cents: input.cents });
+  await getUser(sql, userId);
+  if (!(await ledger.grant(sql, userId, input.cents, input.note)))
+    throw new ApiError('not_found', 'No account has that id.');
+  await trail(sql, who, 'admin.user.credits', userId, { cents: input.cents });
   return { id: userId, balance_cents: await ledger.balance(sql, userId) };
+}
+
+function trail(sql: Sql, who: ActorRef, action: string, userId: string, metadata: Record<string, unknown>) {
+  return admin.insertAdminEvent(sql, {
+    adminId: who.accountId,
+    action,
+    targetType: 'account',
+    targetId: userId,
+    metadata,
+    requestIp: who.ip,
+  });
 }

@@ -1,5 +1,5 @@
 import { ApiError, SANDBOX_STATUSES } from '@svc/core';
-import { type Sql, sandboxes } from '@svc/db';
+import { admin, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
@@ -212,17 +212,25 @@ export function retireSandboxesBuiltOn(deps: SandboxDeps): RetireSandboxesBuiltO
  * that is away when told keeps a directory no one can reach.
  */
 export async function destroyAccountSandboxes(deps: SandboxDeps, accountId: string): Promise<void> {
-  const why = 'account deletion';
   for (const row of await sandboxes.listSandboxes(deps.sql, accountId, undefined)) {
-    if (row.status !== 'terminated' && row.runner_id !== null) await destroyMachine(deps, row, why);
-    await deps.providers
-      .of(row.provider)
-      .destroy(row)
-      .catch((err: Error) =>
-        deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: not destroyed`),
-      );
+    await destroySandbox(deps, row, 'account deletion');
   }
   for (const provider of deps.providers.all) await provider.eraseAccount(accountId);
+}
+
+/**
+ * Destroys one sandbox's machine through its provider: its runner, when it has one, is told
+ * to destroy the machine, then the provider stops what it runs for it and removes what it
+ * keeps. Best effort and logged; the caller has already moved the row (terminated, or gone).
+ */
+export async function destroySandbox(deps: SandboxDeps, row: sandboxes.SandboxRow, why: string): Promise<void> {
+  if (row.status !== 'terminated' && row.runner_id !== null) await destroyMachine(deps, row, why);
+  await deps.providers
+    .of(row.provider)
+    .destroy(row)
+    .catch((err: Error) =>
+      deps.logger.warn({ err: { message: err.message }, sandbox: row.id }, `${why}: not destroyed`),
+    );
 }
 
 /** SANDBOX_QUOTA_DEFAULT and FLEET_MAX_SANDBOXES. */
@@ -243,11 +251,13 @@ const CAPACITY_RETRY_AFTER_S = 30;
  */
 export async function checkCapacity(tx: Sql, accountId: string, limits: SandboxLimits): Promise<void> {
   const active = await sandboxes.lockAndCountActive(tx, accountId);
-  if (active.account >= limits.quota) {
+  // An admin-set limit (POST /api/admin/users/:id/sandbox-limit) replaces the instance default.
+  const limit = (await admin.sandboxLimitOf(tx, accountId)) ?? limits.quota;
+  if (active.account >= limit) {
     throw new ApiError(
       'sandbox_quota_exceeded',
-      `The account has ${active.account} active sandboxes, its limit is ${limits.quota}: end or reset one first.`,
-      { extra: { active: active.account, limit: limits.quota }, retryAfter: CAPACITY_RETRY_AFTER_S },
+      `The account has ${active.account} active sandboxes, its limit is ${limit}: end or reset one first.`,
+      { extra: { active: active.account, limit }, retryAfter: CAPACITY_RETRY_AFTER_S },
     );
   }
   if (active.fleet >= limits.fleetMax) {

@@ -23,8 +23,17 @@ export class LogCopier {
   private running: Promise<void> | undefined;
 
   constructor(
-    private readonly deps: { sql: Sql; log: EventLog; logger: Logger },
-    private readonly options: { intervalMs: number; batch: number; keepHot: number } = {
+    private readonly deps: {
+      sql: Sql;
+      log: EventLog;
+      logger: Logger;
+      /**
+       * The lowest id a consumer group of the tenant has not acknowledged (undefined: no
+       * group): the trim keeps it and what follows, up to `maxHeld` events in the hot tail.
+       */
+      holds?: (tenant: string) => Promise<number | undefined>;
+    },
+    private readonly options: { intervalMs: number; batch: number; keepHot: number; maxHeld?: number } = {
       intervalMs: 250,
       batch: 1000,
       keepHot: 10_000,
@@ -95,7 +104,9 @@ export class LogCopier {
 
   /**
    * Copies everything above the tenant's mark, then trims the hot tail to what is both copied
-   * and older than the newest `keepHot` events. Returns how many events it stored.
+   * and older than the newest `keepHot` events, and not held by a consumer group (unless the
+   * tail would then hold more than `maxHeld`: a group that far behind reads from Postgres).
+   * Returns how many events it stored.
    */
   async copyTenant(tenant: string): Promise<number> {
     const started = Date.now();
@@ -116,7 +127,10 @@ export class LogCopier {
     const u = this.uncopied.get(tenant);
     if (u && u.last < started) this.uncopied.delete(tenant);
     else if (u) u.since = started;
-    if (copied > 0) await this.deps.log.trim(tenant, { upTo: mark, keep: this.options.keepHot });
+    if (copied > 0) {
+      const hold = await this.deps.holds?.(tenant);
+      await this.deps.log.trim(tenant, { upTo: mark, keep: this.options.keepHot, hold, maxHeld: this.options.maxHeld });
+    }
     return copied;
   }
 

@@ -1,4 +1,4 @@
-import { ErrorBody, IdParam } from '@svc/core';
+import { AdminUser, ErrorBody, IdParam } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
@@ -22,10 +22,10 @@ export function billingAdminRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Comp an account (free: never charged, never refused for credit), or end it',
       operationId: 'adminCompUser',
-      description: DISABLED,
+      description: `Answers the admin user row; written to the privilege trail (\`admin.user.comp\`). ${DISABLED}`,
       params: IdParam,
       body: z.object({ comped: z.boolean() }),
-      response: { 200: z.object({ id: z.string(), comped: z.boolean() }), 404: Disabled },
+      response: { 200: AdminUser, 404: Disabled },
     },
     handler: async (req) =>
       compAccount(deps.sql, deps.billing, actorOf(requirePrincipal(req)), req.params.id, req.body.comped),
@@ -37,7 +37,7 @@ export function billingAdminRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Grant credit to an account',
       operationId: 'adminGrantCredits',
-      description: `Appends a grant to the account's credit ledger; negative \`cents\` take credit back. Answers the balance after it. ${DISABLED}`,
+      description: `Appends a grant to the account's credit ledger; negative \`cents\` take credit back. Answers the balance after it; written to the privilege trail (\`admin.user.credits\`, with the cents, never the note). ${DISABLED}`,
       params: IdParam,
       body: z.object({
         cents: z.int().refine((n) => n !== 0, 'must not be zero'),
