@@ -269,12 +269,22 @@ const row = (mode: string, r: typeof c) => [
   `| ${mode} | burst of ${burstEvents} events | ${r.burst.deliveries} | ${r.burst.perSecond} | ${fmt(r.burst.delayMs.p50)} | ${fmt(r.burst.delayMs.p99)} |`,
   `| ${mode} | paced, ${rate} events/s for ${pacedSeconds} s | ${r.paced.deliveries} | - | ${fmt(r.paced.delayMs.p50)} | ${fmt(r.paced.delayMs.p99)} |`,
 ];
+const command = [
+  process.env.DATABASE_URL ? 'DATABASE_URL=postgres://…' : '',
+  redisUrl ? 'REDIS_URL=redis://…' : '',
+  'npm run bench:webhooks',
+  ...(process.argv.length > 2 ? ['--', ...process.argv.slice(2)] : []),
+]
+  .filter(Boolean)
+  .join(' ');
 const lines = [
   `# Webhook delivery on one node (${new Date().toISOString()})`,
   '',
   `${store}, ${logStore}; one webhook consumer (batch 500) and one delivery worker (looking for jobs every ${intervalMs} ms, ${CONCURRENCY} in flight, ${PER_ENDPOINT} per endpoint), ${endpointCount} endpoints per account on a local HTTPS receiver, a new TLS connection per request; Node ${process.version}.`,
   '',
-  "Delay: from the start of a stage event's append to its first attempt arriving at the receiver. consumer: append -> consumer group read -> delivery jobs -> worker -> receiver, as the service runs it. direct (baseline, run after it): the appender writes the jobs itself, no consumer.",
+  "Delay: from the start of a stage event's append to its first attempt arriving at the receiver. consumer: append -> consumer group read -> delivery jobs -> worker -> receiver, as the service runs it. direct (baseline, run after it): the appender writes the jobs itself, no consumer. In the burst the direct appender waits for each 100 events' jobs before appending more, so its events are appended later and its burst delays start later: compare burst deliveries/s and the paced delays.",
+  '',
+  `Command: \`${command}\``,
   '',
   '| mode | phase | deliveries | deliveries/s | delay p50 (ms) | delay p99 (ms) |',
   '|---|---|---|---|---|---|',
@@ -290,6 +300,6 @@ mkdirSync(out, { recursive: true });
 const stamp = new Date().toISOString().replace(/[:.]/g, '-');
 writeFileSync(
   join(out, `webhook-delivery-${stamp}.json`),
-  `${JSON.stringify({ store, log: logStore, intervalMs, endpointCount, ...results }, null, 2)}\n`,
+  `${JSON.stringify({ command, store, log: logStore, intervalMs, endpointCount, ...results }, null, 2)}\n`,
 );
 writeFileSync(join(out, `webhook-delivery-${stamp}.md`), `${report}\n`);
