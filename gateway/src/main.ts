@@ -34,6 +34,7 @@ import { runnerProvider } from './sandboxes/provider.runner.ts';
 import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
+import { ExportFiles } from './services/exports.ts';
 import type { LaunchDeps } from './services/launch.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
@@ -43,6 +44,7 @@ import type { TeamOps } from './services/team-mcp.ts';
 import { TurnWaiters } from './services/turn-waiters.ts';
 import { StreamServer } from './streams/streams.ts';
 import { systemResolver } from './webhooks/transport.ts';
+import { ExportBuilder } from './workers/export-builder.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
@@ -413,6 +415,7 @@ export async function startService(
       },
       metrics,
       launch,
+      exportFiles: new ExportFiles(config.DATA_DIR),
       teamMcp: {
         sql: db.sql,
         team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
@@ -455,6 +458,21 @@ export async function startService(
     );
     supportForwarder.start();
     cleanups.push(() => supportForwarder.stop());
+
+    // Exports: a lease outlives the time between two pages of events by far (it is extended at
+    // each), so only a worker that died lets one expire; the next pass builds it again.
+    const exportBuilder = new ExportBuilder(
+      {
+        sql: db.sql,
+        log: eventLog,
+        files: deps.exportFiles,
+        logger: log.child({ role: 'exports' }),
+        now: () => new Date(),
+      },
+      { periodMs: config.EXPORT_WORKER_INTERVAL_MS, leaseMs: 2 * 60_000 },
+    );
+    exportBuilder.start();
+    cleanups.push(() => exportBuilder.stop());
     const webhookDelivery = new WebhookDeliveryWorker(
       {
         sql: db.sql,

@@ -298,6 +298,8 @@ export async function completeOnboarding(sql: Sql, p: Principal) {
 export interface AccountErasureDeps extends SandboxDeps {
   fabric: SandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectEverywhere'>;
   eventLog: Pick<EventLog, 'dropTenant'>;
+  /** Removes the account's export files. */
+  removeExportFiles: (accountId: string) => Promise<void>;
 }
 
 /**
@@ -305,7 +307,7 @@ export interface AccountErasureDeps extends SandboxDeps {
  * local runner-agents stopped, their disk removed), then every row in every tenant table goes
  * (they cascade from `accounts`) with the wrapped data key, then the account's runner
  * connections are closed on this node and every other one, and its live log (hot events,
- * marks, feeds) dropped. The instance log records that an account was deleted, nothing more.
+ * marks, feeds) dropped, and its export files removed. The instance log records that an account was deleted, nothing more.
  */
 export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDeps, p: Principal, confirm: string) {
   const a = await accounts.findAccountById(deps.sql, p.accountId);
@@ -318,6 +320,7 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
   await erasure.fabric.disconnectEverywhere({ accountId: a.id }, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(a.id);
+  await erasure.removeExportFiles(a.id);
   deps.log.info('an account was deleted');
 }
 
