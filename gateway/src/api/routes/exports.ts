@@ -33,6 +33,8 @@ export function exportRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'The latest export, as a zero- or one-element list',
+      description:
+        'The most recently requested export (pending, ready or failed), or an empty list when none was requested. Older exports are replaced once a newer one is ready. Needs a full-scope credential.',
       operationId: 'listExports',
       response: { 200: listOf(Export), 401: ErrorBody, 403: ErrorBody },
     },
@@ -44,6 +46,8 @@ export function exportRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'One export, with its build progress',
+      description:
+        "While `pending`, `progress.events_written` counts the log events written so far. 404 for an unknown id, another tenant's, or one replaced by a newer export. Needs a full-scope credential.",
       operationId: 'getExport',
       params: IdParam,
       response: { 200: Export, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody },
