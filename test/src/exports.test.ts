@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { exports as exportRows } from '@svc/db';
 import t from 'tap';
-import type { EventLog, ReadOptions } from '../../gateway/src/log/log.ts';
 import { buildExport, ExportFiles } from '../../gateway/src/services/exports.ts';
 import { ExportBuilder } from '../../gateway/src/workers/export-builder.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
@@ -236,19 +235,23 @@ for (const backend of backends()) {
         });
       }
       const id = (await http.post('/api/account/exports', { token })).body.id as string;
-      // The first worker "dies" after its first page of events: its reads never answer again.
-      let pages = 0;
-      // The build reads the log through `read` and `floor` only (readLog).
-      const stuck = {
-        read: (tenant: string, o: ReadOptions) =>
-          ++pages > 1 ? new Promise<never>(() => {}) : svc.eventLog.read(tenant, o),
-        floor: (tenant: string) => svc.eventLog.floor(tenant),
-      } as unknown as EventLog;
+      // The first worker "dies" once it has written two pages of events: its second progress
+      // write never answers (whichever of Postgres or the hot log the pages came from).
+      let progressWrites = 0;
+      const dying = new Proxy(svc.db.sql, {
+        apply(target, self, args) {
+          const strings: unknown = args[0];
+          if (Array.isArray(strings) && strings.join('').includes('SET events_written') && ++progressWrites > 1) {
+            return new Promise<never>(() => {});
+          }
+          return Reflect.apply(target, self, args);
+        },
+      });
       const files = new ExportFiles(svc.dataDir);
       const claimed = await exportRows.claimPending(svc.db.sql, new Date(), new Date(Date.now() + LEASE_MS));
       t.equal(claimed?.id, id);
       void buildExport(
-        { sql: svc.db.sql, log: stuck, files, logger: svc.log, now: () => new Date() },
+        { sql: dying, log: svc.eventLog, files, logger: svc.log, now: () => new Date() },
         claimed as exportRows.ExportRow,
         LEASE_MS,
       );
