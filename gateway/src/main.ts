@@ -379,6 +379,9 @@ export async function startService(
         google: config.GEMINI_BASE_URL,
       },
     };
+    // Export files live under DATA_DIR: built by the export worker, served by the download
+    // route, removed with their account.
+    const exportFiles = new ExportFiles(config.DATA_DIR);
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -393,6 +396,7 @@ export async function startService(
         log,
         publicUrl: base,
         adminEmails: config.ADMIN_EMAILS.map((e) => e.toLowerCase()),
+        exportFiles,
       },
       inference: {
         baseUrls: {
@@ -415,7 +419,7 @@ export async function startService(
       },
       metrics,
       launch,
-      exportFiles: new ExportFiles(config.DATA_DIR),
+      exportFiles,
       teamMcp: {
         sql: db.sql,
         team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),

@@ -8,6 +8,7 @@ import type { Keyring } from '../secrets/keyring.ts';
 import { decoyPasswordHash, hashPassword, hashSecret, newSecret, verifyPassword } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import { createApiKey, createSession } from './credentials.ts';
+import type { ExportFiles } from './exports.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
 import { destroyAccountSandboxes, type SandboxDeps } from './sandboxes.ts';
 
@@ -18,6 +19,8 @@ export interface AccountDeps {
   log: Logger;
   publicUrl: () => string;
   adminEmails: readonly string[];
+  /** Where the account's export files are kept; erasing the account removes them. */
+  exportFiles: Pick<ExportFiles, 'removeAccount'>;
 }
 
 const HOUR = 3_600_000;
@@ -298,8 +301,6 @@ export async function completeOnboarding(sql: Sql, p: Principal) {
 export interface AccountErasureDeps extends SandboxDeps {
   fabric: SandboxDeps['fabric'] & Pick<RunnerFabric, 'disconnectEverywhere'>;
   eventLog: Pick<EventLog, 'dropTenant'>;
-  /** Removes the account's export files. */
-  removeExportFiles: (accountId: string) => Promise<void>;
 }
 
 /**
@@ -307,7 +308,8 @@ export interface AccountErasureDeps extends SandboxDeps {
  * local runner-agents stopped, their disk removed), then every row in every tenant table goes
  * (they cascade from `accounts`) with the wrapped data key, then the account's runner
  * connections are closed on this node and every other one, and its live log (hot events,
- * marks, feeds) dropped, and its export files removed. The instance log records that an account was deleted, nothing more.
+ * marks, feeds) dropped, and its export files removed. The instance log records that an
+ * account was deleted, nothing more.
  */
 export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDeps, p: Principal, confirm: string) {
   const a = await accounts.findAccountById(deps.sql, p.accountId);
@@ -320,7 +322,7 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
   await erasure.fabric.disconnectEverywhere({ accountId: a.id }, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(a.id);
-  await erasure.removeExportFiles(a.id);
+  await deps.exportFiles.removeAccount(a.id);
   deps.log.info('an account was deleted');
 }
 

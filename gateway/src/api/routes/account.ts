@@ -122,7 +122,6 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
         providers: deps.launch.providers,
         eventLog: deps.eventLog,
         logger: deps.log,
-        removeExportFiles: (accountId: string) => deps.exportFiles.removeAccount(accountId),
       };
       await accounts.deleteAccount(deps.accounts, erasure, requirePrincipal(req), req.body.confirm);
       return reply.code(204).send(null);
