@@ -1,10 +1,10 @@
 import { existsSync } from 'node:fs';
-import { readdir, readFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { exports as exportRows } from '@svc/db';
 import t from 'tap';
-import { buildExport, ExportFiles } from '../../gateway/src/services/exports.ts';
+import { buildExport, EXPORT_MAX_ATTEMPTS, ExportFiles } from '../../gateway/src/services/exports.ts';
 import { ExportBuilder } from '../../gateway/src/workers/export-builder.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
@@ -276,6 +276,32 @@ for (const backend of backends()) {
         events.map((e) => e.data),
       );
     });
+
+    t.test(
+      'an export whose build keeps failing ends failed after five attempts, and a new one may follow',
+      async (t) => {
+        const me = await signUp(svc);
+        const token = me.key;
+        const files = new ExportFiles(svc.dataDir);
+        // A file where the account's export folder belongs: every build fails to start its file.
+        await mkdir(join(svc.dataDir, 'exports'), { recursive: true });
+        await writeFile(files.dirOf(me.accountId), 'in the way');
+        const id = (await http.post('/api/account/exports', { token })).body.id as string;
+        for (let attempt = 1; attempt < EXPORT_MAX_ATTEMPTS; attempt++) {
+          t.equal(await builder(svc).pass(), 0, `attempt ${attempt} fails`);
+          t.match((await http.get(`/api/account/exports/${id}`, { token })).body, { status: 'pending' });
+        }
+        await builder(svc).pass();
+        const failed = await http.get(`/api/account/exports/${id}`, { token });
+        t.match(failed.body, { id, status: 'failed', downloadable: false, download_url: null });
+        t.equal((await http.get(`/api/account/exports/${id}/download`, { token })).status, 404);
+        await rm(files.dirOf(me.accountId));
+        await age(svc, me.accountId, HOUR_MS + 1000);
+        const next = await http.post('/api/account/exports', { token });
+        t.equal(next.status, 202, 'a failed export does not hold the next one back');
+        t.equal(await builder(svc).pass(), 1);
+      },
+    );
 
     t.test('deleting the account removes its export files', async (t) => {
       const me = await signUp(svc);

@@ -160,7 +160,8 @@ export async function buildExport(
     ]);
     return 'ready';
   } catch (err) {
-    await rm(part, { force: true });
+    // Removing the part may fail for the same reason the build did; the failure is recorded anyway.
+    await rm(part, { force: true }).catch(() => undefined);
     if (err instanceof ExportClaimLost) {
       if (!(await exportRows.exists(deps.sql, row.id))) await files.remove(row.account_id, row.id);
       return 'lost';
