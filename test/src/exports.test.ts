@@ -202,6 +202,25 @@ for (const backend of backends()) {
       t.same(await readdir(files.dirOf(me.accountId)), [`${second}.json.gz`]);
     });
 
+    t.test('a standard-scope key can neither request, read nor download an export: 403', async (t) => {
+      const me = await signUp(svc);
+      const std = (await http.post('/api/auth/api-keys', { token: me.key, body: { scope: 'standard' } })).body
+        .key as string;
+      const id = (await http.post('/api/account/exports', { token: me.key })).body.id as string;
+      await builder(svc).pass();
+      const refused = { error: 'forbidden', message: 'This route needs a full-scope key.' };
+      for (const [method, path] of [
+        ['POST', '/api/account/exports'],
+        ['GET', '/api/account/exports'],
+        ['GET', `/api/account/exports/${id}`],
+        ['GET', `/api/account/exports/${id}/download`],
+      ] as const) {
+        const res = await http.call(method, path, { token: std });
+        t.equal(res.status, 403, `${method} ${path}`);
+        t.same(res.body, refused);
+      }
+    });
+
     t.test('another tenant’s export is 404 on every route', async (t) => {
       const me = await signUp(svc);
       const other = await signUp(svc);
