@@ -128,6 +128,8 @@ export const ConfigSchema = z.object({
   SUPPORT_FORWARD_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
   /** Forwarding attempts per report before it ends `failed`. */
   SUPPORT_FORWARD_ATTEMPTS: z.coerce.number().int().min(1).max(50).default(6),
+  /** How often the export worker looks for pending exports; 0 turns it off. */
+  EXPORT_WORKER_INTERVAL_MS: z.coerce.number().int().min(0).default(2000),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
   RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),

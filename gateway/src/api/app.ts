@@ -24,6 +24,7 @@ import { authRoutes } from './routes/auth.ts';
 import { catalogRoutes } from './routes/catalog.ts';
 import { conversationRoutes } from './routes/conversations.ts';
 import { environmentRoutes } from './routes/environments.ts';
+import { exportRoutes } from './routes/exports.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { operationRoutes } from './routes/operations.ts';
@@ -185,6 +186,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
 
   authRoutes(app, deps);
   accountRoutes(app, deps);
+  exportRoutes(app, deps);
   auditRoutes(app, deps);
   oauthRoutes(app, deps);
   linkPages(app, deps);
