@@ -29,4 +29,5 @@ export type IdPrefix =
   | 'sup'
   | 'whe'
   | 'whj'
-  | 'whd';
+  | 'whd'
+  | 'exp';

@@ -17,6 +17,7 @@ export * from './schemas/catalog.ts';
 export * from './schemas/common.ts';
 export * from './schemas/conversations.ts';
 export * from './schemas/environments.ts';
+export * from './schemas/exports.ts';
 export * from './schemas/permissions.ts';
 export * from './schemas/runners.ts';
 export * from './schemas/sandboxes.ts';

@@ -10,6 +10,7 @@ export * as consumerMarks from './queries/consumer-marks.ts';
 export * as conversations from './queries/conversations.ts';
 export * as credentials from './queries/credentials.ts';
 export * as environments from './queries/environments.ts';
+export * as exports from './queries/exports.ts';
 export * as inferenceCredentials from './queries/inference-credentials.ts';
 export * as logEvents from './queries/log-events.ts';
 export * as oauthCodes from './queries/oauth-codes.ts';

@@ -150,6 +150,8 @@ export const ConfigSchema = z.object({
   PAYMENT_MONTHLY_CAP_CENTS: z.coerce.number().int().min(1).optional(),
   /** Where a 402 `insufficient_credits` sends people to buy credit; default PUBLIC_URL. */
   PAYMENT_UPGRADE_URL: url.optional(),
+  /** How often the export worker looks for pending exports; 0 turns it off. */
+  EXPORT_WORKER_INTERVAL_MS: z.coerce.number().int().min(0).default(2000),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
   RUNTIME_CLAUDE_COMMAND: z.string().min(1).default('claude-agent-acp'),
   RUNTIME_CODEX_COMMAND: z.string().min(1).default('codex-acp'),

@@ -47,6 +47,7 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { Billing } from './services/billing.ts';
+import { ExportFiles } from './services/exports.ts';
 import type { LaunchDeps } from './services/launch.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
@@ -57,6 +58,7 @@ import { TurnWaiters } from './services/turn-waiters.ts';
 import { enqueueWebhookJobs, tenantsWithEndpoints } from './services/webhook-jobs.ts';
 import { StreamServer } from './streams/streams.ts';
 import { systemResolver } from './webhooks/transport.ts';
+import { ExportBuilder } from './workers/export-builder.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
 import { LostMachinesWorker } from './workers/lost-machines.ts';
@@ -411,6 +413,9 @@ export async function startService(
         google: config.GEMINI_BASE_URL,
       },
     };
+    // Export files live under DATA_DIR: built by the export worker, served by the download
+    // route, removed with their account.
+    const exportFiles = new ExportFiles(config.DATA_DIR);
     const deps: ApiDeps = {
       config,
       sql: db.sql,
@@ -425,6 +430,7 @@ export async function startService(
         log,
         publicUrl: base,
         adminEmails: config.ADMIN_EMAILS.map((e) => e.toLowerCase()),
+        exportFiles,
       },
       inference: {
         baseUrls: {
@@ -448,6 +454,7 @@ export async function startService(
       },
       metrics,
       launch,
+      exportFiles,
       teamMcp: {
         sql: db.sql,
         team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
@@ -490,6 +497,21 @@ export async function startService(
     );
     supportForwarder.start();
     cleanups.push(() => supportForwarder.stop());
+
+    // Exports: a lease outlives the time between two pages of events by far (it is extended at
+    // each), so only a worker that died lets one expire; the next pass builds it again.
+    const exportBuilder = new ExportBuilder(
+      {
+        sql: db.sql,
+        log: eventLog,
+        files: deps.exportFiles,
+        logger: log.child({ role: 'exports' }),
+        now: () => new Date(),
+      },
+      { periodMs: config.EXPORT_WORKER_INTERVAL_MS, leaseMs: 2 * 60_000 },
+    );
+    exportBuilder.start();
+    cleanups.push(() => exportBuilder.stop());
     const webhookDelivery = new WebhookDeliveryWorker(
       {
         sql: db.sql,

@@ -71,8 +71,6 @@ for (const { backend, edge } of transportSetups()) {
       t.equal(sampleOf(before, 'svc_stream_watchers'), 0);
       t.equal(sampleOf(before, 'svc_runner_connections'), 0);
       t.equal(sampleOf(before, 'svc_log_copy_pending_tenants'), 0);
-      const appendedBefore = sampleOf(before, 'svc_log_events_appended_total') ?? 0;
-      const copiedBefore = sampleOf(before, 'svc_log_events_copied_total') ?? 0;
 
       const watcher = rawGet(svc, '/api/events/stream', auth);
       t.teardown(() => watcher.sock.destroy());
@@ -83,6 +81,18 @@ for (const { backend, edge } of transportSetups()) {
       );
       const created = await svc.http.post('/api/runners', { token: me.key, body: { name: 'metrics box' } });
       await startRunnerProcess(t, svc.url, created.body.token);
+      await until(
+        'the runner to be counted',
+        async () => (sampleOf((await scrape(svc)).samples, 'svc_runner_connections') === 1 ? true : undefined),
+        10_000,
+      );
+      // The connection's own `team` event (through the outbox) is appended and copied before
+      // the counts are read, so they move by the three events below alone.
+      await svc.launch.relay.flush(me.accountId);
+      await svc.copier.pass();
+      const settled = (await scrape(svc)).samples;
+      const appendedBefore = sampleOf(settled, 'svc_log_events_appended_total') ?? 0;
+      const copiedBefore = sampleOf(settled, 'svc_log_events_copied_total') ?? 0;
 
       await svc.appendEvents({
         tenant: me.accountId,
@@ -95,14 +105,7 @@ for (const { backend, edge } of transportSetups()) {
           data: `${i}`,
         })),
       });
-      const during = await until(
-        'the runner to be counted',
-        async () => {
-          const { samples } = await scrape(svc);
-          return sampleOf(samples, 'svc_runner_connections') === 1 ? samples : undefined;
-        },
-        10_000,
-      );
+      const during = (await scrape(svc)).samples;
       t.equal(sampleOf(during, 'svc_stream_watchers'), 1, 'the open stream');
       t.equal(sampleOf(during, 'svc_log_events_appended_total'), appendedBefore + 3, 'three events appended');
       t.equal(sampleOf(during, 'svc_log_copy_pending_tenants'), 1, 'one tenant not copied yet');

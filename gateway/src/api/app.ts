@@ -26,6 +26,7 @@ import { billingAdminRoutes } from './routes/billing-admin.ts';
 import { catalogRoutes } from './routes/catalog.ts';
 import { conversationRoutes } from './routes/conversations.ts';
 import { environmentRoutes } from './routes/environments.ts';
+import { exportRoutes } from './routes/exports.ts';
 import { metaRoutes } from './routes/meta.ts';
 import { oauthRoutes } from './routes/oauth.ts';
 import { operationRoutes } from './routes/operations.ts';
@@ -189,6 +190,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   accountRoutes(app, deps);
   await billingRoutes(app, deps);
   billingAdminRoutes(app, deps);
+  exportRoutes(app, deps);
   auditRoutes(app, deps);
   oauthRoutes(app, deps);
   linkPages(app, deps);

@@ -8,6 +8,7 @@ import type { RequestMetrics, ServiceMetrics } from '../metrics.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
 import type { Billing } from '../services/billing.ts';
+import type { ExportFiles } from '../services/exports.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
 import type { LaunchDeps } from '../services/launch.ts';
 import type { ReadinessDeps } from '../services/readiness.ts';
@@ -41,6 +42,8 @@ export interface ApiDeps {
   readiness: ReadinessDeps;
   /** Where answered requests are counted, and what `/metrics` serves. */
   metrics: RequestMetrics & Pick<ServiceMetrics, 'scrape'>;
+  /** Where account export files are kept (built by the export worker, served by download). */
+  exportFiles: ExportFiles;
   /** The team MCP server's tools: the team's operations and the process's turn waiters. */
   teamMcp: TeamMcpDeps;
 }

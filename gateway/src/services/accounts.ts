@@ -8,6 +8,7 @@ import type { Keyring } from '../secrets/keyring.ts';
 import { decoyPasswordHash, hashPassword, hashSecret, newSecret, verifyPassword } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import { createApiKey, createSession } from './credentials.ts';
+import type { ExportFiles } from './exports.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
 import { destroyAccountSandboxes, type SandboxDeps } from './sandboxes.ts';
 
@@ -18,6 +19,8 @@ export interface AccountDeps {
   log: Logger;
   publicUrl: () => string;
   adminEmails: readonly string[];
+  /** Where the account's export files are kept; erasing the account removes them. */
+  exportFiles: Pick<ExportFiles, 'removeAccount'>;
 }
 
 const HOUR = 3_600_000;
@@ -305,7 +308,8 @@ export interface AccountErasureDeps extends SandboxDeps {
  * local runner-agents stopped, their disk removed), then every row in every tenant table goes
  * (they cascade from `accounts`) with the wrapped data key, then the account's runner
  * connections are closed on this node and every other one, and its live log (hot events,
- * marks, feeds) dropped. The instance log records that an account was deleted, nothing more.
+ * marks, feeds) dropped, and its export files removed. The instance log records that an
+ * account was deleted, nothing more.
  */
 export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDeps, p: Principal, confirm: string) {
   const a = await accounts.findAccountById(deps.sql, p.accountId);
@@ -321,7 +325,7 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
  * (the account's owner after confirming, or an admin). False when there was no such account.
  */
 export async function eraseAccount(
-  deps: Pick<AccountDeps, 'sql' | 'log'>,
+  deps: Pick<AccountDeps, 'sql' | 'log' | 'exportFiles'>,
   erasure: AccountErasureDeps,
   accountId: string,
 ): Promise<boolean> {
@@ -330,6 +334,7 @@ export async function eraseAccount(
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
   await erasure.fabric.disconnectEverywhere({ accountId }, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(accountId);
+  await deps.exportFiles.removeAccount(accountId);
   if (deleted) deps.log.info('an account was deleted');
   return deleted;
 }

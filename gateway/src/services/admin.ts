@@ -1,6 +1,6 @@
 import { ApiError, RUNNER_CLOSE, validationFailed } from '@svc/core';
 import { admin, type Sql, sandboxes } from '@svc/db';
-import { type AccountErasureDeps, eraseAccount } from './accounts.ts';
+import { type AccountDeps, type AccountErasureDeps, eraseAccount } from './accounts.ts';
 import { type LaunchDeps, terminateConversation } from './launch.ts';
 import type { ActorRef, Principal } from './principal.ts';
 import { destroySandbox } from './sandboxes.ts';
@@ -14,6 +14,8 @@ export interface AdminDeps {
   sql: Sql;
   launch: LaunchDeps;
   erasure: AccountErasureDeps;
+  /** An erased account's export files go with it. */
+  exportFiles: AccountDeps['exportFiles'];
 }
 
 type UserRow = admin.AdminUserRow;
@@ -127,7 +129,7 @@ export async function setSuspended(deps: AdminDeps, p: Principal, id: string, su
 export async function deleteUser(deps: AdminDeps, p: Principal, id: string): Promise<void> {
   refuseSelf(p, id, 'delete');
   await getUser(deps.sql, id);
-  await eraseAccount({ sql: deps.sql, log: deps.launch.logger }, deps.erasure, id);
+  await eraseAccount({ sql: deps.sql, log: deps.launch.logger, exportFiles: deps.exportFiles }, deps.erasure, id);
   await record(deps.sql, p, 'admin.user.delete', ['account', id]);
 }
 

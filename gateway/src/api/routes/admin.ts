@@ -33,6 +33,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const adminDeps: admin.AdminDeps = {
     sql: deps.sql,
     launch: deps.launch,
+    exportFiles: deps.exportFiles,
     erasure: {
       sql: deps.sql,
       fabric: deps.fabric,

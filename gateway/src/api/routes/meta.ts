@@ -95,7 +95,7 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
 
 /**
  * Bodies that are not JSON cannot come from zod schemas; they are described here: the
- * avatar's image bytes, both ways.
+ * avatar's image bytes, both ways, and the export file.
  */
 function describeBinaryBodies(d: OpenApiDoc): void {
   const images = Object.fromEntries(AVATAR_TYPES.map((t) => [t, { schema: { type: 'string', contentMediaType: t } }]));
@@ -104,6 +104,13 @@ function describeBinaryBodies(d: OpenApiDoc): void {
     avatar.get.responses['200'] = {
       description: 'The image bytes with the stored media type',
       content: images,
+    } as never;
+  }
+  const download = d.paths['/api/account/exports/{id}/download'];
+  if (download?.get?.responses) {
+    download.get.responses['200'] = {
+      description: 'The gzipped JSON export file',
+      content: { 'application/gzip': { schema: { type: 'string', contentMediaType: 'application/gzip' } } },
     } as never;
   }
   if (avatar?.put) {
