@@ -40,6 +40,7 @@ export const errorCatalogue = {
   no_openai_key: [422, 'Set an OpenAI credential first.'],
   missing_credential: [422, "Set an inference credential for the agent's model provider first."],
   invalid: [422, 'The provider rejected the credential.'],
+  account_comped: [422, 'A comped account is never charged; it needs no credit.'],
   provider_error: [424, 'An upstream provider failed.'],
   rate_limited: [429, 'Too many requests; retry later.'],
   sandbox_quota_exceeded: [429, 'The account has reached its sandbox quota.'],

@@ -12,6 +12,7 @@ export * from './schemas/agents.ts';
 export * from './schemas/apply.ts';
 export * from './schemas/audit.ts';
 export * from './schemas/auth.ts';
+export * from './schemas/billing.ts';
 export * from './schemas/catalog.ts';
 export * from './schemas/common.ts';
 export * from './schemas/conversations.ts';

@@ -5,6 +5,7 @@ export * as admin from './queries/admin.ts';
 export * as agents from './queries/agents.ts';
 export * as audit from './queries/audit.ts';
 export * as authTokens from './queries/auth-tokens.ts';
+export * as billing from './queries/billing.ts';
 export * as consumerMarks from './queries/consumer-marks.ts';
 export * as conversations from './queries/conversations.ts';
 export * as credentials from './queries/credentials.ts';

@@ -128,6 +128,28 @@ export const ConfigSchema = z.object({
   SUPPORT_FORWARD_INTERVAL_MS: z.coerce.number().int().min(0).default(10_000),
   /** Forwarding attempts per report before it ends `failed`. */
   SUPPORT_FORWARD_ATTEMPTS: z.coerce.number().int().min(1).max(50).default(6),
+  /**
+   * The payment provider's secret key (Stripe's `sk_...`). Set, payment is on: turns are
+   * charged, launches and prompts need credit, and the billing routes answer.
+   */
+  PAYMENT_PROVIDER_KEY: z.string().min(1).optional(),
+  /** The payment provider's API root (Stripe's REST shape). */
+  PAYMENT_API_URL: url.default('https://api.stripe.com'),
+  /** The signing secret (`whsec_...`) of the provider's webhook endpoint `/api/webhooks/stripe`. */
+  PAYMENT_WEBHOOK_SECRET: z.string().min(1).optional(),
+  /** Credit one pack adds, and what it costs, in cents of PAYMENT_CURRENCY. */
+  PAYMENT_CREDIT_PACK_CENTS: z.coerce.number().int().min(1).default(1000),
+  PAYMENT_CREDIT_PACK_PRICE_CENTS: z.coerce.number().int().min(1).default(1000),
+  PAYMENT_CURRENCY: z
+    .string()
+    .regex(/^[a-z]{3}$/, 'must be a lower-case ISO currency code')
+    .default('usd'),
+  /** What an hour of turn time costs, in cents (a turn is metered from its start to its end). */
+  PAYMENT_CENTS_PER_TURN_HOUR: z.coerce.number().int().min(0).default(100),
+  /** Credit a month may burn, in cents; unset, no cap. */
+  PAYMENT_MONTHLY_CAP_CENTS: z.coerce.number().int().min(1).optional(),
+  /** Where a 402 `insufficient_credits` sends people to buy credit; default PUBLIC_URL. */
+  PAYMENT_UPGRADE_URL: url.optional(),
   /** How often the export worker looks for pending exports; 0 turns it off. */
   EXPORT_WORKER_INTERVAL_MS: z.coerce.number().int().min(0).default(2000),
   RUNNER_HEARTBEAT_MS: z.coerce.number().int().min(100).default(10_000),
@@ -191,6 +213,12 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
       ? ['SUPPORT_GITHUB_REPOSITORY', 'SUPPORT_GITHUB_TOKEN']
       : ['SUPPORT_GITHUB_TOKEN', 'SUPPORT_GITHUB_REPOSITORY'];
     throw new ConfigError(`invalid configuration:\n  ${missing}: required when ${set} is set`);
+  }
+  // Without the signing secret no purchase would ever be credited.
+  if (config.PAYMENT_PROVIDER_KEY && !config.PAYMENT_WEBHOOK_SECRET) {
+    throw new ConfigError(
+      'invalid configuration:\n  PAYMENT_WEBHOOK_SECRET: required when PAYMENT_PROVIDER_KEY is set',
+    );
   }
   if (config.REDIS_CLUSTER && !config.REDIS_URL) {
     throw new ConfigError('invalid configuration:\n  REDIS_URL: required when REDIS_CLUSTER=true');

@@ -33,6 +33,7 @@ import { fileMailer } from './mail/mail.file.ts';
 import { smtpMailer } from './mail/mail.smtp.ts';
 import type { Mailer } from './mail/mail.ts';
 import { type MetricsSnapshot, ServiceMetrics } from './metrics.ts';
+import { stripePayments } from './payments/payments.stripe.ts';
 import { lockDataDir, portInUse, portTaken } from './processes/in-use.ts';
 import { type EdgeProcesses, freePort, startEdgeProcesses } from './processes/supervisor.ts';
 import { admission } from './ratelimit/admission.ts';
@@ -45,6 +46,7 @@ import { runnerProvider } from './sandboxes/provider.runner.ts';
 import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
+import type { Billing } from './services/billing.ts';
 import { ExportFiles } from './services/exports.ts';
 import type { LaunchDeps } from './services/launch.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
@@ -287,13 +289,23 @@ export async function startService(
       return backfilled;
     });
 
+    let boundPort = config.PORT;
+    const base = () => publicUrl(config, boundPort);
+    const billing = billingOf(config, base);
+
     // The runner fabric: sessions of connected runners, whichever transport carries them.
     const fabric = new RunnerFabric(
       {
         sql: db.sql,
         logger: log.child({ role: 'fabric' }),
         appendEvents,
-        ...runnerEventHandlers({ sql: db.sql, log: eventLog, logger: log.child({ role: 'fabric' }), redaction }),
+        ...runnerEventHandlers({
+          sql: db.sql,
+          log: eventLog,
+          logger: log.child({ role: 'fabric' }),
+          redaction,
+          billing,
+        }),
       },
       {
         heartbeatMs: config.RUNNER_HEARTBEAT_MS,
@@ -373,8 +385,6 @@ export async function startService(
       readTurn: (accountId, turnId) => conversations.getTurn(db.sql, accountId, turnId),
     });
 
-    let boundPort = config.PORT;
-    const base = () => publicUrl(config, boundPort);
     const redisClient = redis?.redis;
     const launch: LaunchDeps = {
       sql: db.sql,
@@ -396,6 +406,7 @@ export async function startService(
       relay,
       apiUrl: base,
       limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
+      billing,
       providerUrls: {
         anthropic: config.ANTHROPIC_BASE_URL,
         openai: config.OPENAI_BASE_URL,
@@ -429,7 +440,8 @@ export async function startService(
         },
         timeoutMs: config.PROVIDER_CHECK_TIMEOUT_MS,
       },
-      paymentEnabled: false,
+      paymentEnabled: billing !== null,
+      billing,
       eventLog,
       retireSandboxes:
         overrides.retireSandboxes ??
@@ -672,4 +684,30 @@ export async function startService(
     await closeAll().catch(() => {});
     throw err;
   }
+}
+
+/**
+ * Billing from configuration: on when PAYMENT_PROVIDER_KEY is set (the provider is Stripe's
+ * REST API at PAYMENT_API_URL), null (payment off) otherwise.
+ */
+function billingOf(config: Config, base: () => string): Billing | null {
+  const key = config.PAYMENT_PROVIDER_KEY;
+  if (!key) return null;
+  return {
+    payments: stripePayments({
+      apiUrl: config.PAYMENT_API_URL,
+      secretKey: key,
+      webhookSecret: config.PAYMENT_WEBHOOK_SECRET ?? '',
+      timeoutMs: config.PROVIDER_CHECK_TIMEOUT_MS,
+    }),
+    pack: {
+      creditCents: config.PAYMENT_CREDIT_PACK_CENTS,
+      priceCents: config.PAYMENT_CREDIT_PACK_PRICE_CENTS,
+      currency: config.PAYMENT_CURRENCY,
+    },
+    centsPerTurnHour: config.PAYMENT_CENTS_PER_TURN_HOUR,
+    monthlyCapCents: config.PAYMENT_MONTHLY_CAP_CENTS ?? null,
+    upgradeUrl: () => config.PAYMENT_UPGRADE_URL ?? base(),
+    publicUrl: base,
+  };
 }

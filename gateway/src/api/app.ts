@@ -21,6 +21,8 @@ import { agentRoutes } from './routes/agents.ts';
 import { applyRoutes } from './routes/apply.ts';
 import { auditRoutes } from './routes/audit.ts';
 import { authRoutes } from './routes/auth.ts';
+import { billingRoutes } from './routes/billing.ts';
+import { billingAdminRoutes } from './routes/billing-admin.ts';
 import { catalogRoutes } from './routes/catalog.ts';
 import { conversationRoutes } from './routes/conversations.ts';
 import { environmentRoutes } from './routes/environments.ts';
@@ -186,6 +188,8 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
 
   authRoutes(app, deps);
   accountRoutes(app, deps);
+  await billingRoutes(app, deps);
+  billingAdminRoutes(app, deps);
   exportRoutes(app, deps);
   auditRoutes(app, deps);
   oauthRoutes(app, deps);

@@ -7,6 +7,7 @@ import type { Mailer } from '../mail/mail.ts';
 import type { RequestMetrics, ServiceMetrics } from '../metrics.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
+import type { Billing } from '../services/billing.ts';
 import type { ExportFiles } from '../services/exports.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
 import type { LaunchDeps } from '../services/launch.ts';
@@ -27,6 +28,8 @@ export interface ApiDeps {
   inference: InferenceCheckDeps;
   /** Whether the payment provider is configured (billing routes; `comped` on identity). */
   paymentEnabled: boolean;
+  /** Billing and credits; null while payment is off. */
+  billing: Billing | null;
   /** The event log (hot tail); reads below it go to Postgres through readLog. */
   eventLog: EventLog;
   /** The seam that retires persistent sandboxes whose identity changed (services/sandboxes.ts). */

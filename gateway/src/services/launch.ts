@@ -8,6 +8,7 @@ import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
+import { type Billing, chargeEndedTurn, requireCredit } from './billing.ts';
 import { deleteConversation } from './conversations.ts';
 import { runOnSandbox } from './dispatch.ts';
 import { claimMachine, type Machine, machineOf } from './machine.ts';
@@ -46,6 +47,8 @@ export interface LaunchDeps {
   /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
   apiUrl: () => string;
   limits: SandboxLimits;
+  /** Credit gate and turn charges; null while payment is off (nothing gated or charged). */
+  billing: Billing | null;
   /**
    * The base URL of each model provider's API by the provider part of a model name
    * (`anthropic`, `openai`, `google`: ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GEMINI_BASE_URL):
@@ -130,6 +133,7 @@ export async function startConversation(
     throw validationFailed({ images: ['come with a prompt'] });
   }
   const images = decodeImages(input.images);
+  await requireCredit(sql, deps.billing, who.accountId);
   const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
   const provider = deps.providers.forAgent(agent.sandbox_provider);
   const mode = input.sandbox_mode ?? (agent.sandbox_mode as 'ephemeral' | 'persistent');
@@ -276,6 +280,7 @@ export async function sendPrompt(
   );
   if (!environment) throw new ApiError('not_found', 'The conversation’s environment was deleted.');
   const images = decodeImages(input.images);
+  await requireCredit(sql, deps.billing, who.accountId);
   const credential = await findCredential(deps, who.accountId, agent.runtime as Runtime, agent.model);
 
   const current = conv.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, conv.sandbox_id) : undefined;
@@ -343,6 +348,7 @@ export async function interruptConversation(deps: LaunchDeps, who: ActorRef, con
       turnEndEvent(conversationId, turn.id, 'interrupted', 'the runner is not connected; the turn was ended here'),
       changed('conversations'),
     ]);
+    await chargeEndedTurn(sql, deps.billing, who.accountId, turn.id);
     await deps.relay.flush(who.accountId);
   }
   await recordAudit(sql, who, 'conversation.interrupted', { type: 'conversation', id: conversationId });
@@ -365,7 +371,10 @@ export async function terminateConversation(deps: LaunchDeps, who: ActorRef, con
     const exists = await conversations.getConversation(sql, who.accountId, conversationId);
     throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
   }
-  if (ended.interruptedTurnId) await resolveRequestsOfTurn(sql, who.accountId, ended.interruptedTurnId);
+  if (ended.interruptedTurnId) {
+    await resolveRequestsOfTurn(sql, who.accountId, ended.interruptedTurnId);
+    await chargeEndedTurn(sql, deps.billing, who.accountId, ended.interruptedTurnId);
+  }
   await deps.relay.flush(who.accountId);
   await credentials.revokeSandboxTokens(sql, who.accountId, conversationId);
   await recordAudit(sql, who, 'conversation.terminated', { type: 'conversation', id: conversationId });

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
 import type { EventLog } from '../log/log.ts';
+import type { Billing } from './billing.ts';
 import { recordPermissionStage } from './permissions.ts';
 import { sandboxBuilt } from './sandboxes.ts';
 import { failTurnsOfRunner, finishTurn, openAutonomousTurn, reattached } from './turns.ts';
@@ -27,6 +28,8 @@ export function runnerEventHandlers(deps: {
   logger: Logger;
   /** This node's write path's redaction: a turn's error is stored redacted like its log. */
   redaction: Pick<Redaction, 'setFor'>;
+  /** Turn charges at turn end; null while payment is off. */
+  billing: Billing | null;
 }): RunnerEventHandlers {
   return {
     onTurnEnd: (tenant, turnId, result, usage, error) => finishTurn(deps, tenant, turnId, result, usage, error),

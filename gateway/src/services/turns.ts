@@ -13,6 +13,7 @@ import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
+import { type Billing, chargeEndedTurn } from './billing.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
 import { changed } from './tenant-events.ts';
 
@@ -144,7 +145,7 @@ const RUNNER_TURN_ID = /^trn_[0-9a-z]{26}$/;
  * when no autonomous turn runs.
  */
 export async function endAutonomousTurnForPrompt(
-  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'> },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'>; billing?: Billing | null },
   accountId: string,
   conversationId: string,
 ): Promise<boolean> {
@@ -220,10 +221,11 @@ export async function failTurnStart(
  * Ends a running turn with its result, usage and, when it failed, why (`error`, as the runner
  * reported it); its reply is read from the log and stored. The conversation goes idle, and its
  * watchers hear `conversations` changed; a permission request of the turn still pending is
- * resolved (`turn_end`). False when the turn had already ended (a turn ends once).
+ * resolved (`turn_end`), and the turn is charged its metered time (`billing`; once per turn).
+ * False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
-  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'> },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'>; billing?: Billing | null },
   accountId: string,
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
@@ -246,7 +248,10 @@ export async function finishTurn(
     reply,
     state === 'failed' ? why : null,
   );
-  if (ended) await auditTurnEnd(deps.sql, accountId, turnId, state);
+  if (ended) {
+    await auditTurnEnd(deps.sql, accountId, turnId, state);
+    await chargeEndedTurn(deps.sql, deps.billing, accountId, turnId);
+  }
   return ended;
 }
 

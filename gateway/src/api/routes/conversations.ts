@@ -58,7 +58,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Start a conversation: build its sandbox and run the first prompt',
       description:
-        'The agent runs on a sandbox of its provider (`local`: a runner-agent the instance starts; `runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). `sandbox_id` attaches to an existing sandbox: 404 `sandbox_not_found`, 409 `sandbox_not_attachable` unless it is ready or suspended, 422 `sandbox_identity_mismatch` unless it was built for the same agent, environment and vault. A persistent launch (`sandbox_mode` or the agent’s default) runs on the identity’s own machine, made on the first such launch; 503 `provisioning` while it is being built. 409 `no_runner_online` when provider `runner` has no connected runner; 429 `sandbox_quota_exceeded` (body: `active`, `limit`) when the account holds SANDBOX_QUOTA_DEFAULT active sandboxes; 503 `fleet_full` when the instance holds FLEET_MAX_SANDBOXES (both with Retry-After, creating nothing); 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists. A sandbox token (in the runtime as `SVC_SANDBOX_TOKEN`, with `SVC_API_URL` and `SVC_CONVERSATION_ID`) may call this only with `X-Svc-Parent-Conversation-Id` naming its own conversation (403 otherwise).',
+        'The agent runs on a sandbox of its provider (`local`: a runner-agent the instance starts; `runner`: one of the account’s online runners). The answer comes once the conversation, its sandbox and first turn are recorded; the build and the turn follow in the log (watch `/api/conversations/:id/stream`). `sandbox_id` attaches to an existing sandbox: 404 `sandbox_not_found`, 409 `sandbox_not_attachable` unless it is ready or suspended, 422 `sandbox_identity_mismatch` unless it was built for the same agent, environment and vault. A persistent launch (`sandbox_mode` or the agent’s default) runs on the identity’s own machine, made on the first such launch; 503 `provisioning` while it is being built. 409 `no_runner_online` when provider `runner` has no connected runner; 429 `sandbox_quota_exceeded` (body: `active`, `limit`) when the account holds SANDBOX_QUOTA_DEFAULT active sandboxes; 503 `fleet_full` when the instance holds FLEET_MAX_SANDBOXES (both with Retry-After, creating nothing); 422 `missing_credential` when the model provider has no inference credential; 422 `validation_failed` for an environment or vault outside the agent’s allowlists. With payment on, 402 `insufficient_credits` (body: `upgrade_url`) when the account is not comped and its credit is zero or below, or its month reached the spending cap. A sandbox token (in the runtime as `SVC_SANDBOX_TOKEN`, with `SVC_API_URL` and `SVC_CONVERSATION_ID`) may call this only with `X-Svc-Parent-Conversation-Id` naming its own conversation (403 otherwise).',
       headers: z.object({
         'x-svc-parent-conversation-id': z.string().min(1).max(64).optional().meta({
           description:
@@ -78,6 +78,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'fleet_full',
         'provisioning',
         'runner_offline',
+        'insufficient_credits',
       ],
       response: {
         201: Conversation,
@@ -170,7 +171,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
       summary: 'Send the next prompt: a follow-up turn',
       operationId: 'sendPrompt',
       description:
-        'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs (an autonomous turn, opened for output the agent sent after answering, is not refused but ended `done` first); 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn.',
+        'Answers 201 with the new turn once it is recorded; the turn runs on the conversation’s sandbox and its output follows in the log. 400 `conversation_busy` while a turn runs (an autonomous turn, opened for output the agent sent after answering, is not refused but ended `done` first); 409 `sandbox_at_capacity` while another conversation runs a turn on the same opencode or gemini sandbox; 410 `conversation_terminated` after terminate; 503 `runner_offline` when the runner the sandbox lives on is not connected (nothing is recorded then). A sandbox whose machine is gone (failed) is built again for the same agent, environment and vault before the turn. With payment on, 402 `insufficient_credits` (body: `upgrade_url`) when the account is not comped and its credit is zero or below, or its month reached the spending cap.',
       params: IdParam,
       body: PromptCreate,
       errors: [
@@ -182,6 +183,7 @@ export function conversationRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'missing_credential',
         'provisioning',
         'runner_offline',
+        'insufficient_credits',
       ],
       response: {
         201: Turn,
