@@ -70,6 +70,11 @@ for (const backend of backends()) {
       });
       t.equal(secret.status, 201, secret.text);
       const hook = await http.post('/api/webhooks', { token, body: { url: 'https://hooks.example.com/svc' } });
+      const report = await http.post('/api/support/reports', {
+        token,
+        body: { category: 'bug', message: 'export me' },
+      });
+      t.equal(report.status, 201, report.text);
       t.equal(hook.status, 201, hook.text);
       const webhookSecret = hook.body.secret as string;
       const started = await http.post('/api/conversations', {
@@ -131,6 +136,9 @@ for (const backend of backends()) {
       t.match(doc.webhooks, [{ id: hook.body.id, url: 'https://hooks.example.com/svc' }]);
       t.same(doc.schedules, []);
       t.same(doc.teammates, []);
+      t.same(doc.credit_ledger, [], 'the credit ledger (empty with payment off)');
+      t.match(doc.support_reports, [{ id: report.body.id, category: 'bug', message: 'export me' }]);
+      t.notOk('screenshot' in ((doc.support_reports as object[])[0] ?? {}), 'no screenshot bytes');
       t.ok(
         (doc.audit as { action: string }[]).some((a) => a.action === 'account.export_requested'),
         'the audit trail is in it',

@@ -87,7 +87,7 @@ export const AdminEvent = z
     admin_id: z.string().meta({ description: 'The admin who acted.' }),
     action: z.string().meta({
       description:
-        'admin.user.role, admin.user.sandbox_limit, admin.user.suspend, admin.user.delete, admin.sandbox.reap',
+        'admin.user.role, admin.user.sandbox_limit, admin.user.suspend, admin.user.delete, admin.user.comp, admin.user.credits, admin.sandbox.reap',
     }),
     target_type: z.enum(['account', 'sandbox']),
     target_id: z.string(),

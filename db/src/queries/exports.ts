@@ -145,6 +145,13 @@ export const EXPORT_SECTIONS = {
   teammates: { table: 'teammates', key: 'agent_id', keyType: 'text', omit: [] },
   webhooks: { table: 'webhook_endpoints', key: 'id', keyType: 'text', omit: ['secret_ciphertext'] },
   audit: { table: 'audit_events', key: 'id', keyType: 'bigint', omit: [] },
+  credit_ledger: { table: 'credit_ledger', key: 'id', keyType: 'bigint', omit: [] },
+  support_reports: {
+    table: 'support_reports',
+    key: 'id',
+    keyType: 'text',
+    omit: ['screenshot', 'attempts', 'next_attempt_at', 'claimed_until'],
+  },
 } as const satisfies Record<string, { table: string; key: string; keyType: 'text' | 'bigint'; omit: string[] }>;
 
 export type ExportSection = keyof typeof EXPORT_SECTIONS;

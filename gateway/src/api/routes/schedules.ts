@@ -147,6 +147,7 @@ export function scheduleRoutes(app: FastifyInstance, deps: ApiDeps): void {
         'fleet_full',
         'provisioning',
         'runner_offline',
+        'insufficient_credits',
       ],
       response: {
         202: ScheduleRunQueued,
