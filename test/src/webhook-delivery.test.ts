@@ -13,6 +13,9 @@ import { type Answer, type Received, startReceiver } from './webhook-receiver.ts
 const HOST = 'receiver.test';
 const DAY = 86_400_000;
 
+/** An ISO 8601 time with six fractional digits as microseconds since the epoch. */
+const micros = (iso: string) => Date.parse(iso) * 1000 + Number(/\.\d{3}(\d{3})Z$/.exec(iso)?.[1]);
+
 for (const backend of backends()) {
   t.test(`webhook delivery on ${backend}`, async (t) => {
     const svc = await startTestService(t, {
@@ -132,7 +135,8 @@ for (const backend of backends()) {
           });
           t.equal(body.type, `conversation.${e.stage}.${e.state}`);
           t.match(body.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/, 'to the microsecond');
-          t.equal(Date.parse(body.created_at), Date.parse(e.ts));
+          t.equal(micros(body.created_at), e.id, 'the time the log took the id from');
+          t.ok(Math.abs(micros(body.created_at) - Date.parse(e.ts) * 1000) < 1_000_000, 'within a second of ts');
           t.equal(r.headers['svc-event-id'], body.id);
           t.equal(r.headers['svc-event-type'], body.type);
           t.equal(r.headers['svc-delivery-attempt'], '1');
@@ -145,6 +149,42 @@ for (const backend of backends()) {
         t.match(listed[0], { try: 1, result: 200, detail: 'thanks' });
       },
     );
+
+    t.test('events appended together get distinct, ordered created_at values from a real clock', async (t) => {
+      const together = await create({ url: `${base}/ok`, event_types: ['conversation.checkpoint_restore.*'] });
+      const before = Date.now();
+      const appended = await svc.appendEvents({
+        tenant: me.accountId,
+        producer: 'webhook-clock',
+        seq: 1,
+        events: ['started', 'done', 'failed'].map((state) => ({
+          conversationId,
+          kind: 'stage',
+          stream: 'stage',
+          stage: 'checkpoint_restore',
+          state,
+        })),
+      });
+      const after = Date.now();
+      t.equal(new Set(appended.events.map((e) => e.ts)).size, 1, 'one append: one ts to the millisecond');
+      t.equal(await enqueueWebhookJobs(svc.db.sql, me.accountId, appended.events), 3);
+      t.equal(await deliver(), 3);
+      const got = receivedOn('/ok')
+        .map((r) => JSON.parse(r.body) as { id: string; created_at: string })
+        .filter((b) => appended.events.some((e) => String(e.id) === b.id))
+        .sort((a, b) => Number(a.id) - Number(b.id));
+      t.equal(got.length, 3);
+      const times = got.map((b) => micros(b.created_at));
+      t.ok(
+        times.every((us, i) => i === 0 || us > (times[i - 1] as number)),
+        `strictly increasing in id order: ${got.map((b) => b.created_at)}`,
+      );
+      t.ok(
+        times.every((us) => us >= before * 1000 && us < (after + 1) * 1000),
+        'each within the wall-clock interval of the append',
+      );
+      await http.delete(`/api/webhooks/${together.id}`, { token });
+    });
 
     t.test('rotation: the old secret stops verifying', async (t) => {
       const rotated = (await http.post(`/api/webhooks/${first.id}/rotate-secret`, { token })).body.secret as string;

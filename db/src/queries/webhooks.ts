@@ -108,7 +108,8 @@ export interface JobInsert {
   endpointId: string;
   eventId: string;
   eventType: string;
-  eventAt: Date;
+  /** When the event happened, ISO 8601 to the microsecond (timestamptz keeps all six digits). */
+  eventAt: string;
   data: Record<string, unknown>;
   maxAttempts: number;
   due: Date;
@@ -116,7 +117,9 @@ export interface JobInsert {
 
 /**
  * Inserts jobs, skipping any whose (endpoint, event) already has one, so a consumer that sees
- * an event twice never doubles its delivery. Resolves to how many were new.
+ * an event twice never doubles its delivery. Resolves to how many were new. (`event_at` goes
+ * as text: the driver's own timestamptz parameter would pass through a Date, which keeps only
+ * milliseconds.)
  */
 export async function insertJobs(sql: Sql, jobs: JobInsert[]): Promise<number> {
   if (jobs.length === 0) return 0;
@@ -125,7 +128,7 @@ export async function insertJobs(sql: Sql, jobs: JobInsert[]): Promise<number> {
     const rows = await sql`
       INSERT INTO webhook_jobs (id, account_id, endpoint_id, event_id, event_type, event_at, data, max_attempts,
                                 next_attempt_at)
-      VALUES (${j.id}, ${j.accountId}, ${j.endpointId}, ${j.eventId}, ${j.eventType}, ${j.eventAt},
+      VALUES (${j.id}, ${j.accountId}, ${j.endpointId}, ${j.eventId}, ${j.eventType}, ${j.eventAt}::text::timestamptz,
               ${sql.json(j.data as postgres.JSONValue)}, ${j.maxAttempts}, ${j.due})
       ON CONFLICT (endpoint_id, event_id) DO NOTHING
       RETURNING id`;
@@ -141,7 +144,8 @@ export interface ClaimedJob {
   endpoint_id: string;
   event_id: string;
   event_type: string;
-  event_at: Date;
+  /** ISO 8601, UTC, always six fractional digits (the payload's `created_at`). */
+  event_at: string;
   data: Record<string, unknown>;
   attempts: number;
   max_attempts: number;
@@ -196,7 +200,8 @@ export async function claimDueJobs(
       UPDATE webhook_jobs j SET claimed_until = ${leaseUntil}
       FROM webhook_endpoints e
       WHERE j.id = ANY(${due.map((d) => d.id)}) AND e.id = j.endpoint_id
-      RETURNING j.id, j.account_id, j.endpoint_id, j.event_id, j.event_type, j.event_at, j.data, j.attempts,
+      RETURNING j.id, j.account_id, j.endpoint_id, j.event_id, j.event_type,
+        to_char(j.event_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS event_at, j.data, j.attempts,
         j.max_attempts, j.manual, e.url, e.secret_ciphertext,
         (SELECT c.status FROM conversations c
           WHERE c.account_id = j.account_id AND c.id = j.data->>'conversation_id') AS conversation_status`;

@@ -1,6 +1,7 @@
 import {
   type AppendInput,
   type AppendResult,
+  clockMicros,
   type EventLog,
   type LiveBatch,
   type LoadMark,
@@ -13,11 +14,6 @@ import {
   type TrimOptions,
   trimLimit,
 } from './log.ts';
-
-/** Microseconds since the epoch: the floor under every new id. */
-export function clockMicros(): number {
-  return Date.now() * 1000;
-}
 
 /**
  * The embedded default: the whole log in this process's memory. Same contract as the Redis
@@ -32,8 +28,9 @@ export function memoryEventLog(options: { now?: () => number; loadMark?: LoadMar
     { last: number; floor: number; events: LogEvent[]; subscribers: Set<(b: LiveBatch) => void> }
   >();
   const marks = new Map<string, number>(); // `${tenant}\0${producer}` -> high-water mark
-  // The last id of each dropped tenant: this clock counts milliseconds, so an append in the
-  // millisecond of a drop would otherwise reuse a forgotten id. One number per deleted account.
+  // The last id of each dropped tenant: ids run ahead of the clock in a burst (and the clock may
+  // count whole milliseconds), so an append just after a drop could otherwise reuse a forgotten
+  // id. One number per deleted account.
   const dropped = new Map<string, number>();
 
   const tenantOf = (tenant: string) => {

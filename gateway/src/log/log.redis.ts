@@ -1,9 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import { clockMicros } from './log.memory.ts';
 import {
   type AppendInput,
   type AppendResult,
+  clockMicros,
   type EventLog,
   type LiveBatch,
   type LoadMark,

@@ -15,6 +15,41 @@ import { type LogEvent, type NewEvent, nulAsReplacement } from '@svc/core';
 export type { LogEvent, NewEvent };
 
 /**
+ * Microseconds since the epoch: the floor under every new id. The wall clock to the
+ * millisecond, its microseconds read from the high-resolution clock (anchored to the wall clock
+ * at process start) while the two agree on the millisecond; where they do not (the wall clock
+ * was set since, or this thread was paused between the two reads) the millisecond alone.
+ */
+export function clockMicros(): number {
+  const ms = Date.now();
+  const precise = performance.timeOrigin + performance.now();
+  return precise >= ms && precise < ms + 1 ? Math.floor(precise * 1000) : ms * 1000;
+}
+
+/** How far an event's id may lie from its `ts` and still be read as the time of its append. */
+const ID_AS_TIME_WITHIN_US = 1_000_000;
+
+/**
+ * When the event was appended, in microseconds since the epoch, as exactly as the log knows:
+ * its id, which the append took from the clock (id = max(last + 1, clock in microseconds), in
+ * the same script that stored it), so two events of a tenant never share a time and their times
+ * follow their ids. An id more than a second from the event's `ts` (the appending node's clock,
+ * to the millisecond) is not a clock reading (ids ran ahead of a clock set back, or a test's log
+ * counts from 0): then `ts`.
+ */
+export function appendedAtMicros(e: Pick<LogEvent, 'id' | 'ts'>): number {
+  const stamped = Date.parse(e.ts) * 1000;
+  return Math.abs(e.id - stamped) <= ID_AS_TIME_WITHIN_US ? e.id : stamped;
+}
+
+/** `2026-11-25T06:56:45.123456Z`: a time in microseconds since the epoch as ISO 8601, UTC. */
+export function isoMicros(us: number): string {
+  const ms = Math.floor(us / 1000);
+  const micros = String(us - ms * 1000).padStart(3, '0');
+  return new Date(ms).toISOString().replace(/Z$/, `${micros}Z`);
+}
+
+/**
  * A text field as stored: NUL, which Postgres text cannot hold, becomes U+FFFD (what a decoder
  * gives for a byte it cannot map). A NUL in a runner's output would otherwise reach the hot log
  * and then fail its durable copy at every try, stalling the copy of the tenant's whole log.

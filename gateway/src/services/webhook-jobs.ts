@@ -10,6 +10,7 @@ import {
 } from '@svc/core';
 import { type Sql, transaction, webhooks } from '@svc/db';
 import type { z } from 'zod';
+import { appendedAtMicros, clockMicros, isoMicros } from '../log/log.ts';
 import { getEndpoint } from './webhooks.ts';
 
 /*
@@ -68,7 +69,7 @@ export async function enqueueWebhookJobs(sql: Sql, accountId: string, events: Lo
           endpointId: endpoint.id,
           eventId: String(e.id),
           eventType: type,
-          eventAt: new Date(e.ts),
+          eventAt: isoMicros(appendedAtMicros(e)),
           data,
           maxAttempts: MAX_ATTEMPTS,
           due: now,
@@ -86,7 +87,8 @@ export function tenantsWithEndpoints(sql: Sql): Promise<string[]> {
 
 /**
  * Queues a `webhook.test` for the endpoint, whatever its `event_types`, with an id of its own
- * (`test_...`, never a log id) and the same retries as any event.
+ * (`test_...`, never a log id) and the same retries as any event, due at `now`. Its
+ * `created_at` is when it was queued, read from the clock the log takes ids from.
  */
 export async function queueTest(sql: Sql, accountId: string, endpointId: string, now: Date) {
   await getEndpoint(sql, accountId, endpointId);
@@ -107,7 +109,7 @@ export async function queueTest(sql: Sql, accountId: string, endpointId: string,
       endpointId,
       eventId,
       eventType: WEBHOOK_TEST_TYPE,
-      eventAt: now,
+      eventAt: isoMicros(clockMicros()),
       data,
       maxAttempts: MAX_ATTEMPTS,
       due: now,
@@ -147,18 +149,13 @@ export async function listDeliveries(
   return { data, meta: { limit: q.limit, has_more: hasMore, next_cursor: hasMore ? (page.at(-1)?.id ?? null) : null } };
 }
 
-/** `2026-11-25T06:56:45.123000Z`: UTC to the microsecond, as the payload's `created_at`. */
-export function microsecondTimestamp(d: Date): string {
-  return d.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
-}
-
 /** The body of a delivery (SPEC Webhook events): ids and states only, never content. */
 export function payloadOf(job: webhooks.ClaimedJob): z.infer<typeof WebhookPayload> {
   const data = job.data as JobData;
   return {
     id: job.event_id,
     type: job.event_type,
-    created_at: microsecondTimestamp(job.event_at),
+    created_at: job.event_at,
     data: {
       conversation_id: data.conversation_id,
       agent_id: data.agent_id,
