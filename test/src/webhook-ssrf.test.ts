@@ -109,6 +109,21 @@ t.test('postSafely refuses before connecting, and at connect time', async (t) =>
     t.equal(receiver.received[0]?.headers.host, `${HOST}:${receiver.port}`);
   });
 
+  t.test('a host whose first address takes no connection is reached at its next one', async (t) => {
+    const before = receiver.received.length;
+    // The receiver listens on 127.0.0.1 only: 127.0.0.2 refuses the connection.
+    const result = await send(async () => ['127.0.0.2', '127.0.0.1'], ['127.0.0.0/8']);
+    t.same(result, { statusCode: 200, detail: 'ok' });
+    t.equal(receiver.received.length, before + 1, 'delivered once');
+    t.equal(receiver.received.at(-1)?.servername, HOST, 'still by its name');
+    const dead = await send(async () => ['127.0.0.2', '127.0.0.3'], ['127.0.0.0/8']);
+    t.equal(dead.statusCode, null);
+    t.match(dead.detail, /ECONNREFUSED/, 'when none answers, the attempt fails saying why');
+    const oneRefused = await send(async () => ['127.0.0.2', '10.0.0.8', '127.0.0.1'], ['127.0.0.0/8']);
+    t.match(oneRefused.detail, /10\.0\.0\.8 is private/, 'every address is checked before any is dialled');
+    t.equal(receiver.received.length, before + 1, 'so that host got nothing');
+  });
+
   t.test('DNS rebinding: a public first answer then a private one is refused at connect time', async (t) => {
     const before = receiver.received.length;
     const answers = [['93.184.216.34'], ['127.0.0.1']];

@@ -56,9 +56,10 @@ async function checkedAddresses(host: string, o: TransportOptions): Promise<stri
 /**
  * POSTs `body` to `url` without letting a webhook reach what it must not (SPEC Webhooks, URL
  * rules): the host is resolved and every answer checked before the request, and again inside
- * the connection itself, which dials the address it just checked (so a name that changes its
- * answer between the two, DNS rebinding, is refused at connect time) while the Host header and
- * TLS SNI keep the original name. One connection per request (no pooled socket skips the
+ * the connection itself, which dials the addresses it just checked, in the resolver's order,
+ * until one takes the connection (so a name that changes its answer between the two, DNS
+ * rebinding, is refused at connect time, and one dead address does not fail a host that has
+ * others) while the Host header and TLS SNI keep the original name. One connection per request (no pooled socket skips the
  * check), no redirects followed (a 3xx is an answer like any other), no proxy variables read
  * (undici's Agent never reads them). Never throws: a refusal, a timeout or a network error is a
  * result with `statusCode` null and the reason in `detail`.
@@ -76,18 +77,27 @@ export async function postSafely(
     return { statusCode: null, detail: 'the endpoint URL does not parse' };
   }
   const servername = isIP(target.hostname.replace(/^\[|\]$/g, '')) ? undefined : target.hostname;
+  const signal = AbortSignal.timeout(o.timeoutMs);
   const base = buildConnector({ ...(o.ca ? { ca: o.ca } : {}), timeout: o.timeoutMs, keepAlive: false });
   const agent = new Agent({
     connections: 1,
     pipelining: 0,
     connect: (opts, callback) => {
       checkedAddresses(opts.hostname, o).then(
-        (addresses) => base({ ...opts, hostname: addresses[0] as string, servername }, callback),
+        (addresses) => {
+          // Every answer was checked just now; the first that takes the connection is used.
+          const dial = (i: number) =>
+            base({ ...opts, hostname: addresses[i] as string, servername }, (err, socket) => {
+              if (err && i + 1 < addresses.length && !signal.aborted) dial(i + 1);
+              else if (err) callback(err, null);
+              else callback(null, socket as NonNullable<typeof socket>);
+            });
+          dial(0);
+        },
         (err: Error) => callback(err, null),
       );
     },
   });
-  const signal = AbortSignal.timeout(o.timeoutMs);
   try {
     await checkedAddresses(target.hostname, o);
     const res = await request(target, {
