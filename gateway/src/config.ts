@@ -103,6 +103,8 @@ export const ConfigSchema = z.object({
   /** Webhook requests in flight per process, and per endpoint across all processes. */
   WEBHOOK_CONCURRENCY: z.coerce.number().int().min(1).max(1000).default(32),
   WEBHOOK_ENDPOINT_CONCURRENCY: z.coerce.number().int().min(1).max(100).default(4),
+  /** How long one webhook request may take, connect to last byte kept (SPEC Limits: 10 s). */
+  WEBHOOK_TIMEOUT_MS: z.coerce.number().int().min(100).max(60_000).default(10_000),
   /**
    * How often each node's webhook consumer refreshes the accounts it reads, takes over what
    * dead consumers held and records how far it got; 0 turns the consumer off on this node.

@@ -413,6 +413,38 @@ export async function startService(
         google: config.GEMINI_BASE_URL,
       },
     };
+    // Webhook delivery jobs are sent by this worker (and those of other nodes); what writes
+    // jobs in this process (the consumer, the test and redeliver routes) wakes it at once.
+    const webhookDelivery = new WebhookDeliveryWorker(
+      {
+        sql: db.sql,
+        keyring,
+        mailer,
+        logger: log.child({ role: 'webhooks' }),
+        now: () => new Date(),
+        publicUrl: base,
+        transport: { resolve: systemResolver, allowed: exemptList(config.WEBHOOK_ALLOW_CIDRS) },
+      },
+      {
+        periodMs: config.WEBHOOK_INTERVAL_MS,
+        concurrency: config.WEBHOOK_CONCURRENCY,
+        perEndpoint: config.WEBHOOK_ENDPOINT_CONCURRENCY,
+        timeoutMs: config.WEBHOOK_TIMEOUT_MS,
+      },
+    );
+    webhookDelivery.start();
+    // Requests under way get the shutdown grace to finish and be recorded (before the database
+    // closes); one cut short is sent again once its lease expires.
+    cleanups.push(async () => {
+      webhookDelivery.stop();
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, config.SHUTDOWN_GRACE_MS);
+      });
+      await Promise.race([webhookDelivery.settled(), grace]);
+      clearTimeout(timer);
+    });
+
     // Export files live under DATA_DIR: built by the export worker, served by the download
     // route, removed with their account.
     const exportFiles = new ExportFiles(config.DATA_DIR);
@@ -460,6 +492,7 @@ export async function startService(
         team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
         waiters: turnWaiters,
       },
+      webhookJobsQueued: () => webhookDelivery.workArrived(),
     };
 
     // A claim outlives any launch by far; only a worker that died lets one expire.
@@ -512,36 +545,6 @@ export async function startService(
     );
     exportBuilder.start();
     cleanups.push(() => exportBuilder.stop());
-    const webhookDelivery = new WebhookDeliveryWorker(
-      {
-        sql: db.sql,
-        keyring,
-        mailer,
-        logger: log.child({ role: 'webhooks' }),
-        now: () => new Date(),
-        publicUrl: base,
-        transport: { resolve: systemResolver, allowed: exemptList(config.WEBHOOK_ALLOW_CIDRS) },
-      },
-      {
-        periodMs: config.WEBHOOK_INTERVAL_MS,
-        concurrency: config.WEBHOOK_CONCURRENCY,
-        perEndpoint: config.WEBHOOK_ENDPOINT_CONCURRENCY,
-        timeoutMs: 10_000,
-      },
-    );
-    webhookDelivery.start();
-    // Requests under way get the shutdown grace to finish and be recorded (before the database
-    // closes); one cut short is sent again once its lease expires.
-    cleanups.push(async () => {
-      webhookDelivery.stop();
-      let timer: NodeJS.Timeout | undefined;
-      const grace = new Promise<void>((resolve) => {
-        timer = setTimeout(resolve, config.SHUTDOWN_GRACE_MS);
-      });
-      await Promise.race([webhookDelivery.settled(), grace]);
-      clearTimeout(timer);
-    });
-
     // Stage events become delivery jobs (one per matching endpoint) from the log itself.
     if (config.WEBHOOK_CONSUMER_SWEEP_MS > 0) {
       const consumer = new WebhookConsumer(
@@ -550,7 +553,7 @@ export async function startService(
           log: eventLog,
           groups,
           sink: async (accountId, events) => {
-            await enqueueWebhookJobs(db.sql, accountId, events);
+            if ((await enqueueWebhookJobs(db.sql, accountId, events)) > 0) webhookDelivery.workArrived();
           },
           tenants: () => tenantsWithEndpoints(db.sql),
           since: (accountId) => consumerMarks.endpointsActiveSince(db.sql, accountId),

@@ -113,23 +113,35 @@ t.test('webhook endpoints', async (t) => {
   });
 
   t.test('with WEBHOOK_ALLOW_HTTP and WEBHOOK_ALLOW_CIDRS the service delivers to a local receiver', async (t) => {
-    const received: { headers: IncomingHttpHeaders; body: string }[] = [];
+    const received: { path: string; headers: IncomingHttpHeaders; body: string }[] = [];
     const receiver = createServer((req, res) => {
       let body = '';
       req.on('data', (c) => {
         body += c;
       });
       req.on('end', () => {
-        received.push({ headers: req.headers, body });
-        res.end('got it');
+        received.push({ path: req.url ?? '/', headers: req.headers, body });
+        // `/never` is a receiver that takes the request and never answers.
+        if (req.url !== '/never') res.end('got it');
       });
     });
     await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
-    t.teardown(() => receiver.close());
+    t.teardown(() => {
+      receiver.closeAllConnections();
+      receiver.close();
+    });
     const port = (receiver.address() as AddressInfo).port;
+    // The delivery worker polls once an hour: whatever arrives during the test was sent because
+    // writing its job woke the worker (the test route, the consumer), never by the poll.
     const other = await startTestService(t, {
       backend: 'embedded',
-      env: { WEBHOOK_INTERVAL_MS: '50', WEBHOOK_ALLOW_HTTP: 'true', WEBHOOK_ALLOW_CIDRS: '127.0.0.1/32' },
+      env: {
+        WEBHOOK_INTERVAL_MS: '3600000',
+        WEBHOOK_CONSUMER_SWEEP_MS: '100',
+        WEBHOOK_TIMEOUT_MS: '700',
+        WEBHOOK_ALLOW_HTTP: 'true',
+        WEBHOOK_ALLOW_CIDRS: '127.0.0.1/32',
+      },
     });
     const them = await signUp(other);
     const made = await other.http.post('/api/webhooks', {
@@ -164,6 +176,44 @@ t.test('webhook endpoints', async (t) => {
       return rows.length > 0 && rows;
     });
     t.match(listed, [{ event: queued.body.event, type: 'webhook.test', try: 1, result: 200, detail: 'got it' }]);
+
+    // A stage event appended to the log: the consumer writes its job and wakes the worker.
+    const staged = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: `http://127.0.0.1:${port}/staged`, event_types: ['conversation.session.done'] },
+    });
+    t.equal(staged.status, 201, staged.text);
+    // Appended once the consumer reads the account (its sweep lists it), so the event is after the group's start.
+    const consumed = async () =>
+      (await other.db.sql`SELECT 1 FROM webhook_consumer_marks WHERE account_id = ${them.accountId}`).length > 0;
+    await until('the consumer to read the account', consumed);
+    const appended = await other.appendEvents({
+      tenant: them.accountId,
+      producer: 'webhook-wake',
+      seq: 1,
+      events: [{ conversationId: 'cnv_wake', kind: 'stage', stream: 'stage', stage: 'session', state: 'done' }],
+    });
+    const [event] = appended.events;
+    const arrived = await until('the stage event to reach the receiver', () =>
+      received.find((r) => r.path === '/staged'),
+    );
+    t.match(JSON.parse(arrived.body), { id: String(event?.id), type: 'conversation.session.done' });
+
+    // A receiver that never answers: a failed attempt after WEBHOOK_TIMEOUT_MS that says so.
+    const silent = await other.http.post('/api/webhooks', {
+      token: them.key,
+      body: { url: `http://127.0.0.1:${port}/never` },
+    });
+    await other.http.post(`/api/webhooks/${silent.body.id}/test`, { token: them.key });
+    const timedOut = await until('the unanswered attempt to be recorded', async () => {
+      const rows = (await other.http.get(`/api/webhooks/${silent.body.id}/deliveries`, { token: them.key })).body.data;
+      return rows.length > 0 && rows;
+    });
+    t.match(timedOut, [{ type: 'webhook.test', try: 1, result: null, detail: 'no answer within 0.7 s' }]);
+    t.ok(
+      received.some((r) => r.path === '/never'),
+      'the request did reach the receiver, which never answered',
+    );
   });
 
   t.test('a delivery under way at shutdown is recorded before the database closes', async (t) => {
@@ -284,6 +334,80 @@ t.test('webhook endpoints', async (t) => {
     const deleted = await audit('webhook.deleted');
     t.equal(deleted[0]?.resource_id, id);
     t.equal((await http.get(`/api/webhooks/${id}`, { token })).status, 404);
+  });
+
+  t.test('resume on an active endpoint also resets the failure count and is audited', async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://g.example.com/' } });
+    const id = made.body.id as string;
+    await svc.db.sql`UPDATE webhook_endpoints SET failure_streak = 3 WHERE id = ${id}`;
+    const res = await http.post(`/api/webhooks/${id}/resume`, { token });
+    t.equal(res.status, 200, res.text);
+    t.match(res.body, { id, status: 'active', disabled_reason: null });
+    const [row] = await svc.db.sql<{ failure_streak: number }[]>`
+      SELECT failure_streak FROM webhook_endpoints WHERE id = ${id}`;
+    t.equal(row?.failure_streak, 0, 'the count starts again from 0');
+    t.match(
+      (await audit('webhook.resumed')).filter((r) => r.resource_id === id),
+      [{ metadata: { via: 'resume' } }],
+    );
+    await http.delete(`/api/webhooks/${id}`, { token });
+  });
+
+  t.test('the signing secret is stored as ciphertext: the row never holds the plaintext', async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://h.example.com/' } });
+    const id = made.body.id as string;
+    const rotated = (await http.post(`/api/webhooks/${id}/rotate-secret`, { token })).body.secret as string;
+    const [row] = await svc.db.sql<Record<string, unknown>[]>`SELECT * FROM webhook_endpoints WHERE id = ${id}`;
+    const stored = Buffer.from(row?.secret_ciphertext as Uint8Array);
+    t.ok(stored.length > rotated.length, 'a ciphertext with its nonce and tag');
+    const dump = JSON.stringify(row, (_k, v) =>
+      v instanceof Uint8Array || (v && v.type === 'Buffer') ? Buffer.from(v.data ?? v).toString('latin1') : v,
+    );
+    for (const secret of [made.body.secret as string, rotated]) {
+      const raw = secret.slice('whsec_'.length);
+      t.notOk(stored.includes(secret) || stored.includes(raw), 'not in the secret column');
+      t.notOk(stored.toString('base64').includes(raw) || stored.toString('hex').includes(raw), 'nor encoded');
+      t.notOk(dump.includes(raw), 'nor in any other column of the row');
+    }
+    await http.delete(`/api/webhooks/${id}`, { token });
+  });
+
+  t.test('deliveries: limit defaults to 50 and goes up to 200; beyond is 400 invalid_request', async (t) => {
+    const made = await http.post('/api/webhooks', { token, body: { url: 'https://i.example.com/' } });
+    const id = made.body.id as string;
+    // 201 recorded attempts of one event, written as the delivery worker records them.
+    await svc.db.sql`
+      INSERT INTO webhook_jobs (id, account_id, endpoint_id, event_id, event_type, event_at, data, max_attempts,
+                                next_attempt_at, state, attempts)
+      VALUES ('whj_limits', ${me.accountId}, ${id}, 'test_limits', 'webhook.test', now(), '{}', 8, now(), 'failed', 8)`;
+    await svc.db.sql`
+      INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, attempt, status_code, duration_ms, detail,
+                                      created_at)
+      SELECT 'whd_limits_' || lpad(n::text, 4, '0'), ${me.accountId}, ${id}, 'whj_limits', n, 500, 3, 'down', now()
+      FROM generate_series(1, 201) AS n`;
+    const page = async (query: string) => {
+      const res = await http.get(`/api/webhooks/${id}/deliveries${query}`, { token });
+      t.equal(res.status, 200, `${query}: ${res.text}`);
+      return res.body as { data: { id: string; try: number }[]; meta: { limit: number; has_more: boolean } };
+    };
+    const first = await page('');
+    t.equal(first.data.length, 50, 'without limit: 50');
+    t.same(first.meta, { limit: 50, has_more: true, next_cursor: 'whd_limits_0152' });
+    t.match(first.data[0], { id: 'whd_limits_0201', try: 201 }, 'newest first');
+    const most = await page('?limit=200');
+    t.equal(most.data.length, 200, 'limit=200: 200');
+    t.match(most.meta, { limit: 200, has_more: true });
+    t.same(
+      (await page(`?limit=200&before=${most.data.at(-1)?.id}`)).data.map((d) => d.id),
+      ['whd_limits_0001'],
+    );
+    for (const bad of ['limit=201', 'limit=0', 'limit=-5', 'limit=ten', 'limit=2.5']) {
+      const res = await http.get(`/api/webhooks/${id}/deliveries?${bad}`, { token });
+      t.equal(res.status, 400, bad);
+      t.equal(res.body.error, 'invalid_request', bad);
+      t.match(res.body.message, /limit/, `${bad}: the message names the parameter`);
+    }
+    await http.delete(`/api/webhooks/${id}`, { token });
   });
 });
 

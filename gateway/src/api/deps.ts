@@ -46,4 +46,9 @@ export interface ApiDeps {
   exportFiles: ExportFiles;
   /** The team MCP server's tools: the team's operations and the process's turn waiters. */
   teamMcp: TeamMcpDeps;
+  /**
+   * Called once a route has queued webhook delivery jobs (a test, a redelivery): wakes this
+   * process's delivery worker so they go now rather than at its next poll.
+   */
+  webhookJobsQueued: () => void;
 }

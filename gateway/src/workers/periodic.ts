@@ -7,6 +7,8 @@ import type { Logger } from 'pino';
 export abstract class PeriodicWorker {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<number> | undefined;
+  /** Work arrived while a pass ran: one more pass follows it. */
+  private again = false;
 
   constructor(
     private readonly logger: Logger,
@@ -32,8 +34,23 @@ export abstract class PeriodicWorker {
       })
       .finally(() => {
         this.running = undefined;
+        if (this.again && this.timer) void this.pass();
+        this.again = false;
       });
     return this.running;
+  }
+
+  /**
+   * Asks a worker running on its interval for a pass now, because work just came (the timer
+   * stays as the fallback, for work written by other processes). A pass under way may have
+   * looked before that work was written, so a call during a pass runs one more after it; any
+   * number of calls meanwhile make one. A worker not on its interval (period 0: a test drives
+   * it with `pass`, or stopped) ignores this.
+   */
+  workArrived(): void {
+    if (!this.timer) return;
+    if (this.running) this.again = true;
+    else void this.pass();
   }
 
   stop(): void {

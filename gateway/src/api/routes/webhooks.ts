@@ -129,7 +129,7 @@ export function webhookRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Resume a disabled webhook endpoint',
       description:
-        'The endpoint turns `active`, its failure count starts again from 0, and events queued while it was disabled are sent. Send a test next to check the receiver. Resuming an active endpoint changes nothing. 404 as for GET.',
+        'The endpoint turns `active`, its failure count starts again from 0, and the resume is audited (`webhook.resumed`). A disabled endpoint gets no jobs, so events that happened while it was disabled are never sent to it; deliveries still pending from before it was disabled (retries under way) go out once due, at once for those that came due meanwhile. Send a test next to check the receiver. On an endpoint that is already active it does the same: the failure count is reset and the call audited. 404 as for GET.',
       operationId: 'resumeWebhook',
       params: IdParam,
       response: { 200: WebhookEndpoint, 404: ErrorBody },
@@ -148,8 +148,11 @@ export function webhookRoutes(app: FastifyInstance, deps: ApiDeps): void {
       params: IdParam,
       response: { 202: WebhookQueued, 404: ErrorBody },
     },
-    handler: async (req, reply) =>
-      reply.code(202).send(await jobs.queueTest(deps.sql, requirePrincipal(req).accountId, req.params.id, new Date())),
+    handler: async (req, reply) => {
+      const queued = await jobs.queueTest(deps.sql, requirePrincipal(req).accountId, req.params.id, new Date());
+      deps.webhookJobsQueued();
+      return reply.code(202).send(queued);
+    },
   });
 
   r.get('/api/webhooks/:id/deliveries', {
@@ -178,17 +181,11 @@ export function webhookRoutes(app: FastifyInstance, deps: ApiDeps): void {
       params: WebhookDeliveryParams,
       response: { 202: WebhookQueued, 404: ErrorBody },
     },
-    handler: async (req, reply) =>
-      reply
-        .code(202)
-        .send(
-          await jobs.redeliver(
-            deps.sql,
-            requirePrincipal(req).accountId,
-            req.params.id,
-            req.params.delivery_id,
-            new Date(),
-          ),
-        ),
+    handler: async (req, reply) => {
+      const { accountId } = requirePrincipal(req);
+      const queued = await jobs.redeliver(deps.sql, accountId, req.params.id, req.params.delivery_id, new Date());
+      deps.webhookJobsQueued();
+      return reply.code(202).send(queued);
+    },
   });
 }
