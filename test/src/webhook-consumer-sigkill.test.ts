@@ -1,13 +1,19 @@
 /**
- * A webhook consumer process killed with SIGKILL mid-burst, on real Redis and Postgres: after
- * another consumer process starts, every stage event has reached a sink and has exactly one
- * delivery job, and the only events handed to a sink twice are those the dead one had taken
- * and not acknowledged. The hot log
- * is copied and trimmed throughout, with a small tail, so the trim's hold is exercised too.
+ * End to end on real Redis and Postgres: a burst of stage events in the log, read by a webhook
+ * consumer process and delivered by a delivery worker process to a real local HTTPS receiver;
+ * both processes are killed with SIGKILL mid-burst (the worker with requests in flight) and
+ * started again. Then every stage event has exactly one delivery job, every job reached the
+ * receiver at least once (distinct Svc-Event-Id) and is recorded delivered, and the only events
+ * handed to a sink twice are those the dead consumer had taken and not acknowledged. The hot
+ * log is copied and trimmed throughout, with a small tail, so the trim's hold is exercised too.
+ * The worker processes run with HTTPS_PROXY and HTTP_PROXY pointing at a closed port, which
+ * delivery must ignore.
  *
  * Redis and Postgres only: the in-memory groups live and die with their process.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { conversations } from '@svc/db';
@@ -19,6 +25,7 @@ import { logKeys, redisEventLog } from '../../gateway/src/log/log.redis.ts';
 import { LogCopier } from '../../gateway/src/workers/log-copier.ts';
 import { signUp, startTestService } from './harness.ts';
 import { until } from './until.ts';
+import { type Answer, startReceiver } from './webhook-receiver.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..', '..');
@@ -27,6 +34,9 @@ const root = join(here, '..', '..');
 const EVENTS = 800;
 /** Stage events the first consumer must have been handed before it is killed. */
 const SUNK_BEFORE_KILL = 40;
+/** Requests the first delivery worker must have sent before it is killed. */
+const SENT_BEFORE_KILL = 6;
+const HOST = 'receiver.test';
 
 interface Child {
   proc: ChildProcess;
@@ -36,21 +46,41 @@ interface Child {
 }
 
 t.test(
-  'a webhook consumer killed with SIGKILL mid-burst',
+  'a webhook consumer and a delivery worker killed with SIGKILL mid-burst: one job per event, each delivered',
   {
     skip:
       !(process.env.TEST_REDIS_URL && process.env.TEST_DATABASE_URL) &&
       'needs TEST_REDIS_URL and TEST_DATABASE_URL (run through npm test)',
   },
   async (t) => {
-    const svc = await startTestService(t, { backend: 'postgres+redis' });
+    // The service's own consumer and delivery worker stay off: the processes below do the work.
+    const svc = await startTestService(t, {
+      backend: 'postgres+redis',
+      env: { WEBHOOK_INTERVAL_MS: '0', WEBHOOK_CONSUMER_SWEEP_MS: '0' },
+    });
     const me = await signUp(svc);
     const tenant = me.accountId;
+    // Until the kill, every third request is held unanswered: the worker dies with requests in flight.
+    let killed = false;
+    let requests = 0;
+    const receiver = await startReceiver(t, HOST, (): Answer => {
+      requests++;
+      return !killed && requests % 3 === 0 ? 'hold' : { status: 200, body: 'ok' };
+    });
+    const caFile = join(svc.dataDir, 'receiver-ca.pem');
+    await writeFile(caFile, receiver.ca);
     const endpoint = await svc.http.post('/api/webhooks', {
       token: me.key,
-      body: { url: 'https://hooks.example.com/in', event_types: ['*'] },
+      body: { url: `https://${HOST}:${receiver.port}/in`, event_types: ['*'] },
     });
     t.equal(endpoint.status, 201, endpoint.text);
+    // A port nothing listens on, for the proxy variables.
+    const closedPort = await new Promise<number>((resolve) => {
+      const probe = createServer().listen(0, '127.0.0.1', () => {
+        const { port } = probe.address() as { port: number };
+        probe.close(() => resolve(port));
+      });
+    });
     const convs = [`${tenant}-a`, `${tenant}-b`];
     for (const id of convs) {
       await conversations.insertConversation(svc.db.sql, {
@@ -77,9 +107,46 @@ t.test(
     );
 
     const children: Child[] = [];
+    const workers: ChildProcess[] = [];
     t.teardown(() => {
-      for (const c of children) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
+      for (const p of [...children.map((c) => c.proc), ...workers]) {
+        if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+      }
     });
+    /** A delivery worker process (fixtures/webhook-worker.ts) sending to the receiver. */
+    const startWorker = (): ChildProcess => {
+      const proxy = `http://127.0.0.1:${closedPort}`;
+      const proc = spawn(process.execPath, ['--import', 'tsx', join(here, 'fixtures', 'webhook-worker.ts')], {
+        cwd: root,
+        stdio: ['ignore', 'ignore', 'pipe'],
+        env: {
+          PATH: process.env.PATH,
+          NODE_ENV: 'test',
+          DATABASE_URL: svc.config.DATABASE_URL as string,
+          MASTER_KEY: svc.config.MASTER_KEY as string,
+          MAIL_DIR: svc.mailDir,
+          WEBHOOK_TEST_HOST: HOST,
+          WEBHOOK_TEST_CA: caFile,
+          WEBHOOK_TEST_PER_ENDPOINT: '4',
+          // A lease is six timeouts: what the dead worker held is free again after 3 s.
+          WEBHOOK_TEST_TIMEOUT_MS: '500',
+          HTTPS_PROXY: proxy,
+          HTTP_PROXY: proxy,
+          https_proxy: proxy,
+          http_proxy: proxy,
+        },
+      });
+      let stderr = '';
+      proc.stderr?.on('data', (d) => {
+        stderr += d.toString();
+      });
+      proc.on('close', (_code, signal) => {
+        if (signal !== 'SIGKILL' && stderr) t.comment(`worker stderr: ${stderr}`);
+      });
+      workers.push(proc);
+      return proc;
+    };
+    const sentIds = () => new Set(receiver.received.map((r) => r.headers['svc-event-id'] as string));
     const startConsumer = (name: string, sinkDelayMs: number): Child => {
       const proc = spawn(process.execPath, ['--import', 'tsx', join(here, 'fixtures', 'webhook-consumer-node.ts')], {
         cwd: root,
@@ -129,6 +196,7 @@ t.test(
     };
 
     const first = startConsumer('first', 5);
+    const firstWorker = startWorker();
     await first.ready;
 
     // The burst, with the copier copying and trimming the hot tail meanwhile.
@@ -140,7 +208,20 @@ t.test(
       }
     })();
     const stageIds: number[] = [];
+    let sentAtKill = 0;
+    const killBoth = () => {
+      first.proc.kill('SIGKILL');
+      firstWorker.kill('SIGKILL');
+      killed = true;
+      sentAtKill = sentIds().size;
+    };
+    const ready = () => first.sunk.flat().length >= SUNK_BEFORE_KILL && receiver.received.length >= SENT_BEFORE_KILL;
     for (let i = 0; i < EVENTS; i++) {
+      // At half the burst at the latest, both die: wait there until each has done some work.
+      if (i === EVENTS / 2 && !killed) {
+        await until('the first consumer and worker to have done some of the burst', ready, 60_000);
+        killBoth();
+      }
       const conversationId = convs[i % 2] as string;
       const event =
         i % 4 === 0
@@ -148,13 +229,18 @@ t.test(
           : { conversationId, kind: 'output', stream: 'stdout', data: `line ${i}` };
       const r = await log.append({ tenant, producer: 'p', seq: i + 1, events: [event] });
       if (event.kind === 'stage') stageIds.push(...r.events.map((e) => e.id));
-      if (first.sunk.flat().length >= SUNK_BEFORE_KILL && first.proc.signalCode === null) first.proc.kill('SIGKILL');
+      if (!killed && ready()) killBoth();
       if (i % 20 === 0) await new Promise((r) => setTimeout(r, 2));
     }
     appending = false;
     await copying;
     const died = await first.closed;
     t.equal(died.signal, 'SIGKILL', 'the first consumer died of SIGKILL mid-burst');
+    await until('the first worker to die', () => firstWorker.signalCode !== null || firstWorker.exitCode !== null);
+    t.equal(firstWorker.signalCode, 'SIGKILL', 'so did the first delivery worker');
+    t.ok(receiver.held > 0, `it died with ${receiver.held} requests in flight, unanswered`);
+    t.ok(sentAtKill < stageIds.length, `it had sent ${sentAtKill} of ${stageIds.length} events`);
+    receiver.release({ status: 200, body: 'ok' });
     const beforeKill = first.sunk.flat();
     t.ok(beforeKill.length >= SUNK_BEFORE_KILL, `it had been handed ${beforeKill.length} stage events`);
     t.ok(beforeKill.length < stageIds.length, 'and not all of them');
@@ -166,6 +252,7 @@ t.test(
     t.comment(`the dead consumer held ${heldByDead.size} entries unacknowledged`);
 
     const second = startConsumer('second', 0);
+    startWorker();
     await second.ready;
     const all = () => new Set([...first.sunk.flat(), ...second.sunk.flat()]);
     await until(
@@ -202,6 +289,26 @@ t.test(
     t.ok(
       jobs.every((j) => j.n === 1),
       'exactly one each',
+    );
+    const states = async () =>
+      svc.db.sql<{ state: string; n: number }[]>`
+        SELECT state, count(*)::int AS n FROM webhook_jobs WHERE account_id = ${tenant} GROUP BY state`;
+    await until(
+      'every job to be recorded delivered',
+      async () => {
+        const s = await states();
+        return s.length === 1 && s[0]?.state === 'delivered';
+      },
+      60_000,
+    );
+    t.same(
+      [...sentIds()].map(Number).sort((a, b) => a - b),
+      stageIds,
+      'every job reached the receiver at least once (distinct Svc-Event-Id), through proxy variables pointing nowhere',
+    );
+    t.ok(
+      receiver.received.every((r) => r.servername === HOST),
+      'each by its name over TLS',
     );
     t.ok((await log.floor(tenant)) > 0, 'the hot tail was trimmed meanwhile');
     const consumers = (await redis.xinfo('CONSUMERS', key, 'webhooks')) as string[][];
