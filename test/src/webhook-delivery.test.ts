@@ -337,6 +337,21 @@ for (const backend of backends()) {
       await http.delete(`/api/webhooks/${failing.id}`, { token });
     });
 
+    t.test('a disabled endpoint keeps its pending deliveries; they go out once it is resumed', async (t) => {
+      const paused = await create({ url: `${base}/ok2`, event_types: ['*'] });
+      const queued = await http.post(`/api/webhooks/${paused.id}/test`, { token });
+      t.equal(queued.status, 202);
+      const off = await http.call('PATCH', `/api/webhooks/${paused.id}`, { token, body: { status: 'disabled' } });
+      t.equal(off.body.status, 'disabled');
+      const sentTo = () => receivedOn('/ok2').filter((r) => r.headers['svc-event-id'] === queued.body.event);
+      t.equal(await deliver(), 0, 'nothing is sent while it is disabled');
+      t.equal(sentTo().length, 0);
+      t.equal((await http.post(`/api/webhooks/${paused.id}/resume`, { token })).status, 200);
+      t.equal(await deliver(), 1, 'the delivery pending from before goes out after the resume');
+      t.equal(sentTo().length, 1);
+      await http.delete(`/api/webhooks/${paused.id}`, { token });
+    });
+
     t.test("a slow receiver holds its own slots only, never another endpoint's", async (t) => {
       const slow = await create({ url: `${base}/slow` });
       const fast = await create({ url: `${base}/ok2` });

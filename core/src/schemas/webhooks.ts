@@ -106,7 +106,8 @@ export const WebhookQueued = z.object({
 export const WebhookPayload = z.object({
   id: z.string(),
   type: z.string(),
-  created_at: z.string(),
+  /** UTC to the microsecond (six fractional digits): when the log appended the event. */
+  created_at: z.iso.datetime({ offset: false, precision: 6 }),
   data: z.object({
     conversation_id: z.string().nullable(),
     agent_id: z.string().nullable(),

@@ -43,8 +43,8 @@ export interface WebhookDeliveryOptions {
 }
 
 /**
- * Sends webhook delivery jobs. Every `periodMs` (and whenever a request finishes and frees a
- * slot) it claims due jobs with `FOR UPDATE SKIP LOCKED` under a lease, up to its free slots
+ * Sends webhook delivery jobs. Every `periodMs`, whenever a request finishes and frees a slot,
+ * and whenever this process writes jobs (`workArrived`), it claims due jobs with `FOR UPDATE SKIP LOCKED` under a lease, up to its free slots
  * and at most `perEndpoint` in flight per endpoint, and sends each without waiting for the
  * others: a slow or dead receiver holds its own endpoint's slots only, never another's. Each
  * attempt is recorded with the job's next step (delivered; due again after `retryDelayMs`;
@@ -96,8 +96,9 @@ export class WebhookDeliveryWorker extends PeriodicWorker {
         )
         .finally(() => {
           this.inFlight.delete(sent);
-          // The freed slot takes the next due job now rather than at the next tick.
-          if (this.options.periodMs > 0) void this.pass();
+          // The freed slot takes the next due job now rather than at the next tick (after the
+          // pass under way, if one is: it may have claimed before this slot was free).
+          this.workArrived();
         });
       this.inFlight.add(sent);
     }
