@@ -44,7 +44,8 @@ export interface WebhookDeliveryOptions {
 
 /**
  * Sends webhook delivery jobs. Every `periodMs`, whenever a request finishes and frees a slot,
- * and whenever this process writes jobs (`workArrived`), it claims due jobs with `FOR UPDATE SKIP LOCKED` under a lease, up to its free slots
+ * and whenever this process writes jobs (`workArrived`), it claims due jobs with
+ * `FOR UPDATE SKIP LOCKED` under a lease, up to its free slots
  * and at most `perEndpoint` in flight per endpoint, and sends each without waiting for the
  * others: a slow or dead receiver holds its own endpoint's slots only, never another's. Each
  * attempt is recorded with the job's next step (delivered; due again after `retryDelayMs`;
