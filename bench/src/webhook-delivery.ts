@@ -14,10 +14,11 @@
  *
  * Two phases per mode: a burst (every event at once: throughput) and a paced stream (delay when
  * the worker keeps up). Postgres when DATABASE_URL is set, else embedded PGlite. Writes
- * bench/reports/webhook-delivery-<time>.{json,md}.
+ * bench/reports/webhook-delivery-<time>.{json,md}. The worker polls every `--interval` ms (the
+ * service's WEBHOOK_INTERVAL_MS default) and is woken when jobs are written, as in the service.
  *
  *   [DATABASE_URL=postgres://...] [REDIS_URL=redis://...] npm run bench:webhooks -- \
- *     [--events 200] [--endpoints 5] [--rate 10] [--seconds 5] [--interval 20]
+ *     [--events 200] [--endpoints 5] [--rate 10] [--seconds 5] [--interval 1000]
  */
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -51,14 +52,14 @@ const { values } = parseArgs({
     endpoints: { type: 'string', default: '5' },
     rate: { type: 'string', default: '10' },
     seconds: { type: 'string', default: '5' },
-    interval: { type: 'string', default: '20' },
+    interval: { type: 'string', default: '1000' },
   },
 });
 const burstEvents = Number(values.events);
 const endpointCount = Number(values.endpoints);
 const rate = Number(values.rate);
 const pacedSeconds = Number(values.seconds);
-/** How often the delivery worker looks for due jobs (the service's default is 1000 ms). */
+/** How often the delivery worker looks for due jobs besides being woken (the service's default: 1000 ms). */
 const intervalMs = Number(values.interval);
 const HOST = 'receiver.test';
 const CONCURRENCY = 32;
@@ -157,15 +158,16 @@ const log = redis && subscriber ? redisEventLog(redis, subscriber, { prefix }) :
 const groups = redis ? redisConsumerGroups(redis, { prefix }) : memoryConsumerGroups(log);
 const direct = await makeTenant('direct', 'direct');
 const consumed = await makeTenant('consumer', 'consumer');
-// Wired as gateway/src/main.ts wires it (batch, idle, sweep at the service's defaults), but
-// reading only the consumer mode's account: the direct mode's events must not be enqueued twice.
+// Wired as gateway/src/main.ts wires it (batch, idle, sweep at the service's defaults; jobs
+// written wake the worker), but reading only the consumer mode's account: the direct mode's
+// events must not be enqueued twice.
 const consumer = new WebhookConsumer(
   {
     sql: db.sql,
     log,
     groups,
     sink: async (accountId, events) => {
-      await enqueueWebhookJobs(db.sql, accountId, events);
+      if ((await enqueueWebhookJobs(db.sql, accountId, events)) > 0) worker.workArrived();
     },
     tenants: async () => [consumed.accountId],
     since: (accountId) => consumerMarks.endpointsActiveSince(db.sql, accountId),
@@ -196,7 +198,9 @@ async function appendStageEvents(tenant: Tenant, n: number): Promise<void> {
   seq += n;
   if (result.status !== 'appended') throw new Error(`append: ${result.status}`);
   for (const e of result.events) tenant.appendedAt.set(String(e.id), at);
-  if (tenant.mode === 'direct') await enqueueWebhookJobs(db.sql, tenant.accountId, result.events);
+  if (tenant.mode === 'direct' && (await enqueueWebhookJobs(db.sql, tenant.accountId, result.events)) > 0) {
+    worker.workArrived();
+  }
 }
 
 async function waitFor(tenant: Tenant, total: number): Promise<void> {
@@ -280,7 +284,7 @@ const command = [
 const lines = [
   `# Webhook delivery on one node (${new Date().toISOString()})`,
   '',
-  `${store}, ${logStore}; one webhook consumer (batch 500) and one delivery worker (looking for jobs every ${intervalMs} ms, ${CONCURRENCY} in flight, ${PER_ENDPOINT} per endpoint), ${endpointCount} endpoints per account on a local HTTPS receiver, a new TLS connection per request; Node ${process.version}.`,
+  `${store}, ${logStore}; one webhook consumer (batch 500) and one delivery worker (woken when jobs are written, else looking every ${intervalMs} ms; ${CONCURRENCY} in flight, ${PER_ENDPOINT} per endpoint), ${endpointCount} endpoints per account on a local HTTPS receiver, a new TLS connection per request; Node ${process.version}.`,
   '',
   "Delay: from the start of a stage event's append to its first attempt arriving at the receiver. consumer: append -> consumer group read -> delivery jobs -> worker -> receiver, as the service runs it. direct (baseline, run after it): the appender writes the jobs itself, no consumer. In the burst the direct appender waits for each 100 events' jobs before appending more, so its events are appended later and its burst delays start later: compare burst deliveries/s and the paced delays.",
   '',
