@@ -420,3 +420,10 @@ t.test('a WEBHOOK_ALLOW_CIDRS entry that is not a range stops the start, naming 
   t.same(loadConfig({ WEBHOOK_ALLOW_CIDRS: '10.0.0.0/8, fd00::/8' }).WEBHOOK_ALLOW_CIDRS, ['10.0.0.0/8', 'fd00::/8']);
   t.equal(loadConfig({}).WEBHOOK_ALLOW_HTTP, false, 'https only unless asked');
 });
+
+t.test('a webhook request times out after 10 s unless WEBHOOK_TIMEOUT_MS says otherwise', async (t) => {
+  t.equal(loadConfig({}).WEBHOOK_TIMEOUT_MS, 10_000, 'SPEC Limits: 10 s');
+  t.equal(loadConfig({ WEBHOOK_TIMEOUT_MS: '2500' }).WEBHOOK_TIMEOUT_MS, 2500);
+  t.throws(() => loadConfig({ WEBHOOK_TIMEOUT_MS: 'soon' }), /WEBHOOK_TIMEOUT_MS/);
+  t.throws(() => loadConfig({ WEBHOOK_TIMEOUT_MS: '0' }), /WEBHOOK_TIMEOUT_MS/);
+});
