@@ -152,7 +152,11 @@ t.test(
     t.teardown(() => sql.end());
     await sql`SELECT 1`; // the driver's own first queries (types) are not authentication's
     statements.length = 0;
-    const credentialCache = new CredentialCache({ ttlMs: 60_000, maxEntries: 10, invalidations: memoryInvalidations() });
+    const credentialCache = new CredentialCache({
+      ttlMs: 60_000,
+      maxEntries: 10,
+      invalidations: memoryInvalidations(),
+    });
     // signUp used the key once, so its last_used_at was stamped within the minute.
     for (let i = 0; i < 20; i++) {
       const p = await authenticateBearer({ sql, credentialCache }, me.key, '127.0.0.1');
@@ -183,7 +187,10 @@ for (const backend of backends()) {
     const svc = await startTestService(t, { backend, env: { AUTH_CACHE_TTL_MS: '300000', ADMIN_EMAILS: admin } });
     const boss = await signUp(svc, admin);
     const me = await signUp(svc);
-    const second = await svc.http.post('/api/auth/api-keys', { token: me.key, body: { name: 'second', scope: 'full' } });
+    const second = await svc.http.post('/api/auth/api-keys', {
+      token: me.key,
+      body: { name: 'second', scope: 'full' },
+    });
     t.equal(second.status, 201);
     t.equal((await svc.http.get('/api/auth/me', { token: second.body.key })).status, 200, 'the key works (now cached)');
     const revoked = await svc.http.delete(`/api/auth/api-keys/${second.body.id}`, { token: me.key });
