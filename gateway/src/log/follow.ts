@@ -29,8 +29,12 @@ export async function follow(
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
   const joined = new Joined(after, onEvents);
-  const onBatch = (batch: LiveBatch) => joined.arrived(batch.events);
-  const stop = await (options.subscribe ? options.subscribe(onBatch) : log.subscribe(tenant, onBatch));
+  // Inline and unnamed: tsx keeps the name of a function bound to a name (`const f = () =>`)
+  // by defining its `name`, which gives each such closure its own 256-byte property store,
+  // and a node holds this one per watcher.
+  const stop = await (options.subscribe
+    ? options.subscribe((batch) => joined.arrived(batch.events))
+    : log.subscribe(tenant, (batch) => joined.arrived(batch.events)));
   // The next page is asked for before this one is delivered, so the store works on it while
   // this process frames and writes the current one (the two are on different cores).
   let next = read(joined.last, pageSize);
