@@ -40,9 +40,9 @@ export function serveConversationStream(
         query.blocks === 'true',
         query.wait === 'true',
       );
-      w.stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
+      w.stop = await follow(deps.log, tenant, after, feed, {
         read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
-        subscribe: (onBatch) => feeds.subscribe(tenant, conversationId, onBatch),
+        subscribe: (sink) => feeds.subscribe(tenant, conversationId, sink),
         paced: () => registry.drained(w),
         cancelled: () => w.closed,
       });
