@@ -52,6 +52,8 @@ export const ConfigSchema = z.object({
   API_CORS_ORIGINS: csv.default([]),
   RATE_LIMIT_PER_MINUTE: z.coerce.number().int().min(0).default(600),
   RATE_LIMIT_EXEMPT: csv.default([]),
+  /** How long a node may use a key or session it resolved without asking Postgres again; 0 never. */
+  AUTH_CACHE_TTL_MS: z.coerce.number().int().min(0).max(300_000).default(10_000),
   /** Proxies (CIDRs) whose X-Forwarded-For is believed; unset, the socket's peer is the client. */
   TRUST_PROXY: csv.default([]).superRefine((entries, ctx) => {
     for (const entry of entries) {

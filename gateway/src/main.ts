@@ -22,6 +22,8 @@ import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';
 import { redisRunnerRouter } from './fabric/router.redis.ts';
+import { memoryInvalidations } from './invalidation/invalidation.memory.ts';
+import { redisInvalidations } from './invalidation/invalidation.redis.ts';
 import { githubIssues } from './issues/issues.github.ts';
 import { memoryConsumerGroups } from './log/consumer.memory.ts';
 import { redisConsumerGroups } from './log/consumer.redis.ts';
@@ -47,6 +49,7 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { Billing } from './services/billing.ts';
+import { CredentialCache } from './services/credential-cache.ts';
 import { ExportFiles } from './services/exports.ts';
 import type { LaunchDeps } from './services/launch.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
@@ -215,6 +218,24 @@ export async function startService(
       cleanups.push(() => connections.close());
       redis = connections;
     }
+
+    // Keys and sessions this node resolved, forgotten on every node when an account's change.
+    const credentialCache = new CredentialCache({
+      ttlMs: config.AUTH_CACHE_TTL_MS,
+      maxEntries: 10_000,
+      invalidations: redis
+        ? redisInvalidations({
+            redis: redis.redis,
+            subscriber: redis.subscriber,
+            prefix: config.REDIS_KEY_PREFIX,
+            logger: log.child({ role: 'credentials' }),
+          })
+        : memoryInvalidations(),
+    });
+    await credentialCache.start();
+    cleanups.push(() => credentialCache.stop());
+    // Other nodes may hold these accounts with their former role.
+    for (const id of promoted) await credentialCache.forgetAccount(id);
 
     let mailer: Mailer;
     if (config.MAIL_TRANSPORT === 'smtp') {
@@ -454,6 +475,7 @@ export async function startService(
       log,
       mailer,
       keyring,
+      credentialCache,
       publicUrl: base,
       accounts: {
         sql: db.sql,
@@ -463,6 +485,7 @@ export async function startService(
         publicUrl: base,
         adminEmails: config.ADMIN_EMAILS.map((e) => e.toLowerCase()),
         exportFiles,
+        credentialCache,
       },
       inference: {
         baseUrls: {
@@ -573,6 +596,7 @@ export async function startService(
     // One stream implementation, served by whichever server listens: the edge, or Fastify alone.
     const streams = new StreamServer({
       sql: db.sql,
+      credentialCache,
       log: eventLog,
       logger: log.child({ role: config.EDGE ? 'edge' : 'api' }),
       corsOrigins: config.API_CORS_ORIGINS,

@@ -10,6 +10,8 @@ const SECRET_KEY = 'sk_test_billing_0123456789';
 const WEBHOOK_SECRET = 'whsec_test_billing_0123456789';
 const UPGRADE_URL = 'https://console.example.test/billing';
 const ADMIN = 'ops@billing.example.test';
+/** A second admin, for a test that needs one of its own. */
+const COMP_ADMIN = 'ops+comp@billing.example.test';
 
 /** A rate of one cent per millisecond of turn time, so any turn's charge is visible. */
 const CENTS_PER_TURN_HOUR = 3_600_000;
@@ -26,7 +28,7 @@ async function paymentOn(t: Test, backend: Backend, fake: FakeStripe, env: Recor
       PAYMENT_CREDIT_PACK_PRICE_CENTS: '2000',
       PAYMENT_CENTS_PER_TURN_HOUR: String(CENTS_PER_TURN_HOUR),
       PAYMENT_UPGRADE_URL: UPGRADE_URL,
-      ADMIN_EMAILS: ADMIN,
+      ADMIN_EMAILS: `${ADMIN},${COMP_ADMIN}`,
       AUTONOMOUS_IDLE_MS: '300',
       ...env,
     },
@@ -218,8 +220,7 @@ for (const backend of backends()) {
 
     t.test('a comped account is never gated nor charged, and may not check out', async (t) => {
       const me = await signUp(svc);
-      const admin = await signUp(svc, `ops+comp-${backend}@billing.example.test`);
-      await svc.db.sql`UPDATE accounts SET role = 'admin' WHERE id = ${admin.accountId}`;
+      const admin = await signUp(svc, COMP_ADMIN);
       const comp = await svc.http.post(`/api/admin/users/${me.accountId}/comp`, {
         token: admin.key,
         body: { comped: true },

@@ -30,8 +30,8 @@ t.test('a conversation watcher receives only the events of its conversation, in 
   const feeds = new ConversationFeeds(log);
   const a: LiveBatch[] = [];
   const b: LiveBatch[] = [];
-  const stopA = await feeds.subscribe('acc_1', 'cnv_a', (x) => a.push(x));
-  const stopB = await feeds.subscribe('acc_1', 'cnv_b', (x) => b.push(x));
+  const stopA = await feeds.subscribe('acc_1', 'cnv_a', { onBatch: (x) => a.push(x) });
+  const stopB = await feeds.subscribe('acc_1', 'cnv_b', { onBatch: (x) => b.push(x) });
   await log.append({
     tenant: 'acc_1',
     producer: 'p',
@@ -68,7 +68,7 @@ t.test(
     const { log, subscriptions } = countedLog();
     const feeds = new ConversationFeeds(log);
     const stops = await Promise.all(
-      Array.from({ length: 20 }, (_, i) => feeds.subscribe('acc_1', `cnv_${i % 4}`, () => {})),
+      Array.from({ length: 20 }, (_, i) => feeds.subscribe('acc_1', `cnv_${i % 4}`, { onBatch: () => {} })),
     );
     t.equal(subscriptions(), 1);
     for (const stop of stops.slice(1)) stop();
@@ -77,7 +77,7 @@ t.test(
     stops[0]?.();
     await settle();
     t.equal(subscriptions(), 0, 'gone with the last watcher');
-    const again = await feeds.subscribe('acc_1', 'cnv_0', () => {});
+    const again = await feeds.subscribe('acc_1', 'cnv_0', { onBatch: () => {} });
     t.equal(subscriptions(), 1, 'a later watcher subscribes anew');
     again();
   },

@@ -164,7 +164,13 @@ t.test('on a Redis Cluster of three masters', { skip: unavailable ?? false }, as
           const position = (await log.read(tenant, { after: 0, limit: 100 }))[14]?.id as number;
           const seen: LogEvent[] = [];
           const appending = burst(150);
-          const stop = await follow(log, tenant, position, (events) => seen.push(...events), { pageSize: 7 });
+          const stop = await follow(
+            log,
+            tenant,
+            position,
+            { onEvents: (events) => seen.push(...events) },
+            { pageSize: 7 },
+          );
           await appending;
           await burst(10);
           const expected = (await log.read(tenant, { after: position, limit: 1000 })).map((e) => e.id);
@@ -186,8 +192,12 @@ t.test('on a Redis Cluster of three masters', { skip: unavailable ?? false }, as
       t.not(a.port, b.port, 'different masters');
       const seen: Record<string, string[]> = { [a.tenant]: [], [b.tenant]: [] };
       const after = { a: await log.lastId(a.tenant), b: await log.lastId(b.tenant) };
-      const stopA = await follow(log, a.tenant, after.a, (e) => seen[a.tenant]?.push(...e.map((x) => x.data ?? '')));
-      const stopB = await follow(log, b.tenant, after.b, (e) => seen[b.tenant]?.push(...e.map((x) => x.data ?? '')));
+      const stopA = await follow(log, a.tenant, after.a, {
+        onEvents: (e) => seen[a.tenant]?.push(...e.map((x) => x.data ?? '')),
+      });
+      const stopB = await follow(log, b.tenant, after.b, {
+        onEvents: (e) => seen[b.tenant]?.push(...e.map((x) => x.data ?? '')),
+      });
       const sent = Array.from({ length: 20 }, (_, i) => `m${i}`);
       for (const [i, data] of sent.entries()) {
         await log.append({ tenant: a.tenant, producer: 'two', seq: i + 1, events: [out('c', data)] });
@@ -225,7 +235,7 @@ t.test('on a Redis Cluster of three masters', { skip: unavailable ?? false }, as
       });
     const seen: string[] = [];
     for (let i = 0; i < 3; i++) await append(`before ${i}`);
-    const stop = await follow(log, tenant, 0, (events) => seen.push(...events.map((e) => e.data ?? '')));
+    const stop = await follow(log, tenant, 0, { onEvents: (events) => seen.push(...events.map((e) => e.data ?? '')) });
     t.teardown(stop);
     await until(() => seen.length === 3);
 
@@ -286,7 +296,7 @@ t.test('on a Redis Cluster of three masters', { skip: unavailable ?? false }, as
       }
     };
     const seen: LogEvent[] = [];
-    const stop = await follow(log, tenant, 0, (events) => seen.push(...events));
+    const stop = await follow(log, tenant, 0, { onEvents: (events) => seen.push(...events) });
     t.teardown(stop);
     for (let i = 0; i < 3; i++) await append(`before ${i}`);
     await until(() => seen.length === 3);

@@ -1,6 +1,6 @@
 import * as oauth from 'oauth4webapi';
 import t from 'tap';
-import { PASSWORD, signUp, startTestService } from './harness.ts';
+import { PASSWORD, signUp, startTestService, tokenFrom, waitForMail } from './harness.ts';
 
 const REDIRECT = 'http://127.0.0.1:9/callback';
 const insecure = { [oauth.allowInsecureRequests]: true };
@@ -196,7 +196,9 @@ t.test('OAuth 2.0 authorization code with PKCE, driven by oauth4webapi', async (
     const { params, verifier } = await authorizeWithPassword(other.email);
     const tokens = await oauth.processAuthorizationCodeResponse(as, client, await exchange(params, verifier));
     t.equal((await http.get('/api/auth/me', { token: tokens.access_token })).status, 200);
-    await svc.db.sql`UPDATE accounts SET session_version = session_version + 1 WHERE id = ${other.accountId}`;
+    t.equal((await http.post('/api/auth/forgot', { body: { email: other.email } })).status, 200);
+    const token = tokenFrom(await waitForMail(svc.mailDir, other.email, /reset/i));
+    t.equal((await http.post('/api/auth/reset', { body: { token, password: 'a reset password 123' } })).status, 200);
     t.equal((await http.get('/api/auth/me', { token: tokens.access_token })).status, 401);
     t.equal((await http.get('/api/auth/me', { token: other.key })).status, 200);
   });

@@ -168,6 +168,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
 
   registerAuth(app, {
     sql: deps.sql,
+    credentialCache: deps.credentialCache,
     ownOrigin: () => new URL(deps.publicUrl()).origin,
     clientIpOf,
   });

@@ -1,7 +1,6 @@
 import { ApiError } from '@svc/core';
-import type { Sql } from '@svc/db';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
+import { type AuthDeps, authenticateBearer, authenticateSession } from '../services/credentials.ts';
 import type { Principal } from '../services/principal.ts';
 
 /**
@@ -41,7 +40,7 @@ export function requirePrincipal(request: FastifyRequest): Principal {
  */
 export function registerAuth(
   app: FastifyInstance,
-  deps: { sql: Sql; ownOrigin: () => string; clientIpOf: (r: FastifyRequest) => string | null },
+  deps: AuthDeps & { ownOrigin: () => string; clientIpOf: (r: FastifyRequest) => string | null },
 ): void {
   app.decorateRequest('principal', null);
   app.decorateRequest('clientIp', null);
@@ -53,11 +52,11 @@ export function registerAuth(
     let principal: Principal | undefined;
     if (header !== undefined) {
       const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
-      if (m?.[1]) principal = await authenticateBearer(deps.sql, m[1], request.clientIp);
+      if (m?.[1]) principal = await authenticateBearer(deps, m[1], request.clientIp);
     } else {
       const cookie = request.cookies?.[SESSION_COOKIE];
       if (cookie) {
-        principal = await authenticateSession(deps.sql, cookie, request.clientIp);
+        principal = await authenticateSession(deps, cookie, request.clientIp);
         const origin = request.headers.origin;
         if (principal && !SAFE_METHODS.has(request.method) && origin !== undefined && origin !== deps.ownOrigin()) {
           throw new ApiError('forbidden', 'A browser session may not be used from another origin; use a bearer key.');

@@ -8,6 +8,7 @@ import type { RequestMetrics, ServiceMetrics } from '../metrics.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { AccountDeps } from '../services/accounts.ts';
 import type { Billing } from '../services/billing.ts';
+import type { CredentialCache } from '../services/credential-cache.ts';
 import type { ExportFiles } from '../services/exports.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
 import type { LaunchDeps } from '../services/launch.ts';
@@ -22,6 +23,8 @@ export interface ApiDeps {
   log: Logger;
   mailer: Mailer;
   keyring: Keyring;
+  /** Live keys and sessions this node remembers; every change to an account's credentials forgets them. */
+  credentialCache: CredentialCache;
   /** The public base URL (known once the edge is bound). */
   publicUrl: () => string;
   accounts: AccountDeps;

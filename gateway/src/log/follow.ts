@@ -1,22 +1,32 @@
 import type { EventLog, LiveBatch, LogEvent } from './log.ts';
 
+/** Where a follower's events go: a watcher's own object (a method, not a closure per watcher). */
+export interface EventSink {
+  onEvents(events: LogEvent[]): void;
+}
+
+/** What takes a tenant's live batches for one follower. */
+export interface BatchSink {
+  onBatch(batch: LiveBatch): void;
+}
+
 /**
  * Joins a watcher to a tenant's log without a gap (DESIGN.md "Live delivery"): subscribe
  * first and buffer what arrives, read the history after `after` and deliver it, then drain
- * the buffer dropping every id already delivered, then deliver live. `onEvents` sees every
- * event after `after` exactly once, in id order. Resolves to the function that stops it.
+ * the buffer dropping every id already delivered, then deliver live. `sink.onEvents` sees
+ * every event after `after` exactly once, in id order. Resolves to the function that stops it.
  */
 export async function follow(
   log: EventLog,
   tenant: string,
   after: number,
-  onEvents: (events: LogEvent[]) => void,
+  sink: EventSink,
   options: {
     pageSize?: number;
     /** Where history comes from (default: the hot log); readLog reaches into Postgres. */
     read?: (after: number, limit: number) => Promise<LogEvent[]>;
     /** Where live batches come from (default: the log's feed of the tenant), with its promise. */
-    subscribe?: (onBatch: (batch: LiveBatch) => void) => Promise<() => void>;
+    subscribe?: (sink: BatchSink) => Promise<() => void>;
     /**
      * Paces history by the reader: awaited before each page after the first (a watcher's
      * socket draining), so a long replay holds at most a page in memory however slow the client.
@@ -28,9 +38,10 @@ export async function follow(
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
-  const joined = new Joined(after, onEvents);
-  const onBatch = (batch: LiveBatch) => joined.arrived(batch.events);
-  const stop = await (options.subscribe ? options.subscribe(onBatch) : log.subscribe(tenant, onBatch));
+  const joined = new Joined(after, sink);
+  const stop = await (options.subscribe
+    ? options.subscribe(joined)
+    : log.subscribe(tenant, (batch) => joined.onBatch(batch)));
   // The next page is asked for before this one is delivered, so the store works on it while
   // this process frames and writes the current one (the two are on different cores).
   let next = read(joined.last, pageSize);
@@ -60,17 +71,18 @@ export async function follow(
  * node holds one per watcher for as long as it watches, and methods live once on the
  * prototype (tsx names every closure it creates, which costs each a property store).
  */
-class Joined {
+class Joined implements BatchSink {
   private live = false;
-  private buffered: LogEvent[][] = [];
+  /** What arrived live while history was read; gone once live. */
+  private buffered: LogEvent[][] | undefined = [];
   constructor(
     public last: number,
-    private readonly onEvents: (events: LogEvent[]) => void,
+    private readonly sink: EventSink,
   ) {}
 
-  arrived(events: LogEvent[]): void {
-    if (this.live) this.emit(events);
-    else this.buffered.push(events);
+  onBatch(batch: LiveBatch): void {
+    if (this.live) this.emit(batch.events);
+    else this.buffered?.push(batch.events);
   }
 
   emit(events: LogEvent[]): void {
@@ -79,12 +91,12 @@ class Joined {
     const fresh = events.length > 0 && (events[0] as LogEvent).id > last ? events : events.filter((e) => e.id > last);
     if (fresh.length === 0) return;
     this.last = (fresh.at(-1) as LogEvent).id;
-    this.onEvents(fresh);
+    this.sink.onEvents(fresh);
   }
 
   goLive(): void {
-    for (const events of this.buffered) this.emit(events);
-    this.buffered = [];
+    for (const events of this.buffered ?? []) this.emit(events);
+    this.buffered = undefined;
     this.live = true;
   }
 }

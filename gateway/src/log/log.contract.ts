@@ -114,7 +114,7 @@ export function eventLogContract(
     const position = (await log.read(ten, { after: 0, limit: 100 }))[24]?.id as number;
     const seen: LogEvent[] = [];
     const appending = burst(200);
-    const stop = await follow(log, ten, position, (events) => seen.push(...events), { pageSize: 7 });
+    const stop = await follow(log, ten, position, { onEvents: (events) => seen.push(...events) }, { pageSize: 7 });
     await appending;
     await burst(20);
     await new Promise((r) => setTimeout(r, 200));

@@ -182,15 +182,18 @@ export function redisEventLog(
   // Probes this node published to learn when its subscription is live again (see below).
   const probes = new Map<string, () => void>();
 
+  // The subscriber connection is shared with other users of sharded pub/sub (the fabric's
+  // router, credential invalidations): a channel that is not a tenant's feed is not ours.
   subscriber.on('smessage', (channel: string, message: string) => {
+    const tenant = channelTenant.get(channel);
+    if (tenant === undefined) return;
     const parsed = JSON.parse(message) as { prev: number; ids: number[]; events: Payload[]; probe?: string };
     if (parsed.probe !== undefined) {
       probes.get(parsed.probe)?.();
       return;
     }
-    const tenant = channelTenant.get(channel);
-    const feed = tenant ? feeds.get(tenant) : undefined;
-    if (!tenant || !feed) return;
+    const feed = feeds.get(tenant);
+    if (!feed) return;
     const events = parsed.events.map((p, i) => ({ id: parsed.ids[i] as number, ...p }));
     enqueue(feed, async () => {
       if (parsed.prev > feed.delivered) await fill(tenant, feed, parsed.prev);

@@ -7,6 +7,7 @@ import type { Mailer } from '../mail/mail.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import { decoyPasswordHash, hashPassword, hashSecret, newSecret, verifyPassword } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
+import type { CredentialCache } from './credential-cache.ts';
 import { createApiKey, createSession } from './credentials.ts';
 import type { ExportFiles } from './exports.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
@@ -21,6 +22,8 @@ export interface AccountDeps {
   adminEmails: readonly string[];
   /** Where the account's export files are kept; erasing the account removes them. */
   exportFiles: Pick<ExportFiles, 'removeAccount'>;
+  /** Told after every change that ends a key or session, here and on every node. */
+  credentialCache: Pick<CredentialCache, 'forgetAccount'>;
 }
 
 const HOUR = 3_600_000;
@@ -197,6 +200,7 @@ export async function resetPassword(deps: AccountDeps, token: string, password: 
   const row = await liveToken(deps.sql, 'reset', token);
   await useToken(deps.sql, row);
   await accounts.setPasswordHash(deps.sql, row.account_id, await hashPassword(password), true);
+  await deps.credentialCache.forgetAccount(row.account_id);
   // The reset proved control of the inbox.
   await accounts.markEmailVerified(deps.sql, row.account_id);
   await recordAudit(deps.sql, { accountId: row.account_id, actor: 'system', ip }, 'account.password_reset', {
@@ -220,6 +224,7 @@ export async function changePassword(deps: AccountDeps, p: Principal, current: s
   await requireCurrentPassword(deps.sql, p.accountId, current);
   await accounts.setPasswordHash(deps.sql, p.accountId, await hashPassword(next), false);
   const signedOut = await sessions.deleteSessionsOfAccount(deps.sql, p.accountId);
+  await deps.credentialCache.forgetAccount(p.accountId);
   await recordAudit(
     deps.sql,
     actorOf(p),
@@ -248,6 +253,7 @@ export async function confirmEmailChange(deps: AccountDeps, token: string, ip: s
   if (!row.new_email || !(await accounts.changeEmail(deps.sql, row.account_id, row.new_email))) {
     throw new ApiError('invalid_token', 'That address has been taken meanwhile.');
   }
+  await deps.credentialCache.forgetAccount(row.account_id);
   await recordAudit(deps.sql, { accountId: row.account_id, actor: 'system', ip }, 'account.email_changed', {
     type: 'account',
     id: row.account_id,
@@ -325,12 +331,13 @@ export async function deleteAccount(deps: AccountDeps, erasure: AccountErasureDe
  * (the account's owner after confirming, or an admin). False when there was no such account.
  */
 export async function eraseAccount(
-  deps: Pick<AccountDeps, 'sql' | 'log' | 'exportFiles'>,
+  deps: Pick<AccountDeps, 'sql' | 'log' | 'exportFiles' | 'credentialCache'>,
   erasure: AccountErasureDeps,
   accountId: string,
 ): Promise<boolean> {
   await destroyAccountSandboxes(erasure, accountId);
   const deleted = await accounts.deleteAccount(deps.sql, accountId);
+  await deps.credentialCache.forgetAccount(accountId);
   // After the rows: a runner's token no longer works, so nothing reconnects or appends for it.
   await erasure.fabric.disconnectEverywhere({ accountId }, RUNNER_CLOSE.revoked, 'the account was deleted');
   await erasure.eventLog.dropTenant(accountId);

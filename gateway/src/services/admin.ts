@@ -16,6 +16,8 @@ export interface AdminDeps {
   erasure: AccountErasureDeps;
   /** An erased account's export files go with it. */
   exportFiles: AccountDeps['exportFiles'];
+  /** A suspension, role change or erasure ends what every node remembers of the account's keys. */
+  credentialCache: AccountDeps['credentialCache'];
 }
 
 type UserRow = admin.AdminUserRow;
@@ -81,12 +83,18 @@ async function change(sql: Sql, id: string, c: Parameters<typeof admin.updateUse
   if (!(await admin.updateUser(sql, id, c))) throw new ApiError('not_found', 'No account has that id.');
 }
 
-export async function setRole(sql: Sql, p: Principal, id: string, role: 'user' | 'admin') {
+export async function setRole(
+  deps: Pick<AdminDeps, 'sql' | 'credentialCache'>,
+  p: Principal,
+  id: string,
+  role: 'user' | 'admin',
+) {
   refuseSelf(p, id, 'change the role of');
-  const before = await getUser(sql, id);
-  await change(sql, id, { role });
-  await record(sql, p, 'admin.user.role', ['account', id], { from: before.role, to: role });
-  return getUser(sql, id);
+  const before = await getUser(deps.sql, id);
+  await change(deps.sql, id, { role });
+  await deps.credentialCache.forgetAccount(id);
+  await record(deps.sql, p, 'admin.user.role', ['account', id], { from: before.role, to: role });
+  return getUser(deps.sql, id);
 }
 
 /** The account's own active-sandbox limit; null returns it to SANDBOX_QUOTA_DEFAULT. */
@@ -108,6 +116,7 @@ export async function setSuspended(deps: AdminDeps, p: Principal, id: string, su
   refuseSelf(p, id, 'suspend');
   await getUser(deps.sql, id);
   await change(deps.sql, id, { suspended });
+  await deps.credentialCache.forgetAccount(id);
   let stopped = 0;
   if (suspended) {
     for (const s of await sandboxes.listSandboxes(deps.sql, id, sandboxes.ACTIVE_STATUSES)) {
@@ -129,7 +138,11 @@ export async function setSuspended(deps: AdminDeps, p: Principal, id: string, su
 export async function deleteUser(deps: AdminDeps, p: Principal, id: string): Promise<void> {
   refuseSelf(p, id, 'delete');
   await getUser(deps.sql, id);
-  await eraseAccount({ sql: deps.sql, log: deps.launch.logger, exportFiles: deps.exportFiles }, deps.erasure, id);
+  await eraseAccount(
+    { sql: deps.sql, log: deps.launch.logger, exportFiles: deps.exportFiles, credentialCache: deps.credentialCache },
+    deps.erasure,
+    id,
+  );
   await record(deps.sql, p, 'admin.user.delete', ['account', id]);
 }
 

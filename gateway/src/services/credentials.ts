@@ -2,12 +2,22 @@ import { ApiError, newId, orNotFound } from '@svc/core';
 import { credentials, type Sql, sessions } from '@svc/db';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
+import type { CachedCredential, CredentialCache } from './credential-cache.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
 
 /** Prefixes make a leaked secret recognisable to scanners and people. */
 export const SECRET_PREFIX = { api: 'svc_', oauth: 'svco_', sandbox: 'svcs_', session: 'svcsess_' } as const;
 
 const SESSION_DAYS = 30;
+
+/** What authenticating and revoking need: the database and the node's credential cache. */
+export interface AuthDeps {
+  sql: Sql;
+  credentialCache: CredentialCache;
+}
+
+/** `last_used_at` moves at most once a minute, so a busy key writes at most once a minute. */
+const TOUCH_EVERY_MS = 60_000;
 
 function shape(row: credentials.CredentialRow) {
   return {
@@ -85,21 +95,74 @@ export async function listApiKeys(sql: Sql, accountId: string) {
   return (await credentials.listKeys(sql, accountId)).map(shape);
 }
 
-export async function revokeApiKey(sql: Sql, p: Principal, id: string): Promise<void> {
-  orNotFound(await credentials.revokeKey(sql, p.accountId, id), 'API key');
-  await recordAudit(sql, actorOf(p), 'api_key.revoked', { type: 'api_key', id });
+export async function revokeApiKey(deps: AuthDeps, p: Principal, id: string): Promise<void> {
+  orNotFound(await credentials.revokeKey(deps.sql, p.accountId, id), 'API key');
+  await deps.credentialCache.forgetAccount(p.accountId);
+  await recordAudit(deps.sql, actorOf(p), 'api_key.revoked', { type: 'api_key', id });
 }
 
-/** Resolves `Authorization: Bearer <secret>` to a principal, or undefined when it is not live. */
-export async function authenticateBearer(sql: Sql, secret: string, ip: string | null): Promise<Principal | undefined> {
+function principalOf(c: CachedCredential, ip: string | null): Principal {
+  if (c.suspended) throw new ApiError('account_suspended');
+  return {
+    accountId: c.accountId,
+    actor: c.actor,
+    scope: c.scope,
+    role: c.role,
+    credentialId: c.credentialId,
+    conversationId: null,
+    ip,
+  };
+}
+
+/**
+ * Resolves `Authorization: Bearer <secret>` to a principal, or undefined when it is not live.
+ * API and OAuth keys are served from the node's credential cache when it holds them; a key's
+ * `last_used_at` is written only when it would move (at most once a minute).
+ */
+export async function authenticateBearer(
+  deps: AuthDeps,
+  secret: string,
+  ip: string | null,
+): Promise<Principal | undefined> {
   if (secret.length > 200) return undefined;
-  const row = await credentials.findLiveCredential(sql, hashSecret(secret));
-  if (!row) return undefined;
+  const hash = hashSecret(secret);
+  const cacheKey = hash.toString('base64');
+  let c = deps.credentialCache.get(cacheKey);
+  if (!c) {
+    const ticket = deps.credentialCache.begin();
+    const row = await credentials.findLiveCredential(deps.sql, hash);
+    if (!row) return undefined;
+    if (row.kind === 'sandbox') return sandboxPrincipal(deps.sql, row, ip);
+    c = {
+      accountId: row.account_id,
+      actor: 'api',
+      scope: row.scope as CachedCredential['scope'],
+      role: row.account_role,
+      credentialId: row.id,
+      suspended: row.account_suspended,
+      expiresAt: row.expires_at?.getTime() ?? null,
+      lastUsedAt: row.last_used_at?.getTime() ?? null,
+    };
+    deps.credentialCache.put(cacheKey, c, ticket);
+  }
+  const principal = principalOf(c, ip);
+  const now = Date.now();
+  if (c.lastUsedAt === null || now - c.lastUsedAt >= TOUCH_EVERY_MS) {
+    c.lastUsedAt = now;
+    void credentials.touchCredential(deps.sql, c.credentialId).catch(() => {});
+  }
+  return principal;
+}
+
+/** A sandbox token (actor `sprite`): read from Postgres each time, never cached. */
+function sandboxPrincipal(sql: Sql, row: credentials.CredentialWithAccount, ip: string | null): Principal {
   if (row.account_suspended) throw new ApiError('account_suspended');
-  void credentials.touchCredential(sql, row.id).catch(() => {});
+  if (row.last_used_at === null || Date.now() - row.last_used_at.getTime() >= TOUCH_EVERY_MS) {
+    void credentials.touchCredential(sql, row.id).catch(() => {});
+  }
   return {
     accountId: row.account_id,
-    actor: row.kind === 'sandbox' ? 'sprite' : 'api',
+    actor: 'sprite',
     scope: row.scope,
     role: row.account_role,
     credentialId: row.id,
@@ -122,26 +185,40 @@ export async function createSession(sql: Sql, accountId: string, sessionVersion:
   return { secret, expiresAt };
 }
 
-export async function authenticateSession(sql: Sql, secret: string, ip: string | null): Promise<Principal | undefined> {
+/** Resolves a browser session's cookie to a principal (actor `ui`), through the credential cache. */
+export async function authenticateSession(
+  deps: AuthDeps,
+  secret: string,
+  ip: string | null,
+): Promise<Principal | undefined> {
   if (secret.length > 200) return undefined;
-  const row = await sessions.findLiveSession(sql, hashSecret(secret));
-  if (!row) return undefined;
-  if (row.account_suspended) throw new ApiError('account_suspended');
-  return {
-    accountId: row.account_id,
-    actor: 'ui',
-    scope: 'full',
-    role: row.account_role,
-    credentialId: row.id,
-    conversationId: null,
-    ip,
-  };
+  const hash = hashSecret(secret);
+  const cacheKey = hash.toString('base64');
+  let c = deps.credentialCache.get(cacheKey);
+  if (!c) {
+    const ticket = deps.credentialCache.begin();
+    const row = await sessions.findLiveSession(deps.sql, hash);
+    if (!row) return undefined;
+    c = {
+      accountId: row.account_id,
+      actor: 'ui',
+      scope: 'full',
+      role: row.account_role,
+      credentialId: row.id,
+      suspended: row.account_suspended,
+      expiresAt: row.expires_at.getTime(),
+      lastUsedAt: null,
+    };
+    deps.credentialCache.put(cacheKey, c, ticket);
+  }
+  return principalOf(c, ip);
 }
 
-export async function endSession(sql: Sql, secret: string, ip: string | null): Promise<void> {
-  const ended = await sessions.deleteSession(sql, hashSecret(secret));
+export async function endSession(deps: AuthDeps, secret: string, ip: string | null): Promise<void> {
+  const ended = await sessions.deleteSession(deps.sql, hashSecret(secret));
   if (ended) {
-    await recordAudit(sql, { accountId: ended.account_id, actor: 'ui', ip }, 'session.ended', {
+    await deps.credentialCache.forgetAccount(ended.account_id);
+    await recordAudit(deps.sql, { accountId: ended.account_id, actor: 'ui', ip }, 'session.ended', {
       type: 'session',
       id: ended.id,
     });
@@ -149,14 +226,15 @@ export async function endSession(sql: Sql, secret: string, ip: string | null): P
 }
 
 /** RFC 7009 revoke of the presented key (API or OAuth); sandbox tokens end with their conversation. */
-export async function revokePresentedKey(sql: Sql, secret: string, ip: string | null): Promise<void> {
+export async function revokePresentedKey(deps: AuthDeps, secret: string, ip: string | null): Promise<void> {
   if (secret.startsWith(SECRET_PREFIX.sandbox)) {
     throw new ApiError('forbidden', 'A sandbox token cannot be revoked here.');
   }
-  const row = await credentials.revokeCredentialByHash(sql, hashSecret(secret));
+  const row = await credentials.revokeCredentialByHash(deps.sql, hashSecret(secret));
   if (row) {
+    await deps.credentialCache.forgetAccount(row.account_id);
     await recordAudit(
-      sql,
+      deps.sql,
       { accountId: row.account_id, actor: 'api', ip },
       'api_key.revoked',
       { type: 'api_key', id: row.id },

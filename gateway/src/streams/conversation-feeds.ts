@@ -1,11 +1,10 @@
+import type { BatchSink } from '../log/follow.ts';
 import type { EventLog, LiveBatch, LogEvent } from '../log/log.ts';
-
-type OnBatch = (batch: LiveBatch) => void;
 
 interface TenantFeed {
   /** Resolves to the function that ends the node's one subscription to the tenant. */
   subscribed: Promise<() => void>;
-  byConversation: Map<string, Set<OnBatch>>;
+  byConversation: Map<string, Set<BatchSink>>;
   watchers: number;
 }
 
@@ -25,7 +24,7 @@ export class ConversationFeeds {
 
   constructor(private readonly log: EventLog) {}
 
-  async subscribe(tenant: string, conversationId: string, onBatch: OnBatch): Promise<() => void> {
+  async subscribe(tenant: string, conversationId: string, sink: BatchSink): Promise<() => void> {
     let feed = this.tenants.get(tenant);
     if (!feed) {
       const created: TenantFeed = { subscribed: Promise.resolve(() => {}), byConversation: new Map(), watchers: 0 };
@@ -43,23 +42,23 @@ export class ConversationFeeds {
       handlers = new Set();
       f.byConversation.set(conversationId, handlers);
     }
-    handlers.add(onBatch);
+    handlers.add(sink);
     f.watchers++;
     const stop = { done: false };
     try {
       await f.subscribed;
     } catch (err) {
-      this.leave(tenant, conversationId, f, onBatch, stop);
+      this.leave(tenant, conversationId, f, sink, stop);
       throw err;
     }
-    return () => this.leave(tenant, conversationId, f, onBatch, stop);
+    return () => this.leave(tenant, conversationId, f, sink, stop);
   }
 
-  private leave(tenant: string, conversationId: string, f: TenantFeed, onBatch: OnBatch, stop: { done: boolean }) {
+  private leave(tenant: string, conversationId: string, f: TenantFeed, sink: BatchSink, stop: { done: boolean }) {
     if (stop.done) return;
     stop.done = true;
     const h = f.byConversation.get(conversationId);
-    h?.delete(onBatch);
+    h?.delete(sink);
     if (h?.size === 0) f.byConversation.delete(conversationId);
     if (--f.watchers === 0 && this.tenants.get(tenant) === f) {
       this.tenants.delete(tenant);
@@ -74,7 +73,7 @@ function dispatch(feed: TenantFeed, batch: LiveBatch): void {
   const first = (events[0] as LogEvent | undefined)?.conversationId;
   if (events.every((e) => e.conversationId === first)) {
     if (first == null) return;
-    for (const h of feed.byConversation.get(first) ?? []) h(batch);
+    for (const h of feed.byConversation.get(first) ?? []) h.onBatch(batch);
     return;
   }
   const parts = new Map<string, LogEvent[]>();
@@ -86,6 +85,6 @@ function dispatch(feed: TenantFeed, batch: LiveBatch): void {
   }
   for (const [conversationId, part] of parts) {
     const narrowed = { ...batch, events: part };
-    for (const h of feed.byConversation.get(conversationId) ?? []) h(narrowed);
+    for (const h of feed.byConversation.get(conversationId) ?? []) h.onBatch(narrowed);
   }
 }

@@ -7,7 +7,7 @@ import { shapeEvent } from '../services/conversations.ts';
 import type { ConversationFeeds } from './conversation-feeds.ts';
 import { cachedFrame, frame } from './framing.ts';
 import type { Opening, StreamResponse } from './response.ts';
-import type { StreamDeps, WatcherRegistry } from './watchers.ts';
+import type { StreamDeps, Watcher, WatcherRegistry } from './watchers.ts';
 
 const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
 
@@ -31,57 +31,28 @@ export function serveConversationStream(
     opening,
     ConversationStreamQuery,
     async ({ w, principal, query, after }) => {
-      const wait = query.wait === 'true';
-      const withBlocks = query.blocks === 'true';
-      const streams = streamList(query.streams);
       const tenant = principal.accountId;
-      // Live: a turn's end closes a wait=false stream, the conversation's end closes any.
-      let replaying = true;
-      const onEvents = (events: LogEvent[]) => {
-        if (w.closed) return;
-        let frames = '';
-        let alone: Buffer | undefined;
-        let count = 0;
-        let last = 0;
-        let ending = false;
-        for (const e of events) {
-          w.position = Math.max(w.position, e.id);
-          if (e.conversationId !== conversationId) continue;
-          if (!streams || streams.includes(e.stream)) {
-            // History read for this watcher is its own: caching its frames would only fill the
-            // cache (and the collector's work) with entries nobody else meets.
-            if (replaying) {
-              frames += frame(e.id, shapeEvent(e, withBlocks));
-              alone = undefined;
-            } else {
-              const f = cachedFrame(`conversation:${withBlocks}`, e, () => frame(e.id, shapeEvent(e, withBlocks)));
-              frames += f.text;
-              alone = f.bytes;
-            }
-            count++;
-            last = e.id;
-          }
-          if (e.kind === 'stage' && !replaying) {
-            if (e.stage === 'terminate' && e.state === 'done') ending = true;
-            if (!wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;
-          }
-        }
-        if (count > 0) registry.sendEvents(w, count === 1 && alone ? alone : frames, last);
-        if (ending) registry.end(w);
-      };
-      w.stop = await follow(deps.log, tenant, after, onEvents, {
+      const feed = new ConversationFeed(
+        registry,
+        w,
+        conversationId,
+        streamList(query.streams),
+        query.blocks === 'true',
+        query.wait === 'true',
+      );
+      w.stop = await follow(deps.log, tenant, after, feed, {
         read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
-        subscribe: (onBatch) => feeds.subscribe(tenant, conversationId, onBatch),
+        subscribe: (sink) => feeds.subscribe(tenant, conversationId, sink),
         paced: () => registry.drained(w),
         cancelled: () => w.closed,
       });
       if (w.closed) return w.stop();
-      replaying = false;
+      feed.replaying = false;
       w.replaying = false;
       // History is out. wait=false ends now unless a turn is running; a terminated
       // conversation has nothing more to say either way.
       const now = await conversations.getConversation(deps.sql, tenant, conversationId);
-      if (!now || now.status === 'terminated' || (!wait && now.status !== 'running')) registry.end(w);
+      if (!now || now.status === 'terminated' || (!feed.wait && now.status !== 'running')) registry.end(w);
     },
     {
       sandbox: conversationId,
@@ -92,4 +63,61 @@ export function serveConversationStream(
       },
     },
   );
+}
+
+/**
+ * One watcher of a conversation stream. A class rather than closures: a node holds one per
+ * watcher for as long as it watches, and methods live once on the prototype (tsx names every
+ * closure bound to a name, which costs each a property store).
+ */
+class ConversationFeed {
+  /** While history is read (follow() has not returned), events are this watcher's own. */
+  replaying = true;
+  private readonly shape: string;
+  constructor(
+    private readonly registry: WatcherRegistry,
+    private readonly w: Watcher,
+    private readonly conversationId: string,
+    private readonly streams: string[] | undefined,
+    private readonly withBlocks: boolean,
+    /** wait=true: the stream stays open across turns. */
+    readonly wait: boolean,
+  ) {
+    this.shape = withBlocks ? 'conversation:blocks' : 'conversation';
+  }
+
+  /** Live: a turn's end closes a wait=false stream, the conversation's end closes any. */
+  onEvents(events: LogEvent[]): void {
+    const { w, conversationId, streams, withBlocks, replaying } = this;
+    if (w.closed) return;
+    let frames = '';
+    let alone: Buffer | undefined;
+    let count = 0;
+    let last = 0;
+    let ending = false;
+    for (const e of events) {
+      w.position = Math.max(w.position, e.id);
+      if (e.conversationId !== conversationId) continue;
+      if (!streams || streams.includes(e.stream)) {
+        // History read for this watcher is its own: caching its frames would only fill the
+        // cache (and the collector's work) with entries nobody else meets.
+        if (replaying) {
+          frames += frame(e.id, shapeEvent(e, withBlocks));
+          alone = undefined;
+        } else {
+          const f = cachedFrame(this.shape, e, () => frame(e.id, shapeEvent(e, withBlocks)));
+          frames += f.text;
+          alone = f.bytes;
+        }
+        count++;
+        last = e.id;
+      }
+      if (e.kind === 'stage' && !replaying) {
+        if (e.stage === 'terminate' && e.state === 'done') ending = true;
+        if (!this.wait && e.stage === 'turn' && TURN_ENDS.has(e.state ?? '')) ending = true;
+      }
+    }
+    if (count > 0) this.registry.sendEvents(w, count === 1 && alone ? alone : frames, last);
+    if (ending) this.registry.end(w);
+  }
 }

@@ -67,7 +67,7 @@ export function serveMultiplexed(
     registry.send(w, `id: ${after}\n\n`);
     const release = directory.acquire(tenant);
     const feed = new MultiplexedFeed(ctx, w, route, tenant, streamList(query.streams), query.blocks === 'true');
-    const stop = await follow(deps.log, tenant, after, (events) => feed.onEvents(events), {
+    const stop = await follow(deps.log, tenant, after, feed, {
       read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
       paced: () => feed.paced(),
       cancelled: () => w.closed,

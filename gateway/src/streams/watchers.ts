@@ -4,7 +4,7 @@ import { parseCookie } from 'cookie';
 import type { Logger } from 'pino';
 import type { z } from 'zod';
 import type { EventLog } from '../log/log.ts';
-import { authenticateBearer, authenticateSession } from '../services/credentials.ts';
+import { type AuthDeps, authenticateBearer, authenticateSession } from '../services/credentials.ts';
 import type { Principal } from '../services/principal.ts';
 import { frame } from './framing.ts';
 import type { Opening, StreamResponse } from './response.ts';
@@ -17,7 +17,7 @@ export interface SseOptions {
   maxBufferedBytes: number;
 }
 
-export interface StreamDeps {
+export interface StreamDeps extends AuthDeps {
   sql: Sql;
   log: EventLog;
   logger: Logger;
@@ -245,7 +245,7 @@ export class WatcherRegistry {
       let principal: Principal | undefined;
       let query: Q;
       try {
-        principal = await authenticate(deps.sql, o.authorization, o.cookie, o.ip);
+        principal = await authenticate(deps, o.authorization, o.cookie, o.ip);
         if (w.closed) return;
         if (!principal) throw new ApiError('unauthorized');
         if (principal.actor === 'sprite' && checks.sandbox === undefined) {
@@ -316,16 +316,16 @@ function wakeDrained(w: Watcher): void {
 }
 
 async function authenticate(
-  sql: Sql,
+  deps: AuthDeps,
   authorization: string,
   cookie: string,
   ip: string,
 ): Promise<Principal | undefined> {
   if (authorization) {
     const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization);
-    return m?.[1] ? authenticateBearer(sql, m[1], ip) : undefined;
+    return m?.[1] ? authenticateBearer(deps, m[1], ip) : undefined;
   }
   // Parsed as @fastify/cookie parses it for the API, so a browser's session works on both.
   const session = cookie ? parseCookie(cookie).svc_session : undefined;
-  return session ? authenticateSession(sql, session, ip) : undefined;
+  return session ? authenticateSession(deps, session, ip) : undefined;
 }

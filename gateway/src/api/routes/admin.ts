@@ -34,6 +34,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     sql: deps.sql,
     launch: deps.launch,
     exportFiles: deps.exportFiles,
+    credentialCache: deps.credentialCache,
     erasure: {
       sql: deps.sql,
       fabric: deps.fabric,
@@ -81,7 +82,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
       errors: ['not_found', 'validation_failed'],
       response: { 200: AdminUser },
     },
-    handler: async (req) => admin.setRole(deps.sql, requirePrincipal(req), req.params.id, req.body.role),
+    handler: async (req) => admin.setRole(adminDeps, requirePrincipal(req), req.params.id, req.body.role),
   });
 
   r.post('/api/admin/users/:id/sandbox-limit', {

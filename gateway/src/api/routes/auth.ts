@@ -130,7 +130,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     },
     handler: async (req, reply) => {
       const cookie = req.cookies[SESSION_COOKIE];
-      if (cookie) await creds.endSession(deps.sql, cookie, req.clientIp);
+      if (cookie) await creds.endSession(deps, cookie, req.clientIp);
       reply.clearCookie(SESSION_COOKIE, { path: '/' });
       return reply.code(204).send(null);
     },
@@ -199,7 +199,7 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       response: { 204: z.null(), 401: ErrorBody, 404: ErrorBody },
     },
     handler: async (req, reply) => {
-      await creds.revokeApiKey(deps.sql, requirePrincipal(req), req.params.id);
+      await creds.revokeApiKey(deps, requirePrincipal(req), req.params.id);
       return reply.code(204).send(null);
     },
   });

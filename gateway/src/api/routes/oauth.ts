@@ -108,9 +108,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
         });
       }
       const cookie = req.cookies[SESSION_COOKIE];
-      const session = cookie
-        ? await authenticateSession(deps.sql, cookie, req.clientIp).catch(() => undefined)
-        : undefined;
+      const session = cookie ? await authenticateSession(deps, cookie, req.clientIp).catch(() => undefined) : undefined;
       const hidden = (['client_id', 'redirect_uri', 'code_challenge', 'code_challenge_method', 'state'] as const)
         .filter((k) => q[k] !== undefined)
         .map((k) => `<input type="hidden" name="${k}" value="${esc(q[k] as string)}">`)
@@ -155,7 +153,7 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
       let accountId: string | undefined;
       const cookie = req.cookies[SESSION_COOKIE];
       if (cookie && f.csrf) {
-        const session = await authenticateSession(deps.sql, cookie, req.clientIp).catch(() => undefined);
+        const session = await authenticateSession(deps, cookie, req.clientIp).catch(() => undefined);
         if (session && f.csrf === csrfFor(cookie)) accountId = session.accountId;
       } else if (f.email && f.password) {
         try {
@@ -225,12 +223,12 @@ export function oauthRoutes(app: FastifyInstance, deps: ApiDeps): void {
       let token = req.body?.token;
       if (!token) {
         const m = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
-        if (!m?.[1] || !(await authenticateBearer(deps.sql, m[1], req.clientIp))) {
+        if (!m?.[1] || !(await authenticateBearer(deps, m[1], req.clientIp))) {
           throw new ApiError('unauthorized', 'Send the token to revoke, or present it as the bearer.');
         }
         token = m[1];
       }
-      await revokePresentedKey(deps.sql, token, req.clientIp);
+      await revokePresentedKey(deps, token, req.clientIp);
       return { revoked: true as const };
     },
   });
