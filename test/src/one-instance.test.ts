@@ -155,7 +155,7 @@ t.test(
 
 t.test('the edge binds its port exclusively: a second edge cannot join it, even past the start check', async (t) => {
   const log = createLogger('silent');
-  const forwarder = createForwarder({ socketPath: join(tmpdir(), 'svc-nothing-here.sock') }, log);
+  const forwarder = createForwarder((_req, res) => res.end(), log);
   t.teardown(() => forwarder.close());
   const edge = (sharing?: 'group-member') =>
     startEdge({ host: '127.0.0.1', port, sharing, limiter: undefined, rateLimitExempt: [], forwarder, log });
