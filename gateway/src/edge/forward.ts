@@ -84,7 +84,7 @@ export function createForwarder(api: RequestListener, log: Logger, bodyLimit = N
     rawHeaders.push(CLIENT_IP_HEADER, clientIp, REQUEST_ID_HEADER, requestId);
 
     // The query stays out of the log: it may carry a token.
-    const exchange = new Exchange(res, method, clientIp, log.child({ reqId: requestId }), requestId, url, () => {
+    const exchange = new Exchange(res, method, clientIp, log, requestId, url, () => {
       inFlight--;
     });
     inFlight++;
@@ -361,7 +361,7 @@ class Exchange {
   /** The request line of an answer the edge gave itself (the api role logs the others). */
   private logAnswer(status: number): void {
     const ms = Math.round((performance.now() - this.startedAt) * 10) / 10;
-    this.log.info({ method: this.method, path: this.path, status, ms }, 'request');
+    this.log.info({ reqId: this.requestId, method: this.method, path: this.path, status, ms }, 'request');
   }
 
   /** The uWS response is over (answered, cut, or the client gone); the HttpResponse is dead from here on. */
