@@ -614,7 +614,6 @@ export async function startService(
       // The api role does not listen: the edge hands it each request in this process (no
       // socket between them), with the client address header it set itself.
       const forwarder = createForwarder(api.routing, log.child({ role: 'edge' }), config.BODY_LIMIT_BYTES);
-      cleanups.push(() => forwarder.close());
       const edge = await startEdge({
         host: config.HOST,
         port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,

@@ -24,10 +24,7 @@ async function setup(t: Test, bodyLimit?: number) {
   const log = createLogger('silent');
   const forwarder = createForwarder((q, s) => upstream.handler(q, s), log, bodyLimit);
   const edge = await startEdge({ host: '127.0.0.1', port: 0, limiter: undefined, rateLimitExempt: [], forwarder, log });
-  t.teardown(async () => {
-    await edge.close(100);
-    await forwarder.close();
-  });
+  t.teardown(() => edge.close(100));
   return { upstream, port: edge.port, forwarder };
 }
 
@@ -212,12 +209,50 @@ t.test('status, repeated headers, HEAD and 204 come back as the api sent them', 
   t.equal(await none.text(), '');
 });
 
+t.test("a body ended in one go gets a Content-Length; a stream's first bytes reach the client at once", async (t) => {
+  const { upstream, port } = await setup(t);
+  let finish!: () => void;
+  upstream.handler = (req, res) => {
+    if (req.url === '/whole') return res.end('all of it');
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: first\n\n');
+    finish = () => res.end('data: done\n\n');
+  };
+  const whole = await fetch(`http://127.0.0.1:${port}/whole`);
+  t.equal(whole.headers.get('content-length'), '9');
+  t.equal(await whole.text(), 'all of it');
+
+  const sock = await rawClient(port);
+  let got = '';
+  const first = new Promise<void>((resolve) => {
+    sock.on('data', (d) => {
+      got += d.toString();
+      if (got.includes('data: first')) resolve();
+    });
+  });
+  sock.write('GET /stream HTTP/1.1\r\nhost: x\r\n\r\n');
+  await first;
+  t.match(got, /^HTTP\/1\.1 200 OK/, 'the head and the first event arrived while the answer is open');
+  t.match(got, /content-type: text\/event-stream/i);
+  t.match(got, /transfer-encoding: chunked/i);
+  t.notMatch(got, /data: done/);
+  const ended = new Promise((r) => sock.on('data', () => got.includes('0\r\n\r\n') && r(null)));
+  finish();
+  await ended;
+  t.match(got, /data: done/, 'then the body');
+  sock.destroy();
+});
+
 t.test('a client that disconnects mid-response does not leak the request', async (t) => {
   const { upstream, port, forwarder } = await setup(t);
   let closed = false;
-  upstream.handler = (_req, res) => {
+  let aborted = false;
+  upstream.handler = (req, res) => {
     res.writeHead(200, { 'content-type': 'text/plain' });
     res.write('partial');
+    req.on('aborted', () => {
+      aborted = true;
+    });
     res.on('close', () => {
       closed = true;
     });
@@ -228,7 +263,8 @@ t.test('a client that disconnects mid-response does not leak the request', async
   t.equal(forwarder.inFlight, 1);
   sock.destroy();
   for (let i = 0; i < 50 && !closed; i++) await sleep(20);
-  t.ok(closed, 'the upstream request was aborted');
+  t.ok(closed, 'the response closed');
+  t.ok(aborted, 'and the request was aborted, as node:http tells a dropped connection');
   t.equal(forwarder.inFlight, 0);
 });
 

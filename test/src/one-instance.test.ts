@@ -156,7 +156,6 @@ t.test(
 t.test('the edge binds its port exclusively: a second edge cannot join it, even past the start check', async (t) => {
   const log = createLogger('silent');
   const forwarder = createForwarder((_req, res) => res.end(), log);
-  t.teardown(() => forwarder.close());
   const edge = (sharing?: 'group-member') =>
     startEdge({ host: '127.0.0.1', port, sharing, limiter: undefined, rateLimitExempt: [], forwarder, log });
   // A port chosen first: a socket bound to port 0 could not be shared anyway.

@@ -51,7 +51,6 @@ export interface Forwarder {
   forward(res: HttpResponse, req: HttpRequest, clientIp: string, admit: () => Admission, requestId: string): void;
   /** Requests under way (for draining on shutdown). */
   readonly inFlight: number;
-  close(): Promise<void>;
 }
 
 /**
@@ -107,7 +106,6 @@ export function createForwarder(api: RequestListener, log: Logger, bodyLimit = N
     get inFlight() {
       return inFlight;
     },
-    close: async () => {},
   };
 }
 
@@ -467,11 +465,9 @@ class Exchange {
 
   /** Body bytes to uWS; false when the client is not keeping up. */
   private send(chunk: Uint8Array): boolean {
-    if (chunk.byteLength === 0) {
-      // A head flushed on its own (flushHeaders) goes out unless the answer ends in this tick.
-      if (!this.headWritten && !this.held) this.holdUntilTickEnd();
-      return this.queued.length === 0;
-    }
+    // The head alone (flushHeaders) waits for the first body bytes or the end: uWS sends a
+    // head only with them.
+    if (chunk.byteLength === 0) return this.queued.length === 0;
     const buf = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
     if (this.early) {
       this.early.chunks.push(buf);
@@ -513,9 +509,7 @@ class Exchange {
   private holdUntilTickEnd(): void {
     this.held = [];
     process.nextTick(() => {
-      if (!this.held || this.done || this.ended) return;
-      if (this.length === undefined) this.stream();
-      else this.res.cork(() => this.writeHead());
+      if (this.held && !this.done && !this.ended) this.stream();
     });
   }
 
@@ -528,8 +522,6 @@ class Exchange {
     let ok = true;
     res.cork(() => {
       this.writeHead();
-      // Without a body yet this sends the head alone (a stream's start).
-      if (held.length === 0) ok = res.write('');
       for (const b of held) ok = res.write(b);
     });
     if (!ok) this.awaitDrain();
