@@ -58,8 +58,9 @@ export interface Forwarder {
  * genuine `node:http` IncomingMessage and ServerResponse, over a stand-in socket backed by the
  * uWS response, passed to `api` (Fastify's `routing`). Fastify and everything under it (plugins,
  * streamed replies, raw responses) see what `node:http` would give them; what Node would send on
- * the socket goes to uWebSockets.js instead. `bodyLimit` is the api role's largest body: a
- * request announcing more is answered 413 here, before the api sees it.
+ * the socket goes to uWebSockets.js instead. (It replaced an undici keep-alive pool over a Unix
+ * socket, whose hop was most of the edge's cost on a small request.) `bodyLimit` is the api
+ * role's largest body: a request announcing more is answered 413 here, before the api sees it.
  */
 export function createForwarder(api: RequestListener, log: Logger, bodyLimit = Number.POSITIVE_INFINITY): Forwarder {
   let inFlight = 0;
