@@ -1,6 +1,3 @@
-import { randomBytes } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import {
@@ -641,15 +638,9 @@ export async function startService(
       const addr = api.server.address();
       boundPort = typeof addr === 'object' && addr ? addr.port : config.PORT;
     } else {
-      // The api role listens on a private Unix socket only the edge reaches, so the client
-      // address header the edge sets cannot be forged from outside.
-      const socketDir = join(tmpdir(), `svc-${process.pid}-${randomBytes(4).toString('hex')}`);
-      await mkdir(socketDir, { recursive: true, mode: 0o700 });
-      const socketPath = join(socketDir, 'api.sock');
-      cleanups.push(() => rm(socketDir, { recursive: true, force: true }));
-      await api.listen({ path: socketPath });
-      const forwarder = createForwarder({ socketPath }, log.child({ role: 'edge' }), config.BODY_LIMIT_BYTES);
-      cleanups.push(() => forwarder.close());
+      // The api role does not listen: the edge hands it each request in this process (no
+      // socket between them), with the client address header it set itself.
+      const forwarder = createForwarder(api.routing, log.child({ role: 'edge' }), config.BODY_LIMIT_BYTES);
       const edge = await startEdge({
         host: config.HOST,
         port: config.PORT === 0 && config.EDGE_PROCESSES > 1 ? await freePort(config.HOST) : config.PORT,

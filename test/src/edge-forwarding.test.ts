@@ -1,13 +1,12 @@
 /**
- * The edge in front of an upstream we control: bodies stream both ways with backpressure, the
- * client address is passed on and cannot be forged, and status, headers and errors come back
- * as the upstream sent them.
+ * The edge in front of an upstream we control, a `node:http` request listener it hands each
+ * request to in-process (as it hands them to Fastify): bodies stream both ways with
+ * backpressure, the client address is passed on and cannot be forged, and status, headers and
+ * errors come back as the upstream sent them.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { connect, type Socket } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { createLogger } from '@svc/gateway';
 import t, { type Test } from 'tap';
 import { startEdge } from '../../gateway/src/edge/edge.ts';
@@ -22,18 +21,10 @@ interface Upstream {
 
 async function setup(t: Test, bodyLimit?: number) {
   const upstream: Upstream = { handler: (_q, s) => s.end('unset') };
-  const socketPath = join(tmpdir(), `svc-edge-test-${process.pid}-${randomBytes(3).toString('hex')}.sock`);
-  const server = createServer((q, s) => upstream.handler(q, s));
-  await new Promise<void>((r) => server.listen(socketPath, r));
   const log = createLogger('silent');
-  const forwarder = createForwarder({ socketPath }, log, bodyLimit);
+  const forwarder = createForwarder((q, s) => upstream.handler(q, s), log, bodyLimit);
   const edge = await startEdge({ host: '127.0.0.1', port: 0, limiter: undefined, rateLimitExempt: [], forwarder, log });
-  t.teardown(async () => {
-    await edge.close(100);
-    await forwarder.close();
-    server.closeAllConnections();
-    await new Promise((r) => server.close(r));
-  });
+  t.teardown(() => edge.close(100));
   return { upstream, port: edge.port, forwarder };
 }
 
@@ -218,27 +209,50 @@ t.test('status, repeated headers, HEAD and 204 come back as the api sent them', 
   t.equal(await none.text(), '');
 });
 
-t.test('when the api is unreachable the edge answers 503 api_unavailable with Retry-After', async (t) => {
-  const log = createLogger('silent');
-  const forwarder = createForwarder({ socketPath: join(tmpdir(), 'svc-nothing-here.sock') }, log);
-  const edge = await startEdge({ host: '127.0.0.1', port: 0, limiter: undefined, rateLimitExempt: [], forwarder, log });
-  t.teardown(async () => {
-    await edge.close(100);
-    await forwarder.close();
+t.test("a body ended in one go gets a Content-Length; a stream's first bytes reach the client at once", async (t) => {
+  const { upstream, port } = await setup(t);
+  let finish!: () => void;
+  upstream.handler = (req, res) => {
+    if (req.url === '/whole') return res.end('all of it');
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write('data: first\n\n');
+    finish = () => res.end('data: done\n\n');
+  };
+  const whole = await fetch(`http://127.0.0.1:${port}/whole`);
+  t.equal(whole.headers.get('content-length'), '9');
+  t.equal(await whole.text(), 'all of it');
+
+  const sock = await rawClient(port);
+  let got = '';
+  const first = new Promise<void>((resolve) => {
+    sock.on('data', (d) => {
+      got += d.toString();
+      if (got.includes('data: first')) resolve();
+    });
   });
-  const res = await fetch(`http://127.0.0.1:${edge.port}/api/anything`);
-  t.equal(res.status, 503);
-  t.ok(res.headers.get('retry-after'));
-  const body = (await res.json()) as { error: string };
-  t.equal(body.error, 'api_unavailable');
+  sock.write('GET /stream HTTP/1.1\r\nhost: x\r\n\r\n');
+  await first;
+  t.match(got, /^HTTP\/1\.1 200 OK/, 'the head and the first event arrived while the answer is open');
+  t.match(got, /content-type: text\/event-stream/i);
+  t.match(got, /transfer-encoding: chunked/i);
+  t.notMatch(got, /data: done/);
+  const ended = new Promise((r) => sock.on('data', () => got.includes('0\r\n\r\n') && r(null)));
+  finish();
+  await ended;
+  t.match(got, /data: done/, 'then the body');
+  sock.destroy();
 });
 
 t.test('a client that disconnects mid-response does not leak the request', async (t) => {
   const { upstream, port, forwarder } = await setup(t);
   let closed = false;
-  upstream.handler = (_req, res) => {
+  let aborted = false;
+  upstream.handler = (req, res) => {
     res.writeHead(200, { 'content-type': 'text/plain' });
     res.write('partial');
+    req.on('aborted', () => {
+      aborted = true;
+    });
     res.on('close', () => {
       closed = true;
     });
@@ -249,7 +263,8 @@ t.test('a client that disconnects mid-response does not leak the request', async
   t.equal(forwarder.inFlight, 1);
   sock.destroy();
   for (let i = 0; i < 50 && !closed; i++) await sleep(20);
-  t.ok(closed, 'the upstream request was aborted');
+  t.ok(closed, 'the response closed');
+  t.ok(aborted, 'and the request was aborted, as node:http tells a dropped connection');
   t.equal(forwarder.inFlight, 0);
 });
 

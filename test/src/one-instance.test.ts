@@ -155,8 +155,7 @@ t.test(
 
 t.test('the edge binds its port exclusively: a second edge cannot join it, even past the start check', async (t) => {
   const log = createLogger('silent');
-  const forwarder = createForwarder({ socketPath: join(tmpdir(), 'svc-nothing-here.sock') }, log);
-  t.teardown(() => forwarder.close());
+  const forwarder = createForwarder((_req, res) => res.end(), log);
   const edge = (sharing?: 'group-member') =>
     startEdge({ host: '127.0.0.1', port, sharing, limiter: undefined, rateLimitExempt: [], forwarder, log });
   // A port chosen first: a socket bound to port 0 could not be shared anyway.
