@@ -32,6 +32,8 @@ export const CONVERSATIONS_EVENT_EVERY_MS = 1000;
 /** One open stream. All watchers share one timer (no per-watcher timers). */
 export interface Watcher {
   res: StreamResponse;
+  /** The account it streams for, once its credential was checked. */
+  accountId: string | undefined;
   /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
   /**
@@ -136,6 +138,21 @@ export class WatcherRegistry {
     for (const w of [...this.watchers]) this.end(w);
   }
 
+  /**
+   * Ends every stream of the account on this node (it was suspended or deleted); a client
+   * that reconnects is refused at the opening (403 `account_suspended`, or 401). Returns how
+   * many it ended.
+   */
+  endAccount(accountId: string): number {
+    let ended = 0;
+    for (const w of [...this.watchers]) {
+      if (w.accountId !== accountId) continue;
+      this.end(w);
+      ended++;
+    }
+    return ended;
+  }
+
   /** Ends a watcher gracefully: the client may reconnect. */
   end(w: Watcher): void {
     this.finish(w, 'end');
@@ -224,6 +241,7 @@ export class WatcherRegistry {
     const now = Date.now();
     const w: Watcher = {
       res,
+      accountId: undefined,
       lastEventAt: now,
       beatAt: now + Math.floor(Math.random() * deps.options.heartbeatMs),
       backlog: 0,
@@ -264,6 +282,7 @@ export class WatcherRegistry {
         return;
       }
       if (w.closed) return;
+      w.accountId = principal.accountId;
       const lastEventId = o.lastEventId || query.last_event_id || '';
       const resumed = /^\d+$/.test(lastEventId);
       const after = resumed ? Number(lastEventId) : 0;
