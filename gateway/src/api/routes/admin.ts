@@ -12,6 +12,7 @@ import {
   AdminUser,
   AdminUserPage,
   AdminUsersQuery,
+  describeAdminActions,
   IdParam,
 } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
@@ -173,8 +174,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'The privilege trail: every admin action (who, what, to whom, when), newest first',
-      description:
-        'Actions: `admin.user.role` (`from`, `to`), `admin.user.sandbox_limit` (`from`, `to`), `admin.user.suspend` (`suspended`, `sandboxes_stopped`), `admin.user.delete`, `admin.sandbox.reap` (`account_id`, `status_before`). Rows outlive the accounts they name. `page`, `per_page` (default 50, max 200).',
+      description: `Actions, each with the \`metadata\` keys it carries: ${describeAdminActions()}. Rows outlive the accounts they name. \`page\`, \`per_page\` (default 50, max 200).`,
       querystring: AdminPaging,
       response: { 200: AdminEventPage },
     },
