@@ -15,9 +15,9 @@ export const SUSPENDED_MESSAGE = 'This account is suspended; nothing runs for it
  * Called twice by a launch: first, before anything is written, so nothing else happens for a
  * suspended account; then inside the transaction that records the work, where it reads the
  * account row under a share lock: a suspension that committed meanwhile is seen there (the
- * launch rolls back), and one that commits later waits for the launch to commit and then finds
- * and reaps the sandbox it recorded. Either way no sandbox of a suspended account outlives its
- * suspension.
+ * launch rolls back), and one that commits later waits for the launch to commit, so the
+ * suspension's sweep of active sandboxes (admin.setSuspended) finds and reaps the one it
+ * recorded. Either way the sweep misses no sandbox a launch recorded.
  */
 export async function refuseIfSuspended(sql: Sql, accountId: string): Promise<void> {
   if (await accounts.suspendedForShare(sql, accountId)) throw new ApiError('account_suspended', SUSPENDED_MESSAGE);
