@@ -26,6 +26,9 @@ export interface StreamDeps {
   corsOrigins: readonly string[];
 }
 
+/** How long a registry remembers that an account's streams were ended (longer than any opening takes). */
+const ENDED_ACCOUNT_MEMORY_MS = 10 * 60_000;
+
 /** SPEC: the `conversations` event is sent at most once a second per stream. */
 export const CONVERSATIONS_EVENT_EVERY_MS = 1000;
 
@@ -94,6 +97,12 @@ function firstValues(query: URLSearchParams): Record<string, string> {
  */
 export class WatcherRegistry {
   private readonly watchers = new Set<Watcher>();
+  /**
+   * When endAccount last ran for each account, kept ENDED_ACCOUNT_MEMORY_MS: a stream whose
+   * opening was already under way then (authenticated before the suspension) is ended as it
+   * joins, instead of escaping the sweep.
+   */
+  private readonly accountsEnded = new Map<string, number>();
   private readonly timer: NodeJS.Timeout;
 
   constructor(private readonly deps: StreamDeps) {
@@ -113,6 +122,9 @@ export class WatcherRegistry {
   private tick(): void {
     const { options } = this.deps;
     const now = Date.now();
+    for (const [accountId, at] of this.accountsEnded) {
+      if (now - at > ENDED_ACCOUNT_MEMORY_MS) this.accountsEnded.delete(accountId);
+    }
     for (const w of this.watchers) {
       if (w.closed) continue;
       if (w.conversationsPending && now - w.conversationsSentAt >= CONVERSATIONS_EVENT_EVERY_MS) {
@@ -144,6 +156,7 @@ export class WatcherRegistry {
    * many it ended.
    */
   endAccount(accountId: string): number {
+    this.accountsEnded.set(accountId, Date.now());
     let ended = 0;
     for (const w of [...this.watchers]) {
       if (w.accountId !== accountId) continue;
@@ -298,6 +311,8 @@ export class WatcherRegistry {
         res.write(': connected\n\n');
       });
       this.watchers.add(w);
+      // Its account's streams were ended while this one was opening: it goes too.
+      if ((this.accountsEnded.get(principal.accountId) ?? Number.NEGATIVE_INFINITY) >= now) return this.end(w);
       await run({ w, principal, query, after, resumed });
     })().catch((err) => {
       deps.logger.error({ err }, 'stream failed');
