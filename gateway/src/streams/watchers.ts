@@ -301,6 +301,9 @@ export class WatcherRegistry {
       const after = resumed ? Number(lastEventId) : 0;
       w.position = after;
       w.told = after;
+      // Idle time counts from the stream's opening, not from the request's arrival: an opening
+      // slowed by load (authentication, its checks) must not be idle-closed before it sends.
+      w.lastEventAt = Date.now();
       res.cork(() => {
         res.writeHead({
           'content-type': 'text/event-stream; charset=utf-8',
