@@ -603,6 +603,8 @@ export async function startService(
         maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
       },
     });
+    // An account suspended or deleted on any node: its streams here end with its runners.
+    fabric.onAccountClosed((accountId) => streams.endAccount(accountId));
     metrics.observe({
       watchers: () => streams.watchers,
       runners: () => fabric.connectedRunners,

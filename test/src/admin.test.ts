@@ -11,6 +11,7 @@ import {
   type TestService,
   uniqueEmail,
 } from './harness.ts';
+import { rawGet } from './sse-client.ts';
 import { eventually } from './until.ts';
 
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
@@ -49,6 +50,18 @@ async function launcher(svc: TestService): Promise<User & { launch: () => Promis
   ).body;
   const launch = () => http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: SECRET_PROMPT } });
   return { ...me, launch };
+}
+
+/** An open `/api/events/stream` of `key`, and whether the server has ended it. */
+async function openStream(t: Test, svc: TestService, key: string) {
+  const s = rawGet(svc, '/api/events/stream', { authorization: `Bearer ${key}` });
+  t.teardown(() => s.sock.destroy());
+  let ended = false;
+  void s.closed.then(() => {
+    ended = true;
+  });
+  t.ok(await until(() => s.text().includes(': connected')), 'the stream opened');
+  return { ...s, ended: () => ended };
 }
 
 /** The status of a runner WebSocket upgrade with `token` (101 when it opened; closed at once). */
@@ -109,6 +122,9 @@ async function adminRoutes(t: Test, backend: Backend) {
     },
   });
   const op = as(root.key);
+  /** Bob's stream, opened while alice is suspended and ended when bob is deleted. */
+  let bobsStream: Awaited<ReturnType<typeof openStream>> | undefined;
+  const outer = t;
 
   await t.test('an ADMIN_EMAILS account is the first admin: it lists users with rows and page meta', async (t) => {
     const res = await op.get('/api/admin/users?sort=email&dir=asc&per_page=200');
@@ -140,6 +156,8 @@ async function adminRoutes(t: Test, backend: Backend) {
       ['POST', `/api/admin/users/${bob.accountId}/role`],
       ['POST', `/api/admin/users/${bob.accountId}/sandbox-limit`],
       ['POST', `/api/admin/users/${bob.accountId}/suspend`],
+      ['POST', `/api/admin/users/${bob.accountId}/comp`],
+      ['POST', `/api/admin/users/${bob.accountId}/credits`],
       ['DELETE', `/api/admin/users/${bob.accountId}`],
       ['GET', '/api/admin/sandboxes'],
       ['POST', '/api/admin/sandboxes/sbx_x/reap'],
@@ -228,6 +246,9 @@ async function adminRoutes(t: Test, backend: Backend) {
     t.match(second.body.message, /limit is 1/);
     t.equal((await op.post(`/api/admin/users/${alice.accountId}/sandbox-limit`, { limit: -1 })).status, 422);
     t.equal((await op.post(`/api/admin/users/${alice.accountId}/sandbox-limit`, { limit: 'many' })).status, 422);
+    const unknown = await op.post('/api/admin/users/acc_nope/sandbox-limit', { limit: 3 });
+    t.equal(unknown.status, 404, 'an unknown id is 404');
+    t.same(unknown.body, { error: 'not_found', message: 'No account has that id.' });
     const back = await op.post(`/api/admin/users/${alice.accountId}/sandbox-limit`, { limit: null });
     t.equal(back.body.sandbox_limit, null, 'null returns to the instance default');
     t.equal((await alice.launch()).status, 201, 'the default (10) lets a second one launch');
@@ -274,8 +295,26 @@ async function adminRoutes(t: Test, backend: Backend) {
     const login = await http.post('/api/auth/login', { body: { email: alice.email, password: PASSWORD } });
     const cookie = (login.headers.get('set-cookie') ?? '').split(';')[0] as string;
     t.equal((await http.get('/api/auth/me', { cookie })).status, 200, 'a browser session before');
+    const alicesStream = await openStream(t, svc, alice.key);
+    bobsStream = await openStream(outer, svc, bob.key);
     const res = await op.post(`/api/admin/users/${alice.accountId}/suspend`, { suspended: true });
     t.equal(res.status, 200, res.text);
+    t.ok(await until(alicesStream.ended), 'its open stream is ended');
+    t.ok(alicesStream.text().endsWith('0\r\n\r\n'), 'ended, not cut: the chunked body is complete');
+    t.notOk(bobsStream.ended(), 'another account’s stream stays open');
+    const reopened = await http.get('/api/events/stream', { token: alice.key });
+    t.equal(reopened.status, 403, 'a reconnect is refused');
+    t.same(reopened.body, { error: 'account_suspended', message: 'This account is suspended.' });
+    for (const path of ['/api/auth/login', '/api/auth/token']) {
+      const refusedLogin = await http.post(path, { body: { email: alice.email, password: PASSWORD } });
+      t.equal(refusedLogin.status, 403, `${path} with the right password`);
+      t.same(refusedLogin.body, { error: 'account_suspended', message: 'This account is suspended.' });
+    }
+    t.equal(
+      (await http.post('/api/auth/login', { body: { email: alice.email, password: 'not the password' } })).status,
+      401,
+      'a wrong password is still 401: the suspension is told only to whoever knows the password',
+    );
     const session = await http.get('/api/auth/me', { cookie });
     t.equal(session.status, 403);
     t.equal(session.body.error, 'account_suspended', 'its browser session is refused too');
@@ -293,6 +332,9 @@ async function adminRoutes(t: Test, backend: Backend) {
     t.equal(await upgradeStatus(svc, runner.body.token), 401, 'its runner token is refused');
     const self = await op.post(`/api/admin/users/${root.accountId}/suspend`, { suspended: true });
     t.equal(self.status, 422);
+    const unknown = await op.post('/api/admin/users/acc_nope/suspend', { suspended: true });
+    t.equal(unknown.status, 404, 'an unknown id is 404');
+    t.same(unknown.body, { error: 'not_found', message: 'No account has that id.' });
     t.equal((await http.get('/api/agents', { token: root.key })).status, 200, 'the admin is not suspended');
     const restored = await op.post(`/api/admin/users/${alice.accountId}/suspend`, { suspended: false });
     t.equal(restored.body.suspended, false);
@@ -316,8 +358,10 @@ async function adminRoutes(t: Test, backend: Backend) {
   await t.test('delete: the account is erased as DELETE /api/account does; self-delete is 422', async (t) => {
     const self = await op.delete(`/api/admin/users/${root.accountId}`);
     t.equal(self.status, 422);
+    t.notOk(bobsStream?.ended(), 'bob’s stream is open until then');
     const res = await op.delete(`/api/admin/users/${bob.accountId}`);
     t.equal(res.status, 204);
+    t.ok(await until(() => bobsStream?.ended() === true), 'the erased account’s open stream is ended');
     t.equal((await op.get(`/api/admin/users/${bob.accountId}`)).status, 404);
     t.equal((await http.get('/api/agents', { token: bob.key })).status, 401, 'its key is gone');
     t.equal((await op.delete(`/api/admin/users/${bob.accountId}`)).status, 404);

@@ -1,3 +1,4 @@
+import { createHmac } from 'node:crypto';
 import { billing as ledger } from '@svc/db';
 import { loadConfig } from '@svc/gateway';
 import t, { type Test } from 'tap';
@@ -48,6 +49,9 @@ async function ledgerRows(svc: TestService, accountId: string) {
   return svc.db.sql<{ kind: string; cents: string; turn_id: string | null; turn_ms: string | null }[]>`
     SELECT kind, cents, turn_id, turn_ms FROM credit_ledger WHERE account_id = ${accountId} ORDER BY id`;
 }
+
+// Payment on starts three services a backend (the main one, a monthly cap, a wrong key).
+t.setTimeout(backends().length * 120_000);
 
 for (const backend of backends()) {
   t.test(`billing with payment off (${backend})`, async (t) => {
@@ -341,6 +345,101 @@ for (const backend of backends()) {
         trail.body.data.find((e: { action: string }) => e.action === 'admin.user.credits'),
         { admin_id: admin.accountId, action: 'admin.user.credits', target_id: me.accountId, metadata: { cents: 500 } },
         'the grant is on the privilege trail',
+      );
+    });
+
+    t.test('comp and credits: an unknown id is 404, a user is 403, a bad body is 422 naming the field', async (t) => {
+      const me = await signUp(svc);
+      const admin = await signUp(svc, `ops+errors-${backend}@billing.example.test`);
+      await svc.db.sql`UPDATE accounts SET role = 'admin' WHERE id = ${admin.accountId}`;
+      const post = (path: string, token: string, body: unknown) => svc.http.post(path, { token, body });
+      const unknown = await post('/api/admin/users/acc_nobody/comp', admin.key, { comped: true });
+      t.equal(unknown.status, 404);
+      t.same(unknown.body, { error: 'not_found', message: 'No account has that id.' });
+      const byUser = await post(`/api/admin/users/${me.accountId}/comp`, me.key, { comped: true });
+      t.equal(byUser.status, 403, 'a user may not comp, even itself');
+      t.equal(byUser.body.error, 'forbidden');
+      t.equal((await svc.http.get('/api/account/billing', { token: me.key })).body.comped, false, 'not comped');
+      const bad: [unknown, string][] = [
+        [{ cents: 0, note: 'nothing' }, 'cents'],
+        [{ cents: 1.5, note: 'a fraction' }, 'cents'],
+        [{ cents: 100 }, 'note'],
+        [{ cents: 100, note: '' }, 'note'],
+      ];
+      for (const [body, field] of bad) {
+        const res = await post(`/api/admin/users/${me.accountId}/credits`, admin.key, body);
+        t.equal(res.status, 422, JSON.stringify(body));
+        t.equal(res.body.error, 'validation_failed');
+        t.same(Object.keys(res.body.details), [field], `details name ${field}`);
+        t.ok(res.body.details[field].length > 0, 'with a message');
+      }
+      t.match((await post(`/api/admin/users/${me.accountId}/credits`, admin.key, bad[0]?.[0])).body.details.cents, [
+        'must not be zero',
+      ]);
+      t.same(await ledgerRows(svc, me.accountId), [], 'nothing reached the ledger');
+      const trail = await svc.http.get('/api/admin/events?per_page=200', { token: admin.key });
+      t.notOk(
+        trail.body.data.some((e: { target_id: string }) => e.target_id === me.accountId),
+        'nothing refused is on the privilege trail',
+      );
+    });
+
+    t.test('a signed webhook whose body is not JSON is 400 invalid_request and moves nothing', async (t) => {
+      const purchases = async () =>
+        (await svc.db.sql<{ n: number }[]>`SELECT count(*)::int AS n FROM credit_ledger WHERE kind = 'purchase'`)[0]?.n;
+      const before = await purchases();
+      const payload = 'checkout.session.completed for acc_somebody';
+      const at = Math.floor(Date.now() / 1000);
+      const v1 = createHmac('sha256', WEBHOOK_SECRET).update(`${at}.${payload}`).digest('hex');
+      const res = await fetch(hookUrl, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'stripe-signature': `t=${at},v1=${v1}` },
+        body: payload,
+      });
+      t.equal(res.status, 400);
+      t.same(await res.json(), { error: 'invalid_request', message: 'The event is not JSON.' });
+      t.equal(await purchases(), before, 'no purchase was recorded');
+    });
+
+    t.test('at the monthly cap a launch and a prompt are 402 insufficient_credits, credit or not', async (t) => {
+      const capped = await paymentOn(t, backend, fake, { PAYMENT_MONTHLY_CAP_CENTS: '1' });
+      const me = await signUp(capped);
+      const { agent } = await claudeAgent(t, capped.http, me.key);
+      await ledger.grant(capped.db.sql, me.accountId, 10_000_000, 'test');
+      const billingOf = async () => (await capped.http.get('/api/account/billing', { token: me.key })).body;
+      t.equal((await billingOf()).cap_cents, 1, 'the cap is shown');
+      const started = await capped.http.post('/api/conversations', {
+        token: me.key,
+        body: { agent_id: agent.id, prompt: 'hello' },
+      });
+      t.equal(started.status, 201, `below the cap it launches: ${started.text}`);
+      const state = await until('the turn is charged', async () => {
+        const b = await billingOf();
+        return b.usage.credit_burned_cents >= 1 ? b : undefined;
+      });
+      t.ok(state.balance_cents > 0, 'credit is left');
+      const capMessage = {
+        error: 'insufficient_credits',
+        message: "The account reached this month's spending cap.",
+        upgrade_url: UPGRADE_URL,
+      };
+      const prompt = await capped.http.post(`/api/conversations/${started.body.id}/prompts`, {
+        token: me.key,
+        body: { prompt: 'again' },
+      });
+      t.equal(prompt.status, 402, prompt.text);
+      t.same(prompt.body, capMessage);
+      const launch = await capped.http.post('/api/conversations', {
+        token: me.key,
+        body: { agent_id: agent.id, prompt: 'another' },
+      });
+      t.equal(launch.status, 402, launch.text);
+      t.same(launch.body, capMessage);
+      t.equal((await turnsOf(capped, me.key, started.body.id)).length, 1, 'no turn was opened');
+      t.equal(
+        (await capped.http.get('/api/conversations', { token: me.key })).body.data.length,
+        1,
+        'no conversation was launched',
       );
     });
 

@@ -2,14 +2,17 @@ import { EventSource } from 'eventsource';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { signUp, startTestService } from './harness.ts';
+import { rawGet } from './sse-client.ts';
+import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const ADMIN = 'ops@multinode.example.test';
 
 t.test(
   'two edge nodes on one Redis and one Postgres',
   { skip: !process.env.TEST_REDIS_URL && 'needs Redis' },
   async (t) => {
-    const a = await startTestService(t, { backend: 'postgres+redis' });
+    const a = await startTestService(t, { backend: 'postgres+redis', env: { ADMIN_EMAILS: ADMIN } });
     const b = await startTestService(t, {
       backend: 'postgres+redis',
       env: {
@@ -69,6 +72,36 @@ t.test(
     t.test('a key made through node A works on node B', async (t) => {
       const me2 = await b.http.get('/api/auth/me', { token: me.key });
       t.equal(me2.body.id, me.accountId);
+    });
+
+    t.test('an account suspended through node A: its stream on node B ends, another stays', async (t) => {
+      const op = await signUp(a, ADMIN);
+      const other = await signUp(a);
+      const open = (key: string) => {
+        const s = rawGet(b, '/api/events/stream', { authorization: `Bearer ${key}` });
+        t.teardown(() => s.sock.destroy());
+        let ended = false;
+        void s.closed.then(() => {
+          ended = true;
+        });
+        return { ...s, ended: () => ended };
+      };
+      const mine = open(me.key);
+      const theirs = open(other.key);
+      t.ok(
+        await eventually(() => mine.text().includes(': connected') && theirs.text().includes(': connected'), 10_000),
+        'both streams opened on node B',
+      );
+      const res = await a.http.post(`/api/admin/users/${me.accountId}/suspend`, {
+        token: op.key,
+        body: { suspended: true },
+      });
+      t.equal(res.status, 200, res.text);
+      t.ok(await eventually(mine.ended, 10_000), 'node B ended the suspended account’s stream');
+      t.notOk(theirs.ended(), 'and kept the other account’s');
+      const again = await b.http.get('/api/events/stream', { token: me.key });
+      t.equal(again.status, 403);
+      t.equal(again.body.error, 'account_suspended');
     });
   },
 );

@@ -3,7 +3,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Validator } from '@seriousme/openapi-schema-validator';
-import { ConversationStreamQuery, errorCatalogue, MultiplexedStreamQuery } from '@svc/core';
+import { ADMIN_ACTIONS, ConversationStreamQuery, errorCatalogue, MultiplexedStreamQuery } from '@svc/core';
+import { exports } from '@svc/db';
 import { createLogger, loadConfig, startService } from '@svc/gateway';
 import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
@@ -206,6 +207,24 @@ t.test('the machine-readable description', async (t) => {
     t.same(described('/api/conversations/{id}/stream'), fromSchema(ConversationStreamQuery));
     t.same(described('/api/events/stream'), fromSchema(MultiplexedStreamQuery));
     t.same(described('/api/team/stream'), fromSchema(MultiplexedStreamQuery));
+  });
+
+  t.test('the privilege trail and the export file are described from the lists the code writes', async (t) => {
+    const trail = doc.paths['/api/admin/events'].get as Operation;
+    for (const [action, keys] of Object.entries(ADMIN_ACTIONS)) {
+      t.ok(trail.description?.includes(`\`${action}\``), `GET /api/admin/events names ${action}`);
+      for (const key of keys) t.ok(trail.description?.includes(`\`${key}\``), `and its metadata key ${key}`);
+    }
+    const event = doc.components.schemas.AdminEvent as { properties: { action: { enum?: string[] } } };
+    t.same(event.properties.action.enum, Object.keys(ADMIN_ACTIONS), 'the action is an enum of the same list');
+    const lists = [...Object.keys(exports.EXPORT_SECTIONS), 'events'];
+    t.ok(lists.includes('credit_ledger') && lists.includes('support_reports'));
+    const request = doc.paths['/api/account/exports'].post as Operation;
+    const download = doc.paths['/api/account/exports/{id}/download'].get as Operation;
+    t.match(download.description, `exported_at, ${lists.join(', ')}}`, 'the download names every list, in file order');
+    for (const section of Object.keys(exports.EXPORT_SECTIONS)) {
+      t.match(request.description, new RegExp(`[(, ]${section}[,)]`), `the request names ${section}`);
+    }
   });
 
   t.test('documented resources have concrete schemas', async (t) => {

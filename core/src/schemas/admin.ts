@@ -81,14 +81,37 @@ export const AdminAuditPage = z.object({
   meta: z.object({ limit: z.int(), has_more: z.boolean(), next_cursor: z.string().nullable() }),
 });
 
+/**
+ * Every action the privilege trail records, with the `metadata` keys each carries. The one
+ * list: the services record only these (AdminAction), and the schema and the route's
+ * description are made from it, so the documentation cannot leave one out.
+ */
+export const ADMIN_ACTIONS = {
+  'admin.user.role': ['from', 'to'],
+  'admin.user.sandbox_limit': ['from', 'to'],
+  'admin.user.suspend': ['suspended', 'sandboxes_stopped'],
+  'admin.user.delete': [],
+  'admin.user.comp': ['from', 'to'],
+  'admin.user.credits': ['cents'],
+  'admin.sandbox.reap': ['account_id', 'status_before'],
+} as const satisfies Record<string, readonly string[]>;
+
+export type AdminAction = keyof typeof ADMIN_ACTIONS;
+
+/** The actions in words for a description: each in backticks, with its metadata keys. */
+export function describeAdminActions(): string {
+  return Object.entries(ADMIN_ACTIONS)
+    .map(([action, keys]) =>
+      keys.length ? `\`${action}\` (${keys.map((k) => `\`${k}\``).join(', ')})` : `\`${action}\``,
+    )
+    .join(', ');
+}
+
 export const AdminEvent = z
   .object({
     id: z.string(),
     admin_id: z.string().meta({ description: 'The admin who acted.' }),
-    action: z.string().meta({
-      description:
-        'admin.user.role, admin.user.sandbox_limit, admin.user.suspend, admin.user.delete, admin.user.comp, admin.user.credits, admin.sandbox.reap',
-    }),
+    action: z.enum(Object.keys(ADMIN_ACTIONS) as [AdminAction, ...AdminAction[]]),
     target_type: z.enum(['account', 'sandbox']),
     target_id: z.string(),
     metadata: z.record(z.string(), z.unknown()),

@@ -39,6 +39,17 @@ export async function findAccountById(sql: Sql, id: string): Promise<AccountRow 
   return rows[0];
 }
 
+/**
+ * Whether the account is suspended, read under a share lock on its row: inside a transaction
+ * that records new work, a suspension (an UPDATE of that row) either committed before, and is
+ * seen here, or waits until this transaction commits, and then finds the work it must stop.
+ * Undefined when there is no such account.
+ */
+export async function suspendedForShare(tx: Sql, id: string): Promise<boolean | undefined> {
+  const rows = await tx<{ suspended: boolean }[]>`SELECT suspended FROM accounts WHERE id = ${id} FOR SHARE`;
+  return rows[0]?.suspended;
+}
+
 export async function markEmailVerified(sql: Sql, id: string): Promise<void> {
   await sql`UPDATE accounts SET email_verified_at = coalesce(email_verified_at, now()), updated_at = now()
             WHERE id = ${id}`;

@@ -160,6 +160,8 @@ export class RunnerFabric {
   private readonly timer: NodeJS.Timeout;
 
   private router: RunnerRouter | undefined;
+  /** Told when an account's connections are closed on this node (onAccountClosed). */
+  private readonly accountClosed: ((accountId: string) => void)[] = [];
 
   constructor(
     private readonly deps: {
@@ -584,9 +586,10 @@ export class RunnerFabric {
 
   /**
    * Closes the connections `who` selects wherever they are (the runner or its account was
-   * deleted): this node's at once, and through the router every other node's with the same
-   * code and reason. Resolves once the other nodes have been asked; a node that misses the
-   * request closes them at their next heartbeat, which finds the runner gone.
+   * deleted, or the account suspended): this node's at once, and through the router every
+   * other node's with the same code and reason. Resolves once the other nodes have been asked;
+   * a node that misses the request closes them at their next heartbeat, which finds the runner
+   * gone. An account selector also reaches every node's onAccountClosed listeners.
    */
   async disconnectEverywhere(who: RunnerSelector, code: number, reason: string): Promise<void> {
     this.disconnectHere(who, code, reason);
@@ -594,10 +597,24 @@ export class RunnerFabric {
   }
 
   /**
+   * `listener` is called on this node whenever an account's connections are closed here, by
+   * this node's disconnectEverywhere or another node's through the router: the other live
+   * connections of the account on this node (its SSE streams) end with its runners'.
+   */
+  onAccountClosed(listener: (accountId: string) => void): void {
+    this.accountClosed.push(listener);
+  }
+
+  /**
    * `disconnectEverywhere` on this node only (the router's entry point): closes every
-   * connection here that `who` selects, also one still waiting for its hello. Returns how many.
+   * connection here that `who` selects, also one still waiting for its hello, and tells the
+   * onAccountClosed listeners of an account selector. Returns how many runner connections
+   * it closed.
    */
   disconnectHere(who: RunnerSelector, code: number, reason: string): number {
+    if ('accountId' in who) {
+      for (const listener of this.accountClosed) listener(who.accountId);
+    }
     let closed = 0;
     for (const s of [...this.sessions]) {
       const selected = 'runnerId' in who ? s.runnerId === who.runnerId : s.accountId === who.accountId;

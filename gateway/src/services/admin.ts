@@ -1,4 +1,4 @@
-import { ApiError, RUNNER_CLOSE, validationFailed } from '@svc/core';
+import { type AdminAction, ApiError, RUNNER_CLOSE, validationFailed } from '@svc/core';
 import { admin, type Sql, sandboxes } from '@svc/db';
 import { type AccountDeps, type AccountErasureDeps, eraseAccount } from './accounts.ts';
 import { type LaunchDeps, terminateConversation } from './launch.ts';
@@ -68,7 +68,13 @@ function refuseSelf(p: Principal, id: string, what: string): void {
   }
 }
 
-async function record(sql: Sql, p: Principal, action: string, target: ['account' | 'sandbox', string], metadata = {}) {
+async function record(
+  sql: Sql,
+  p: Principal,
+  action: AdminAction,
+  target: ['account' | 'sandbox', string],
+  metadata = {},
+) {
   await admin.insertAdminEvent(sql, {
     adminId: p.accountId,
     action,
@@ -152,6 +158,7 @@ export async function listEvents(sql: Sql, q: { page: number; per_page: number }
   return {
     data: rows.map((e) => ({
       ...e,
+      action: e.action as AdminAction,
       target_type: e.target_type as 'account' | 'sandbox',
       created_at: e.created_at.toISOString(),
     })),

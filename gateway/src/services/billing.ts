@@ -1,4 +1,4 @@
-import { ApiError } from '@svc/core';
+import { type AdminAction, ApiError } from '@svc/core';
 import { accounts, admin, billing as ledger, type Sql } from '@svc/db';
 import { BadSignature, type CreditPack, PaymentProviderError, type Payments } from '../payments/payments.ts';
 import { getUser } from './admin.ts';
@@ -189,7 +189,7 @@ export async function grantCredit(
   return { id: userId, balance_cents: await ledger.balance(sql, userId) };
 }
 
-function trail(sql: Sql, who: ActorRef, action: string, userId: string, metadata: Record<string, unknown>) {
+function trail(sql: Sql, who: ActorRef, action: AdminAction, userId: string, metadata: Record<string, unknown>) {
   return admin.insertAdminEvent(sql, {
     adminId: who.accountId,
     action,

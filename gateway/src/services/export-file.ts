@@ -7,6 +7,13 @@ import type { EventLog } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { shapeEvent } from './conversations.ts';
 
+/**
+ * The lists of an export file, in the order it holds them: a section per resource table
+ * (`exports.EXPORT_SECTIONS`), then `events`, the whole log. Route descriptions are made from
+ * it, so they name every list the file has.
+ */
+export const EXPORT_FILE_LISTS = [...(Object.keys(exportRows.EXPORT_SECTIONS) as exportRows.ExportSection[]), 'events'];
+
 /** Rows of a table, and log events, read per round trip. */
 const PAGE = 1000;
 

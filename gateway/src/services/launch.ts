@@ -7,6 +7,7 @@ import type { EventLog } from '../log/log.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { Keyring } from '../secrets/keyring.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
+import { refuseIfSuspended } from './account-standing.ts';
 import { recordAudit } from './audit.ts';
 import { type Billing, chargeEndedTurn, requireCredit } from './billing.ts';
 import { deleteConversation } from './conversations.ts';
@@ -79,7 +80,8 @@ const permits = (list: string[] | null, id: string) => list === null || list.inc
  * and what it throws rolls the launch back, before any machine is built or turn run.
  * `options.teamMessage` marks a teammate's fresh conversation opened by a message to it,
  * which a sandbox token may send (the team tools' `send_to_teammate`); a sandbox token's
- * other launches are only sub-conversations of its own conversation.
+ * other launches are only sub-conversations of its own conversation. A suspended account
+ * launches nothing (403 `account_suspended`, refuseIfSuspended), whoever asks.
  */
 export async function startConversation(
   deps: LaunchDeps,
@@ -105,6 +107,7 @@ export async function startConversation(
   } = {},
 ) {
   const { sql } = deps;
+  await refuseIfSuspended(sql, who.accountId);
   if (who.actor === 'sprite' && !options.teamMessage) {
     if (parentId === null) {
       throw new ApiError('forbidden', 'A sandbox token starts only sub-conversations (X-Svc-Parent-Conversation-Id).');
@@ -178,6 +181,7 @@ export async function startConversation(
     if (!existing || existing.status === 'failed' || existing.status === 'terminated') {
       await checkCapacity(t, who.accountId, deps.limits);
     }
+    await refuseIfSuspended(t, who.accountId);
     let claimed: { sandbox: sandboxes.SandboxRow; machine: Machine };
     if (existing) {
       claimed = await claimMachine(t, deps, existing, seen);
@@ -245,7 +249,8 @@ export async function startConversation(
 
 /**
  * `POST /api/conversations/:id/prompts`: the next turn. An autonomous turn running ends
- * `done` first (endAutonomousTurnForPrompt). Refused while a user's turn runs (400
+ * `done` first (endAutonomousTurnForPrompt). Refused for a suspended account (403
+ * `account_suspended`, refuseIfSuspended), while a user's turn runs (400
  * `conversation_busy`), after the conversation ended (410), while another conversation runs
  * a turn on a one-turn sandbox (409 `sandbox_at_capacity`), and when its runner is away (503
  * `runner_offline`), and while another request is building its machine (503 `provisioning`,
@@ -260,6 +265,7 @@ export async function sendPrompt(
   options: { turnId?: string } = {},
 ): Promise<conversations.TurnRow> {
   const { sql } = deps;
+  await refuseIfSuspended(sql, who.accountId);
   const conv = await conversations.getConversation(sql, who.accountId, conversationId);
   if (!conv) throw new ApiError('not_found', 'Conversation not found.');
   if (conv.status === 'terminated') throw new ApiError('conversation_terminated');
@@ -291,6 +297,7 @@ export async function sendPrompt(
   const turnId = options.turnId ?? newId('trn');
   const { turn, sandbox, machine } = await sql.begin(async (tx) => {
     const t = tx as unknown as Sql;
+    await refuseIfSuspended(t, who.accountId);
     const opened = await openTurn(t, {
       id: turnId,
       accountId: who.accountId,

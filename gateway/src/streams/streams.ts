@@ -51,6 +51,11 @@ export class StreamServer {
     serveMultiplexed(this.multiplexed, TEAM_STREAM, res, opening);
   }
 
+  /** Ends the account's open streams on this node (WatcherRegistry.endAccount); returns how many. */
+  endAccount(accountId: string): number {
+    return this.registry.endAccount(accountId);
+  }
+
   /** Ends every open stream; clients reconnect (to another node) with Last-Event-ID. */
   close(): void {
     this.registry.close();

@@ -26,12 +26,17 @@ export interface StreamDeps extends AuthDeps {
   corsOrigins: readonly string[];
 }
 
+/** How long a registry remembers that an account's streams were ended (longer than any opening takes). */
+const ENDED_ACCOUNT_MEMORY_MS = 10 * 60_000;
+
 /** SPEC: the `conversations` event is sent at most once a second per stream. */
 export const CONVERSATIONS_EVENT_EVERY_MS = 1000;
 
 /** One open stream. All watchers share one timer (no per-watcher timers). */
 export interface Watcher {
   res: StreamResponse;
+  /** The account it streams for, once its credential was checked. */
+  accountId: string | undefined;
   /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
   /**
@@ -92,6 +97,12 @@ function firstValues(query: URLSearchParams): Record<string, string> {
  */
 export class WatcherRegistry {
   private readonly watchers = new Set<Watcher>();
+  /**
+   * When endAccount last ran for each account, kept ENDED_ACCOUNT_MEMORY_MS: a stream whose
+   * opening was already under way then (authenticated before the suspension) is ended as it
+   * joins, instead of escaping the sweep.
+   */
+  private readonly accountsEnded = new Map<string, number>();
   private readonly timer: NodeJS.Timeout;
 
   constructor(private readonly deps: StreamDeps) {
@@ -111,6 +122,9 @@ export class WatcherRegistry {
   private tick(): void {
     const { options } = this.deps;
     const now = Date.now();
+    for (const [accountId, at] of this.accountsEnded) {
+      if (now - at > ENDED_ACCOUNT_MEMORY_MS) this.accountsEnded.delete(accountId);
+    }
     for (const w of this.watchers) {
       if (w.closed) continue;
       if (w.conversationsPending && now - w.conversationsSentAt >= CONVERSATIONS_EVENT_EVERY_MS) {
@@ -134,6 +148,22 @@ export class WatcherRegistry {
   close(): void {
     clearInterval(this.timer);
     for (const w of [...this.watchers]) this.end(w);
+  }
+
+  /**
+   * Ends every stream of the account on this node (it was suspended or deleted); a client
+   * that reconnects is refused at the opening (403 `account_suspended`, or 401). Returns how
+   * many it ended.
+   */
+  endAccount(accountId: string): number {
+    this.accountsEnded.set(accountId, Date.now());
+    let ended = 0;
+    for (const w of [...this.watchers]) {
+      if (w.accountId !== accountId) continue;
+      this.end(w);
+      ended++;
+    }
+    return ended;
   }
 
   /** Ends a watcher gracefully: the client may reconnect. */
@@ -224,6 +254,7 @@ export class WatcherRegistry {
     const now = Date.now();
     const w: Watcher = {
       res,
+      accountId: undefined,
       lastEventAt: now,
       beatAt: now + Math.floor(Math.random() * deps.options.heartbeatMs),
       backlog: 0,
@@ -264,11 +295,15 @@ export class WatcherRegistry {
         return;
       }
       if (w.closed) return;
+      w.accountId = principal.accountId;
       const lastEventId = o.lastEventId || query.last_event_id || '';
       const resumed = /^\d+$/.test(lastEventId);
       const after = resumed ? Number(lastEventId) : 0;
       w.position = after;
       w.told = after;
+      // Idle time counts from the stream's opening, not from the request's arrival: an opening
+      // slowed by load (authentication, its checks) must not be idle-closed before it sends.
+      w.lastEventAt = Date.now();
       res.cork(() => {
         res.writeHead({
           'content-type': 'text/event-stream; charset=utf-8',
@@ -279,6 +314,8 @@ export class WatcherRegistry {
         res.write(': connected\n\n');
       });
       this.watchers.add(w);
+      // Its account's streams were ended while this one was opening: it goes too.
+      if ((this.accountsEnded.get(principal.accountId) ?? Number.NEGATIVE_INFINITY) >= now) return this.end(w);
       await run({ w, principal, query, after, resumed });
     })().catch((err) => {
       deps.logger.error({ err }, 'stream failed');

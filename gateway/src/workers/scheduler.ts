@@ -18,8 +18,10 @@ const BATCH = 50;
  * the claim still holds: after downtime a schedule that missed several slots fires once, not
  * once per slot. A worker killed mid-fire leaves its lease to expire; the next claimant reuses
  * the claim's conversation id, so the run is neither lost nor launched twice, and a claimant
- * that outlived its lease stamps nothing. A pass never overlaps the previous one. With
- * `periodMs` 0 it never starts.
+ * that outlived its lease stamps nothing. A suspended account's schedule launches nothing (the
+ * launch refuses it, refuseIfSuspended): the run is stamped with that `last_error` and the
+ * schedule moves to its next slot like any run that could not start, so it is not fired again
+ * before then. A pass never overlaps the previous one. With `periodMs` 0 it never starts.
  */
 export class SchedulerWorker extends PeriodicWorker {
   constructor(

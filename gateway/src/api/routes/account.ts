@@ -111,7 +111,7 @@ export function accountRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Delete the account irreversibly: every resource and the tenant encryption key',
       description:
-        'Before the answer, its sandboxes are destroyed (each runner is told; local machines are stopped and their disk removed), its runners are disconnected, and its live event log is dropped.',
+        'Before the answer, its sandboxes are destroyed (each runner is told; local machines are stopped and their disk removed), its runners are disconnected and its open event streams ended (on every node), and its live event log is dropped.',
       body: AccountDelete,
       response: { 204: z.null(), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 422: ErrorBody },
     },

@@ -12,6 +12,7 @@ import {
   AdminUser,
   AdminUserPage,
   AdminUsersQuery,
+  describeAdminActions,
   IdParam,
 } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
@@ -105,7 +106,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Suspend or restore an account',
-      description: `Suspended: every key and session of it is refused with 403 \`account_suspended\`, and each of its active sandboxes is reaped before the answer (conversations terminated, machine destroyed). Restoring lets its keys work again; nothing is restarted.${SELF}`,
+      description: `Suspended: every key and session of it is refused with 403 \`account_suspended\` (a sign-in with its password too), and before the answer each of its active sandboxes is reaped (conversations terminated, machine destroyed) and its runners disconnected and its open event streams ended on every node. While suspended nothing starts for it: a launch or prompt however it arrives is 403 \`account_suspended\`, and a due schedule launches nothing, records why in \`last_error\` and moves to its next slot. Restoring lets its keys work again; nothing is restarted.${SELF}`,
       params: IdParam,
       body: AdminSuspendBody,
       errors: ['not_found', 'validation_failed'],
@@ -119,7 +120,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Delete an account irreversibly, as DELETE /api/account does',
-      description: `Its sandboxes are destroyed, its runners disconnected, every row and its encryption key erased. The privilege trail keeps that it happened (ids only).${SELF}`,
+      description: `Its sandboxes are destroyed, its runners disconnected and its open event streams ended, every row and its encryption key erased. The privilege trail keeps that it happened (ids only).${SELF}`,
       params: IdParam,
       errors: ['not_found', 'validation_failed'],
       response: { 204: z.null() },
@@ -174,8 +175,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'The privilege trail: every admin action (who, what, to whom, when), newest first',
-      description:
-        'Actions: `admin.user.role` (`from`, `to`), `admin.user.sandbox_limit` (`from`, `to`), `admin.user.suspend` (`suspended`, `sandboxes_stopped`), `admin.user.delete`, `admin.sandbox.reap` (`account_id`, `status_before`). Rows outlive the accounts they name. `page`, `per_page` (default 50, max 200).',
+      description: `Actions, each with the \`metadata\` keys it carries: ${describeAdminActions()}. Rows outlive the accounts they name. \`page\`, \`per_page\` (default 50, max 200).`,
       querystring: AdminPaging,
       response: { 200: AdminEventPage },
     },

@@ -2,11 +2,14 @@ import { createReadStream } from 'node:fs';
 import { ErrorBody, Export, IdParam, listOf } from '@svc/core';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { EXPORT_FILE_LISTS } from '../../services/export-file.ts';
 import * as exports from '../../services/exports.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
 
 const tags = ['account'];
+/** The resource lists of an export file (every list but the log), for the descriptions. */
+const RESOURCE_LISTS = EXPORT_FILE_LISTS.filter((l) => l !== 'events').join(', ');
 
 export function exportRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const r = app.withTypeProvider<ZodTypeProvider>();
@@ -17,8 +20,7 @@ export function exportRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Request an export of the whole account',
-      description:
-        'Starts building, in the background, one gzipped JSON file of every resource of the account (agents, environments, vaults, conversations, turns, schedules, teammates, webhooks, audit) and its whole event log. Secret values are never included: secrets appear by key only, webhook secrets and inference credentials not at all. 202 with the export, `pending`; poll it (or the list) until `downloadable`. One request per hour and one export at a time: 429 `rate_limited` with `Retry-After` (seconds). A newer export that becomes ready replaces (and deletes) the older one. Needs a full-scope credential.',
+      description: `Starts building, in the background, one gzipped JSON file of every resource of the account (${RESOURCE_LISTS}) and its whole event log. Secret values are never included: secrets appear by key only, webhook secrets and inference credentials not at all; support reports appear without their screenshots. 202 with the export, \`pending\`; poll it (or the list) until \`downloadable\`. One request per hour and one export at a time: 429 \`rate_limited\` with \`Retry-After\` (seconds). A newer export that becomes ready replaces (and deletes) the older one. Needs a full-scope credential.`,
       operationId: 'requestExport',
       response: { 202: Export, 401: ErrorBody, 403: ErrorBody, 429: ErrorBody },
     },
@@ -60,8 +62,7 @@ export function exportRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Download the export file (gzipped JSON)',
-      description:
-        'The file as stored: `content-type: application/gzip`, named `svc-export-<id>.json.gz`; gunzip it to get one JSON object `{format: "svc-export", version: 1, account_id, exported_at, agents, environments, environment_secrets, vaults, vault_secrets, conversations, turns, schedules, teammates, webhooks, audit, events}`, each a list of rows; `events` is the whole log oldest first, each with `conversation_id`. 404 until the export is downloadable.',
+      description: `The file as stored: \`content-type: application/gzip\`, named \`svc-export-<id>.json.gz\`; gunzip it to get one JSON object \`{format: "svc-export", version: 1, account_id, exported_at, ${EXPORT_FILE_LISTS.join(', ')}}\`, each a list of rows; \`events\` is the whole log oldest first, each with \`conversation_id\`; \`support_reports\` leave out screenshots. 404 until the export is downloadable.`,
       operationId: 'downloadExport',
       params: IdParam,
       response: { 401: ErrorBody, 403: ErrorBody, 404: ErrorBody },
