@@ -1,6 +1,8 @@
 import type { ApiError } from '@svc/core';
 import t from 'tap';
 import { z } from 'zod';
+import { memoryInvalidations } from '../../gateway/src/invalidation/invalidation.memory.ts';
+import { CredentialCache } from '../../gateway/src/services/credential-cache.ts';
 import type { Opening, StreamResponse } from '../../gateway/src/streams/response.ts';
 import { WatcherRegistry } from '../../gateway/src/streams/watchers.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
@@ -49,6 +51,7 @@ t.test('the streams of an ended account end, also one whose opening was under wa
   const other = await signUp(svc);
   const registry = new WatcherRegistry({
     sql: svc.db.sql,
+    credentialCache: new CredentialCache({ ttlMs: 0, maxEntries: 1, invalidations: memoryInvalidations() }),
     log: svc.eventLog,
     logger: svc.log,
     corsOrigins: [],
