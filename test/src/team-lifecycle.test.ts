@@ -143,6 +143,17 @@ for (const backend of backends()) {
       const rotate = await http.post(`/api/team/${agent.id}/conversations`, { token });
       t.equal(rotate.status, 503);
       t.equal(rotate.body.error, 'provisioning');
+      const schedule = (
+        await http.post(`/api/team/${agent.id}/schedules`, { token, body: { cron: '@daily', prompt: 'report' } })
+      ).body;
+      const run = await http.post(`/api/team/${agent.id}/schedules/${schedule.id}/run`, { token });
+      t.equal(run.status, 503, 'a schedule run now waits for the machine too');
+      t.equal(run.body.error, 'provisioning');
+      t.ok(run.headers.get('retry-after'), 'with Retry-After');
+      const stamped = (await http.get(`/api/team/${agent.id}/schedules/${schedule.id}`, { token })).body;
+      t.ok(stamped.last_run_at, 'the run is stamped');
+      t.equal(stamped.last_error, run.body.message);
+      t.equal(stamped.last_conversation_id, null);
       t.equal((await turnsOf(added.conversation.id)).length, 0, 'nothing recorded');
       writeFileSync(gate, '');
       await online(agent.id);
