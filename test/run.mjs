@@ -3,6 +3,7 @@
 // whole suite against them and against the embedded defaults, stops them, and ends with the
 // plain line `N passed, N failed` (test points). REDIS_URL / DATABASE_URL, when given, are
 // used instead of starting servers. Arguments are passed to tap (e.g. a file to run alone).
+// TEST_COMMENTS=1 also prints the tests' own comments (t.comment).
 // Plain JavaScript: it must run before dependencies exist.
 import { execFileSync, execSync, spawn } from 'node:child_process';
 import { chmodSync, chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -181,6 +182,12 @@ async function runTap(env) {
       parents.add(child.name);
       watch(child, [...path, child.name]);
     });
+    // TEST_COMMENTS=1 shows what tests print with t.comment (a transcript), indented as nested.
+    if (process.env.TEST_COMMENTS === '1' && path.length > 0) {
+      p.on('comment', (line) => {
+        if (!/^\s*# (Subtest|time=)/.test(line)) process.stdout.write(line.replace(/^\s*# ?/, '  '));
+      });
+    }
     p.on('assert', (res) => {
       if (res.skip || res.todo || parents.has(res.name)) return;
       if (res.ok) passed++;

@@ -171,6 +171,8 @@ export const ConfigSchema = z.object({
     .default(30 * 60_000),
   /** A runtime that keeps working after its answer: its autonomous turn ends after this long quiet. */
   AUTONOMOUS_IDLE_MS: z.coerce.number().int().min(100).default(5000),
+  /** How long `wait_for_teammate` holds a call before it answers timed_out (SPEC Limits: up to 90 s). */
+  TEAM_WAIT_MS: z.coerce.number().int().min(100).max(90_000).default(90_000),
   RUNNER_GRACE_MS: z.coerce.number().int().min(200).default(30_000),
   /** Output one runner connection may have waiting to be appended before it is closed (it resends). */
   RUNNER_MAX_QUEUED_BYTES: z.coerce

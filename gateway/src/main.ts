@@ -511,6 +511,7 @@ export async function startService(
         sql: db.sql,
         team: teamOps({ launch, runnerOfflineAfterMs: config.RUNNER_GRACE_MS }),
         waiters: turnWaiters,
+        waitMs: config.TEAM_WAIT_MS,
       },
       webhookJobsQueued: () => webhookDelivery.workArrived(),
     };

@@ -281,5 +281,61 @@ for (const backend of backends()) {
       t.ok(await until(async () => (await turnsOf())[0]?.state === 'done', 30_000), 'the turn ran to its end');
       t.equal((await turnsOf()).length, 1, 'the refused run recorded no turn');
     });
+
+    t.test('a one-off run of a persistent teammate opens its conversation on a new machine', async (t) => {
+      const env = (await http.post('/api/environments', { token, body: { name: 'env-lasting' } })).body;
+      const made = await http.post('/api/agents', {
+        token,
+        body: {
+          name: 'lasting',
+          runtime: 'claude',
+          model: 'anthropic/claude-sonnet-4-5',
+          environment_id: env.id,
+          sandbox_mode: 'persistent',
+        },
+      });
+      t.equal(made.status, 201, made.text);
+      const lasting = made.body as { id: string };
+      const added = await http.post('/api/team', { token, body: { agent_id: lasting.id } });
+      t.equal(added.status, 201, added.text);
+      const machine = added.body.conversation.sandbox_id as string;
+      t.ok(
+        await until(
+          async () => (await http.get(`/api/team/${lasting.id}`, { token })).body.presence.state === 'online',
+          30_000,
+        ),
+        'its lasting machine is up',
+      );
+      const s = (
+        await http.post(`/api/team/${lasting.id}/schedules`, {
+          token,
+          body: { cron: '@daily', prompt: 'one-off report', one_off: true },
+        })
+      ).body;
+      const res = await http.post(`/api/team/${lasting.id}/schedules/${s.id}/run`, { token });
+      t.equal(res.status, 202, res.text);
+      t.not(res.body.conversation_id, added.body.conversation.id, 'not the teammate’s conversation');
+      const conversation = (await http.get(`/api/conversations/${res.body.conversation_id}`, { token })).body;
+      t.equal(conversation.agent_id, lasting.id);
+      t.ok(conversation.sandbox_id, 'on a sandbox');
+      t.not(conversation.sandbox_id, machine, 'a new machine, not the lasting one');
+      const sandbox = (await http.get(`/api/sandboxes/${conversation.sandbox_id}`, { token })).body;
+      t.match(sandbox, { mode: 'ephemeral', agent_id: lasting.id, environment_id: env.id });
+      const teammate = (await http.get(`/api/team/${lasting.id}`, { token })).body;
+      t.equal(teammate.conversation.id, added.body.conversation.id, 'the teammate keeps its live conversation');
+      t.equal(teammate.conversation.sandbox_id, machine, 'on its lasting machine');
+      t.ok(
+        await until(async () => {
+          const list = (await http.get(`/api/conversations/${res.body.conversation_id}/turns`, { token })).body.data;
+          return list[0]?.state === 'done';
+        }, 30_000),
+        'the run’s turn ran to its end',
+      );
+      t.equal(
+        (await http.get(`/api/conversations/${added.body.conversation.id}/turns`, { token })).body.data.length,
+        0,
+        'nothing was sent to the teammate’s thread',
+      );
+    });
   });
 }

@@ -9,7 +9,7 @@ t.setTimeout(backends().length * 120_000);
 
 for (const backend of backends()) {
   t.test(`a teammate's life on ${backend}`, async (t) => {
-    const { http, token, other, agentOf, turnsOf, settled, presenceOf, online, teamStream } = await teamSetUp(
+    const { svc, http, token, other, agentOf, turnsOf, settled, presenceOf, online, teamStream } = await teamSetUp(
       t,
       backend,
     );
@@ -124,6 +124,68 @@ for (const backend of backends()) {
       t.equal((await http.post(`/api/team/${agent.id}/conversations`, { token: other.key })).status, 404);
     });
 
+    t.test(
+      'starting over retires and opens in one transaction: a failure midway leaves one live conversation',
+      async (t) => {
+        const agent = await agentOf(token, 'wirth');
+        const added = (await http.post('/api/team', { token, body: { agent_id: agent.id } })).body;
+        const old = added.conversation.id as string;
+        await online(agent.id);
+        // The node "dies" while it retires the old conversation: the database refuses that write.
+        const sql = svc.db.sql;
+        if (!/^[a-z0-9_]+$/.test(old)) throw new Error(`unexpected id ${old}`);
+        await sql.unsafe(`
+        CREATE FUNCTION refuse_retire_test() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF OLD.id = '${old}' AND NEW.status = 'terminated' THEN RAISE EXCEPTION 'injected fault'; END IF;
+          RETURN NEW;
+        END $$`);
+        await sql.unsafe(`CREATE TRIGGER refuse_retire_test BEFORE UPDATE ON conversations
+        FOR EACH ROW EXECUTE FUNCTION refuse_retire_test()`);
+        const dropped = async () => {
+          await sql.unsafe('DROP TRIGGER IF EXISTS refuse_retire_test ON conversations');
+          await sql.unsafe('DROP FUNCTION IF EXISTS refuse_retire_test()');
+        };
+        t.teardown(dropped);
+        const failed = await http.post(`/api/team/${agent.id}/conversations`, { token });
+        t.equal(failed.status, 500, failed.text);
+        t.equal(failed.body.error, 'internal_error');
+
+        const mate = (await http.get(`/api/team/${agent.id}`, { token })).body;
+        t.equal(mate.conversation.id, old, 'the teammate still points at its old conversation');
+        t.equal(mate.conversation.status, 'idle', 'which is still live');
+        const history = (await http.get(`/api/team/${agent.id}/conversations`, { token })).body.data;
+        t.same(
+          history.map((c: { id: string; current: boolean }) => [c.id, c.current]),
+          [[old, true]],
+          'no second conversation was opened',
+        );
+        const ofAgent = (await http.get(`/api/conversations?agent_id=${agent.id}`, { token })).body.data;
+        t.same(
+          ofAgent.map((c: { id: string }) => c.id),
+          [old],
+          'none at all, on the channel or off it',
+        );
+        const audit = (await http.get('/api/audit?action_prefix=team.conversation.rotated', { token })).body.data;
+        t.notOk(
+          audit.some((r: { resource_id: string }) => r.resource_id === agent.id),
+          'no rotation is recorded',
+        );
+
+        await dropped();
+        const res = await http.post(`/api/team/${agent.id}/conversations`, { token });
+        t.equal(res.status, 201, res.text);
+        const live = (await http.get(`/api/team/${agent.id}/conversations`, { token })).body.data.filter(
+          (c: { status: string }) => c.status !== 'terminated',
+        );
+        t.same(
+          live.map((c: { id: string }) => c.id),
+          [res.body.conversation.id],
+          'once the fault is gone, one live conversation: the new one',
+        );
+      },
+    );
+
     t.test('a teammate whose machine is being built: starting, and 503 provisioning', async (t) => {
       const gate = `/tmp/svc-team-gate-${process.pid}-${Date.now()}`;
       t.teardown(() => rmSync(gate, { force: true }));
@@ -143,6 +205,17 @@ for (const backend of backends()) {
       const rotate = await http.post(`/api/team/${agent.id}/conversations`, { token });
       t.equal(rotate.status, 503);
       t.equal(rotate.body.error, 'provisioning');
+      const schedule = (
+        await http.post(`/api/team/${agent.id}/schedules`, { token, body: { cron: '@daily', prompt: 'report' } })
+      ).body;
+      const run = await http.post(`/api/team/${agent.id}/schedules/${schedule.id}/run`, { token });
+      t.equal(run.status, 503, 'a schedule run now waits for the machine too');
+      t.equal(run.body.error, 'provisioning');
+      t.ok(run.headers.get('retry-after'), 'with Retry-After');
+      const stamped = (await http.get(`/api/team/${agent.id}/schedules/${schedule.id}`, { token })).body;
+      t.ok(stamped.last_run_at, 'the run is stamped');
+      t.equal(stamped.last_error, run.body.message);
+      t.equal(stamped.last_conversation_id, null);
       t.equal((await turnsOf(added.conversation.id)).length, 0, 'nothing recorded');
       writeFileSync(gate, '');
       await online(agent.id);

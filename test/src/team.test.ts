@@ -203,6 +203,39 @@ for (const backend of backends()) {
       t.ok(refused.body.details.vault_id, 'names the vault');
       t.equal((await http.get(`/api/team/${strict.id}`, { token })).status, 404, 'nothing was added');
 
+      // Rule 1: the environment against allowed_environment_ids; unknown or another tenant's ids are 404.
+      const elsewhere = (await http.post('/api/environments', { token, body: { name: 'elsewhere' } })).body;
+      const homebound = await agentOf(token, 'homebound', { allowed_environment_ids: [] });
+      const outside = await http.post('/api/team', {
+        token,
+        body: { agent_id: homebound.id, environment_id: elsewhere.id },
+      });
+      t.equal(outside.status, 422, 'an environment outside allowed_environment_ids');
+      t.equal(outside.body.error, 'validation_failed');
+      t.match(outside.body.details.environment_id, [/allowed_environment_ids/]);
+      const unknownEnvId = await http.post('/api/team', {
+        token,
+        body: { agent_id: homebound.id, environment_id: 'env_doesnotexist' },
+      });
+      t.equal(unknownEnvId.status, 404, 'an unknown environment');
+      t.equal(unknownEnvId.body.error, 'not_found');
+      const unknownVault = await http.post('/api/team', {
+        token,
+        body: { agent_id: homebound.id, vault_id: 'vlt_doesnotexist' },
+      });
+      t.equal(unknownVault.status, 404, 'an unknown vault');
+      t.equal(unknownVault.body.error, 'not_found');
+      t.match(unknownVault.body.message, /Vault/);
+      const theirVault = (await http.post('/api/vaults', { token: other.key, body: { name: 'their-keys' } })).body;
+      const foreignVault = await http.post('/api/team', {
+        token,
+        body: { agent_id: homebound.id, vault_id: theirVault.id },
+      });
+      t.equal(foreignVault.status, 404, "another tenant's vault");
+      t.equal(foreignVault.body.error, 'not_found');
+      t.same(foreignVault.body, unknownVault.body, 'answered exactly as an unknown one');
+      t.equal((await http.get(`/api/team/${homebound.id}`, { token })).status, 404, 'none of them added it');
+
       const missing = await http.post('/api/team', { token, body: { name: 'no agent' } });
       t.equal(missing.status, 422);
       t.ok(missing.body.details.agent_id);

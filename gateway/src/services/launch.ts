@@ -1,5 +1,15 @@
 import { ApiError, newId, orNotFound, type Runtime, validationFailed } from '@svc/core';
-import { agents, conversations, credentials, environments, outbox, type Sql, sandboxes, vaults } from '@svc/db';
+import {
+  agents,
+  conversations,
+  credentials,
+  environments,
+  outbox,
+  type Sql,
+  sandboxes,
+  transaction,
+  vaults,
+} from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { Redaction } from '../log/log.append.ts';
@@ -362,61 +372,96 @@ export async function interruptConversation(deps: LaunchDeps, who: ActorRef, con
   return (await conversations.getConversation(sql, who.accountId, conversationId)) ?? conv;
 }
 
+/** What ending a conversation's record found: what `afterTermination` still has to do. */
+export type Terminated = NonNullable<Awaited<ReturnType<typeof conversations.terminate>>>;
+
 /**
- * `POST /api/conversations/:id/terminate`: the conversation ends (410 afterwards), a running
- * turn ends `interrupted`, its runtime stops, and its sandbox is destroyed unless it is
- * persistent or another live conversation shares it.
+ * The record of a conversation's end, in `sql`'s transaction (or one of its own): the
+ * conversation `terminated`, a running turn `interrupted`, their events in the outbox, its
+ * sandbox tokens revoked and the `conversation.terminated` audit row. 410
+ * `conversation_terminated` when it already ended, 404 when it does not exist. What lies beyond
+ * the database (the runner, the machine) is `afterTermination`, once this has committed.
  */
-export async function terminateConversation(deps: LaunchDeps, who: ActorRef, conversationId: string) {
+export async function terminateRecord(sql: Sql, who: ActorRef, conversationId: string): Promise<Terminated> {
+  return transaction(sql, async (tx) => {
+    const ended = await conversations.terminate(tx, who.accountId, conversationId, (turnId) => [
+      ...(turnId ? [turnEndEvent(conversationId, turnId, 'interrupted', 'the conversation was terminated')] : []),
+      { conversationId, turnId: null, kind: 'stage', stream: 'stage', stage: 'terminate', state: 'done' },
+      changed('conversations'),
+    ]);
+    if (!ended) {
+      const exists = await conversations.getConversation(tx, who.accountId, conversationId);
+      throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
+    }
+    await credentials.revokeSandboxTokens(tx, who.accountId, conversationId);
+    await recordAudit(tx, who, 'conversation.terminated', { type: 'conversation', id: conversationId });
+    return ended;
+  });
+}
+
+/**
+ * What follows a committed `terminateRecord`: the interrupted turn's permission requests
+ * resolved and its charge, the events relayed, the runtime stopped, and the sandbox destroyed
+ * unless it is persistent or another live conversation shares it. Best effort beyond the
+ * database: a runner that is away has nothing running for the conversation.
+ */
+export async function afterTermination(
+  deps: LaunchDeps,
+  who: ActorRef,
+  conversationId: string,
+  ended: Terminated,
+): Promise<void> {
   const { sql } = deps;
-  const ended = await conversations.terminate(sql, who.accountId, conversationId, (turnId) => [
-    ...(turnId ? [turnEndEvent(conversationId, turnId, 'interrupted', 'the conversation was terminated')] : []),
-    { conversationId, turnId: null, kind: 'stage', stream: 'stage', stage: 'terminate', state: 'done' },
-    changed('conversations'),
-  ]);
-  if (!ended) {
-    const exists = await conversations.getConversation(sql, who.accountId, conversationId);
-    throw exists ? new ApiError('conversation_terminated') : new ApiError('not_found', 'Conversation not found.');
-  }
   if (ended.interruptedTurnId) {
     await resolveRequestsOfTurn(sql, who.accountId, ended.interruptedTurnId);
     await chargeEndedTurn(sql, deps.billing, who.accountId, ended.interruptedTurnId);
   }
   await deps.relay.flush(who.accountId);
-  await credentials.revokeSandboxTokens(sql, who.accountId, conversationId);
-  await recordAudit(sql, who, 'conversation.terminated', { type: 'conversation', id: conversationId });
   const sandbox = ended.sandboxId ? await sandboxes.getSandbox(sql, who.accountId, ended.sandboxId) : undefined;
-  if (sandbox) {
-    const destroy = sandbox.mode === 'ephemeral' && ended.othersOnSandbox === 0;
-    if (destroy) await sandboxes.moveStatus(sql, sandbox.id, ['provisioning', 'ready', 'suspended'], 'terminated');
-    // The machine is told when it is reachable; one that is away has nothing running for it.
-    const runner = sandbox.runner_id;
-    if (runner) {
-      await deps.fabric
-        .command(runner, { kind: 'conversation.close', sandbox: sandbox.id, conversation_id: conversationId })
-        .then(() =>
-          destroy
-            ? deps.fabric.command(runner, {
-                kind: 'sandbox.destroy',
-                sandbox: sandbox.id,
-                incarnation: sandbox.incarnation,
-              })
-            : undefined,
-        )
-        .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
-        );
-    }
-    if (destroy) {
-      await deps.providers
-        .of(sandbox.provider)
-        .destroy(sandbox)
-        .catch((err: Error) =>
-          deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: machine not destroyed'),
-        );
-    }
+  if (!sandbox) return;
+  const destroy = sandbox.mode === 'ephemeral' && ended.othersOnSandbox === 0;
+  if (destroy) await sandboxes.moveStatus(sql, sandbox.id, ['provisioning', 'ready', 'suspended'], 'terminated');
+  // The machine is told when it is reachable; one that is away has nothing running for it.
+  const runner = sandbox.runner_id;
+  if (runner) {
+    await deps.fabric
+      .command(runner, { kind: 'conversation.close', sandbox: sandbox.id, conversation_id: conversationId })
+      .then(() =>
+        destroy
+          ? deps.fabric.command(runner, {
+              kind: 'sandbox.destroy',
+              sandbox: sandbox.id,
+              incarnation: sandbox.incarnation,
+            })
+          : undefined,
+      )
+      .catch((err: Error) =>
+        deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: runner not told'),
+      );
   }
-  return (await conversations.getConversation(sql, who.accountId, conversationId)) as conversations.ConversationRow;
+  if (destroy) {
+    await deps.providers
+      .of(sandbox.provider)
+      .destroy(sandbox)
+      .catch((err: Error) =>
+        deps.logger.warn({ err: { message: err.message }, sandbox: sandbox.id }, 'terminate: machine not destroyed'),
+      );
+  }
+}
+
+/**
+ * `POST /api/conversations/:id/terminate`: the conversation ends (410 afterwards), a running
+ * turn ends `interrupted`, its runtime stops, and its sandbox is destroyed unless it is
+ * persistent or another live conversation shares it (terminateRecord, then afterTermination).
+ */
+export async function terminateConversation(deps: LaunchDeps, who: ActorRef, conversationId: string) {
+  const ended = await terminateRecord(deps.sql, who, conversationId);
+  await afterTermination(deps, who, conversationId, ended);
+  return (await conversations.getConversation(
+    deps.sql,
+    who.accountId,
+    conversationId,
+  )) as conversations.ConversationRow;
 }
 
 /**

@@ -39,7 +39,8 @@ export function claimedTurnId(claimedConversationId: string): string {
 
 /**
  * Sends the schedule's prompt where it belongs and stamps the outcome. `one_off: true` opens a
- * fresh conversation for the agent (its own environment, a new machine). An in-thread schedule
+ * fresh conversation for the agent (its own environment, a new ephemeral machine even for a
+ * persistent agent, gone when the conversation ends). An in-thread schedule
  * (`one_off: false`) is a message to the agent's teammate (messageTeammate: its live
  * conversation, or a fresh one when that cannot be resumed; 400 `conversation_busy` while a
  * turn runs, 503 while its machine starts); until the agent is on the team it is 404
@@ -74,7 +75,9 @@ export async function fireSchedule(
             await startConversation(
               deps.launch,
               who,
-              { agent_id: row.agent_id, prompt: row.prompt },
+              // A new machine for each run, whatever the agent's own sandbox_mode: a one-off run
+              // never lands on the agent's lasting machine (its teammate's, when it is on the team).
+              { agent_id: row.agent_id, prompt: row.prompt, sandbox_mode: 'ephemeral' },
               null,
               claim ? { conversationId: claim.conversationId } : {},
             )

@@ -46,6 +46,8 @@ export interface TeamMcpDeps {
   sql: Sql;
   team: TeamOps;
   waiters: TurnWaiters;
+  /** How long `wait_for_teammate` holds a call (TEAM_WAIT_MS; at most TEAM_WAIT_MAX_S). */
+  waitMs: number;
 }
 
 /**
@@ -260,7 +262,7 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
     'wait_for_teammate',
     {
       title: 'Wait for a teammate’s reply',
-      description: `Blocks until the teammate's turn ends, for up to ${TEAM_WAIT_MAX_S} seconds, and returns that turn: its state (done, failed, interrupted, timeout) and reply. Without since_turn it waits for the turn running in their thread (or returns their last turn when none runs). timed_out: true means the turn is still running: call again. If your MCP client gives up on a call sooner than that, pass a timeout_s below its limit.`,
+      description: `Blocks until the teammate's turn ends, for up to ${TEAM_WAIT_MAX_S} seconds, and returns that turn: its state (done, failed, interrupted, timeout) and reply. Without since_turn it waits for the turn running in their thread (or returns their last turn when none runs). timed_out: true means the turn is still running: call again.`,
       inputSchema: {
         teammate: teammateArg,
         since_turn: z
@@ -269,17 +271,10 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
           .max(64)
           .optional()
           .describe('Wait for this turn (the turn_id send_to_teammate returned) rather than their current one.'),
-        timeout_s: z
-          .number()
-          .int()
-          .min(1)
-          .max(TEAM_WAIT_MAX_S)
-          .optional()
-          .describe(`Give up after this many seconds (at most and by default ${TEAM_WAIT_MAX_S}).`),
       },
       annotations: { readOnlyHint: true },
     },
-    tool(async ({ teammate, since_turn, timeout_s }: { teammate: string; since_turn?: string; timeout_s?: number }) => {
+    tool(async ({ teammate, since_turn }: { teammate: string; since_turn?: string }) => {
       const { found } = await target(teammate);
       const live = found.conversation?.id;
       let turn: conversations.TurnRow | undefined;
@@ -298,7 +293,7 @@ export function teamMcpServer(deps: TeamMcpDeps, who: ActorRef, conversationId: 
       if (!turn) throw new ToolRefusal(`${found.name} has no turns yet: send_to_teammate first.`);
       const waited =
         turn.state === 'running'
-          ? await deps.waiters.wait(who.accountId, turn.id, (timeout_s ?? TEAM_WAIT_MAX_S) * 1000)
+          ? await deps.waiters.wait(who.accountId, turn.id, Math.min(deps.waitMs, TEAM_WAIT_MAX_S * 1000))
           : { turn, timedOut: false };
       const now = waited.turn ?? turn;
       return json({ teammate: found.name, timed_out: waited.timedOut, ...shapeTurn(now) });

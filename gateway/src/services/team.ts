@@ -1,9 +1,17 @@
 import { ApiError, orNotFound, TEAM_CHANNEL, type TeammateCreate } from '@svc/core';
-import { agents, conversations, outbox, sandboxes, teammates, transaction } from '@svc/db';
+import { agents, conversations, outbox, type Sql, sandboxes, teammates, transaction } from '@svc/db';
 import type { z } from 'zod';
 import { recordAudit } from './audit.ts';
 import { shapeConversation } from './conversations.ts';
-import { type LaunchDeps, sendPrompt, startConversation, terminateConversation } from './launch.ts';
+import {
+  afterTermination,
+  type LaunchDeps,
+  sendPrompt,
+  startConversation,
+  type Terminated,
+  terminateConversation,
+  terminateRecord,
+} from './launch.ts';
 import type { ActorRef } from './principal.ts';
 import { getTeammate, notOnTeam, type TeamDeps, type TeammateEntry, teammateRow } from './team-roster.ts';
 import { changed } from './tenant-events.ts';
@@ -140,7 +148,8 @@ async function refuseWhileBuilding(deps: LaunchDeps, who: ActorRef, sandboxId: s
  * on its lasting sandbox (built when it has none), with `prompt` as the first turn when given.
  * The teammate moves to it (compare-and-set on the conversation it had, with a `team` event)
  * in the launch's transaction: of two requests racing, the second is 400 `conversation_busy`,
- * or 404 when the teammate was removed meanwhile.
+ * or 404 when the teammate was removed meanwhile. `inTransaction` adds to that transaction
+ * (a rotation retires the previous conversation there).
  */
 async function openConversation(
   deps: LaunchDeps,
@@ -153,6 +162,7 @@ async function openConversation(
     sandboxId?: string;
     teamMessage?: boolean;
     turnId?: string;
+    inTransaction?: (tx: Sql, conversationId: string) => Promise<void>;
   },
 ): Promise<conversations.ConversationRow> {
   const agent = orNotFound(await agents.getAgent(deps.sql, who.accountId, mate.agent_id), 'Agent');
@@ -182,6 +192,7 @@ async function openConversation(
           );
         }
         await outbox.enqueue(tx, who.accountId, [changed('team')]);
+        await input.inTransaction?.(tx, conversationId);
       },
     },
   );
@@ -199,10 +210,12 @@ async function endIfLive(deps: LaunchDeps, who: ActorRef, conversationId: string
  * `POST /api/team/:agent_id/conversations`: starts the teammate over on its machine. A new
  * live conversation opens on the current one's sandbox when that is ready or suspended
  * (attached: nothing is built or interrupted; a suspended machine is woken for it), else as
- * `POST /api/team` provisions (its machine failed, was destroyed, or it never had one); then
- * the current one is retired (terminated, its persistent machine kept). 400
- * `conversation_busy` while a turn runs; 503 `provisioning` while its machine is being built.
- * Audited as `team.conversation.rotated`.
+ * `POST /api/team` provisions (its machine failed, was destroyed, or it never had one). The
+ * current one is retired (terminated, its persistent machine kept) in the transaction that
+ * opens the new one and moves the teammate to it, with the `team.conversation.rotated` audit
+ * row: a node that dies midway leaves either the old conversation live or the new one, never
+ * both. 400 `conversation_busy` while a turn runs (also when one started just before the
+ * transaction: nothing is opened then); 503 `provisioning` while its machine is being built.
  */
 export async function rotateTeammate(
   deps: TeamDeps,
@@ -218,15 +231,32 @@ export async function rotateTeammate(
   const sandbox = current?.sandbox_id ? await sandboxes.getSandbox(sql, who.accountId, current.sandbox_id) : undefined;
   if (sandbox?.status === 'provisioning') throw stillBuilding();
   const keep = sandbox && (sandbox.status === 'ready' || sandbox.status === 'suspended') ? sandbox.id : undefined;
-  const fresh = await openConversation(deps.launch, who, mate, current, keep ? { sandboxId: keep } : {});
-  if (current && current.status !== 'terminated') await endIfLive(deps.launch, who, current.id);
-  await recordAudit(
-    sql,
-    who,
-    'team.conversation.rotated',
-    { type: 'agent', id: agentId },
-    { from: current?.id ?? null, to: fresh.id, machine_kept: keep !== undefined },
-  );
+  const retiring = current && current.status !== 'terminated' ? current.id : undefined;
+  let retired: Terminated | undefined;
+  const fresh = await openConversation(deps.launch, who, mate, current, {
+    ...(keep ? { sandboxId: keep } : {}),
+    inTransaction: async (tx, conversationId) => {
+      if (retiring) {
+        retired = await terminateRecord(tx, who, retiring).catch((err: unknown) => {
+          // Ended (or deleted) since it was read: nothing is left to retire.
+          if (err instanceof ApiError && (err.code === 'conversation_terminated' || err.code === 'not_found')) {
+            return undefined;
+          }
+          throw err;
+        });
+        // A turn began after the check above: the teammate is busy, and nothing is opened.
+        if (retired?.interruptedTurnId) throw new ApiError('conversation_busy');
+      }
+      await recordAudit(
+        tx,
+        who,
+        'team.conversation.rotated',
+        { type: 'agent', id: agentId },
+        { from: current?.id ?? null, to: conversationId, machine_kept: keep !== undefined },
+      );
+    },
+  });
+  if (retiring && retired) await afterTermination(deps.launch, who, retiring, retired);
   return { teammate: await getTeammate(deps, who, agentId), conversation: shapeConversation(fresh) };
 }
 

@@ -164,6 +164,12 @@ export class TurnWaiters {
     if (w.waiting) this.waitingCount--;
     w.settled = true;
     this.forget(w);
+    // The last waiter gone: the heap holds only settled ones, so the timer goes with them now
+    // rather than at their earliest deadline.
+    if (this.waitingCount === 0 && this.deadlines.length > 0) {
+      this.deadlines.length = 0;
+      this.arm();
+    }
     w.resolve(result);
   }
 

@@ -136,7 +136,7 @@ export function scheduleRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Run a schedule now',
       description:
-        "202 `{status: queued, conversation_id}` once the prompt is handed over. `one_off: true` opens a fresh conversation for the agent on a new machine (its environment, as a launch does; the launch's errors apply: 422 `missing_credential`, 409 `no_runner_online`, 429 `sandbox_quota_exceeded`, 503 `fleet_full`). An in-thread schedule prompts the teammate's own conversation: 404 when the agent is not on the team, 400 `conversation_busy` while its previous turn runs, 503 `provisioning` while its machine starts. `last_run_at` and `last_error` are stamped either way, and the run is audited as `team.schedule.run`. 404 as for GET.",
+        "202 `{status: queued, conversation_id}` once the prompt is handed over. `one_off: true` opens a fresh conversation for the agent on a new ephemeral machine, even for a persistent agent (its environment, as a launch does; the launch's errors apply: 422 `missing_credential`, 409 `no_runner_online`, 429 `sandbox_quota_exceeded`, 503 `fleet_full`). An in-thread schedule prompts the teammate's own conversation: 404 when the agent is not on the team, 400 `conversation_busy` while its previous turn runs, 503 `provisioning` while its machine starts. `last_run_at` and `last_error` are stamped either way, and the run is audited as `team.schedule.run`. 404 as for GET.",
       params: ScheduleParams,
       errors: [
         'not_found',
