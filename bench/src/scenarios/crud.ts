@@ -73,8 +73,9 @@ export const crud: Scenario = {
     defer(() => pg.stop());
     const results: Record<string, Partial<Record<Where, Measured[]>>> = {};
     const add = (c: string, where: Where, m: Measured) => {
-      results[c] ??= {};
-      ((results[c] as Partial<Record<Where, Measured[]>>)[where] ??= []).push(m);
+      const byWhere = results[c] ?? {};
+      results[c] = byWhere;
+      byWhere[where] = [...(byWhere[where] ?? []), m];
     };
     let clientCpu = 0;
 
