@@ -300,7 +300,8 @@ async function compareFanout(
  * fixed rate inside our service through its write path, each carrying its scheduled send
  * time. The same layout on Nchan (1,000 channels x 10 EventSource subscribers, a publisher
  * process POSTing at the same rate over keep-alive) and on the bare uWebSockets.js floor.
- * Delivered events/s and send-to-receipt latency, per second and overall.
+ * Delivered events/s and send-to-receipt latency, per second and overall; CPU seconds per
+ * thousand deliveries of each whole side, at `--rate` and at HIGH_RATE_FACTOR times it.
  */
 export const sseFanout: Scenario = {
   name: 'sse-fanout',
@@ -331,7 +332,7 @@ const CONVERSATIONS_PER_TENANT = 10;
  * Team fan-out: 1,000 watchers of `GET /api/events/stream` (every conversation of the tenant),
  * 100 per tenant over 10 tenants of 10 conversations each, events appended at a fixed rate
  * round robin over the conversations: each event reaches every watcher of its tenant. The same
- * layout on Nchan and the floor with a channel per tenant.
+ * layout on Nchan and the floor with a channel per tenant. Both rates and figures as sse-fanout.
  */
 export const sseTenant: Scenario = {
   name: 'sse-tenant',
