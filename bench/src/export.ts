@@ -10,9 +10,9 @@
  * out-of-memory error as the account grows; a streamed one finishes with a heap growth that
  * does not follow the account's size (compare `--events 100000` and `--events 300000`).
  *
- *   npm run bench:export -- [--events 100000]
+ *   npm run bench:export -- [--events 100000] [--smoke] [--out DIR]
  *
- * Writes bench/reports/export-<time>.{json,md}.
+ * Writes bench/reports/export-<time>.{json,md} (or into --out). --smoke: 2,000 events.
  */
 import { randomBytes } from 'node:crypto';
 import { createReadStream, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -30,8 +30,11 @@ import { ExportBuilder } from '../../gateway/src/workers/export-builder.ts';
 import { startPostgres } from './lib/postgres.ts';
 import { signUp } from './tenant.ts';
 
-const { values } = parseArgs({ options: { events: { type: 'string', default: '100000' } } });
-const total = Number(values.events);
+const { values } = parseArgs({
+  options: { events: { type: 'string' }, smoke: { type: 'boolean', default: false }, out: { type: 'string' } },
+});
+// --smoke: a small account, only proving the script produces its report (npm test).
+const total = Number(values.events ?? (values.smoke ? '2000' : '100000'));
 const BATCH = 500;
 const CONVERSATIONS = 100;
 const say = (s: string) => process.stdout.write(`${s}\n`);
@@ -140,7 +143,7 @@ try {
   await svc.close();
 
   const stamp = new Date().toISOString().replaceAll(':', '-').replace('.', '-');
-  const dir = fileURLToPath(new URL('../reports/', import.meta.url));
+  const dir = values.out ?? fileURLToPath(new URL('../reports/', import.meta.url));
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, `export-${stamp}.json`), `${JSON.stringify(result, null, 2)}\n`);
   writeFileSync(

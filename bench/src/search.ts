@@ -7,9 +7,9 @@
  * the `EXPLAIN ANALYZE` of the very query the service runs (db's `searchHits`, through
  * auto_explain, so no SQL is restated here).
  *
- *   npm run bench:search -- [--turns 100000] [--runs 5]
+ *   npm run bench:search -- [--turns 100000] [--runs 5] [--smoke] [--out DIR]
  *
- * Writes bench/reports/search-<time>.{json,md}.
+ * Writes bench/reports/search-<time>.{json,md} (or into --out). --smoke: 1,000 turns, one run.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -25,10 +25,16 @@ import { startPostgres } from './lib/postgres.ts';
 import { signUp } from './tenant.ts';
 
 const { values } = parseArgs({
-  options: { turns: { type: 'string', default: '100000' }, runs: { type: 'string', default: '5' } },
+  options: {
+    turns: { type: 'string' },
+    runs: { type: 'string' },
+    smoke: { type: 'boolean', default: false },
+    out: { type: 'string' },
+  },
 });
-const turns = Number(values.turns);
-const runs = Number(values.runs);
+// --smoke: a small tenant and one run, only proving the script produces its report (npm test).
+const turns = Number(values.turns ?? (values.smoke ? '1000' : '100000'));
+const runs = Number(values.runs ?? (values.smoke ? '1' : '5'));
 const TURNS_PER_CONVERSATION = 100;
 const OTHER_TENANTS = 4;
 const say = (s: string) => process.stdout.write(`${s}\n`);
@@ -205,7 +211,7 @@ try {
     command: `npm run bench:search -- ${process.argv.slice(2).join(' ')}`.trim(),
     results: rows,
   };
-  const dir = join(fileURLToPath(new URL('.', import.meta.url)), '..', 'reports');
+  const dir = values.out ?? join(fileURLToPath(new URL('.', import.meta.url)), '..', 'reports');
   mkdirSync(dir, { recursive: true });
   const stamp = new Date().toISOString().replace(/[:.]/g, '-');
   writeFileSync(join(dir, `search-${stamp}.json`), `${JSON.stringify(figures, null, 2)}\n`);
@@ -231,7 +237,7 @@ try {
       ...rows.flatMap((r) => [`## ${r.label}`, '', '```', r.plan.trimEnd(), '```', '']),
     ].join('\n'),
   );
-  say(`\nwrote bench/reports/search-${stamp}.{json,md}`);
+  say(`\nwrote ${join(dir, `search-${stamp}`)}.{json,md}`);
 } finally {
   await pg.stop();
 }

@@ -103,6 +103,8 @@ export interface Service {
   mailer: Mailer;
   keyring: Keyring;
   log: Logger;
+  /** The keys and sessions this node remembers (authentication reads through it). */
+  credentialCache: CredentialCache;
   /** The event log, its single write path, and the registry of values to redact. */
   eventLog: EventLog;
   appendEvents: AppendEvents;
@@ -686,6 +688,7 @@ export async function startService(
       mailer,
       keyring,
       log,
+      credentialCache,
       eventLog,
       appendEvents,
       redaction,

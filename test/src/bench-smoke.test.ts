@@ -8,13 +8,13 @@ import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import type { ResultFile } from '../../bench/src/lib/report.ts';
 import { scenarios } from '../../bench/src/scenarios/index.ts';
 
 const run = promisify(execFile);
 // Each scenario has its own timeout below; together they outlast the default file timeout.
-t.setTimeout(scenarios.length * 240_000);
+t.setTimeout((scenarios.length + 3) * 240_000);
 
 for (const scenario of scenarios) {
   t.test(`bench ${scenario.name} --smoke produces figures`, { timeout: 240_000 }, async (t) => {
@@ -60,5 +60,68 @@ for (const scenario of scenarios) {
       const svg = readFileSync(join(out, json.replace(/\.json$/, `-${chart.file}.svg`)), 'utf8');
       t.match(svg, /^<svg [^>]*>[\s\S]*<\/svg>\n$/, `chart ${chart.file} is an SVG`);
     }
+  });
+}
+
+/**
+ * The stand-alone bench scripts with a small mode, run as a user runs them (`npm run
+ * bench:<name> -- --smoke --out DIR`): each must exit 0 and write its JSON and Markdown report
+ * holding measured figures. `check` names the figures that must be there.
+ */
+const scripts: { script: string; prefix: string; check: (t: Test, json: Record<string, unknown>) => void }[] = [
+  {
+    script: 'bench:search',
+    prefix: 'search-',
+    check: (t, json) => {
+      const results = json.results as { label: string; medianMs: number; plan: string }[];
+      t.ok(results.length > 0, 'queries are timed');
+      for (const r of results) {
+        t.ok(Number.isFinite(r.medianMs) && r.medianMs > 0, `${r.label}: a median (${r.medianMs} ms)`);
+        t.match(r.plan, /Scan|Index|Limit/, `${r.label}: the plan is recorded`);
+      }
+    },
+  },
+  {
+    script: 'bench:export',
+    prefix: 'export-',
+    check: (t, json) => {
+      t.equal(json.events_written, json.events, 'every event is in the account before the export');
+      t.ok(Number(json.seconds) > 0, `the build is timed (${json.seconds} s)`);
+      t.ok(Number(json.file_mb) > 0, `the file's size is read (${json.file_mb} MB)`);
+      t.ok(Number.isFinite(json.heap_peak_growth_mb), 'the heap growth is read');
+    },
+  },
+  {
+    script: 'bench:webhooks',
+    prefix: 'webhook-delivery-',
+    check: (t, json) => {
+      for (const mode of ['consumer', 'direct'] as const) {
+        const m = json[mode] as {
+          burst: { deliveries: number; perSecond: number };
+          paced: { deliveries: number; delayMs: { p50: number } };
+        };
+        t.ok(m.burst.deliveries > 0 && m.burst.perSecond > 0, `${mode}: burst deliveries/s (${m.burst.perSecond})`);
+        t.ok(m.paced.deliveries > 0 && m.paced.delayMs.p50 > 0, `${mode}: paced delay p50 (${m.paced.delayMs.p50} ms)`);
+      }
+    },
+  },
+];
+
+for (const { script, prefix, check } of scripts) {
+  t.test(`npm run ${script} -- --smoke produces figures`, { timeout: 240_000 }, async (t) => {
+    const out = mkdtempSync(join(tmpdir(), `bench-smoke-${script.replace(':', '-')}-`));
+    const res = await run('npm', ['run', '-s', script, '--', '--smoke', '--out', out], {
+      maxBuffer: 16 * 1024 * 1024,
+      timeout: 230_000,
+    }).catch((err: { stdout: string; stderr: string; code: number }) => err);
+    t.equal('code' in res ? res.code : 0, 0, `exit status (${String(res.stderr).slice(-2000)})`);
+    const files = readdirSync(out);
+    const json = files.find((f) => f.startsWith(prefix) && f.endsWith('.json'));
+    t.ok(json, 'a JSON result is written');
+    t.ok(
+      files.some((f) => f.startsWith(prefix) && f.endsWith('.md')),
+      'a Markdown report is written',
+    );
+    if (json) check(t, JSON.parse(readFileSync(join(out, json), 'utf8')) as Record<string, unknown>);
   });
 }

@@ -1,5 +1,6 @@
 import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { type CoreSplit, pinTree } from '../lib/cores.ts';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree, cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
@@ -47,6 +48,24 @@ export interface FanoutPlan {
    * the steady state is measured, not a process's first seconds (JIT, first allocations).
    */
   warmupSeconds?: number;
+  /**
+   * Where processes run: the server side (the server, and ours' Redis and Postgres or a peer's
+   * publisher) on `cores.servers`, the watcher processes on `cores.clients`. Absent: unpinned.
+   */
+  cores?: CoreSplit;
+}
+
+/**
+ * CPU seconds each process of a system's side used over the measured window (publishing and
+ * draining): ours' service process tree, and the Redis and Postgres it runs on when this run
+ * started them; a peer's server (nginx master and workers, or the floor) and its publisher.
+ */
+export interface SideCpu {
+  /** Component name to CPU seconds, e.g. {server: 2.1, Redis: 0.4, Postgres: 0.2}. */
+  parts: Record<string, number>;
+  total: number;
+  /** What could not be counted (a Redis given by --redis, say). */
+  missing: string[];
 }
 
 export interface FanoutResult {
@@ -72,7 +91,13 @@ export interface FanoutResult {
   rssAfter: number;
   rssPeak: number;
   serverCpuSeconds: number;
+  /** The whole side's CPU over the measured window (the server's included). */
+  sideCpu: SideCpu;
+  /** sideCpu.total per thousand deliveries. */
+  cpuSecondsPerThousand: number;
   clientCpuSeconds: number;
+  /** The watcher processes alone over the run. */
+  watcherCpuSeconds: number;
   /** Ours: the collector's pauses of the event loop over the measured window. */
   gc?: GcSummary;
   /**
@@ -137,6 +162,11 @@ function expectedDeliveries(plan: FanoutPlan, published: number): number {
  */
 export async function runFanout(system: System, plan: FanoutPlan, progress: Progress): Promise<FanoutResult> {
   const stops: (() => Promise<unknown>)[] = [];
+  // Every process whose CPU counts on this system's side, by component.
+  const side: { name: string; pid: number }[] = [];
+  const missing: string[] = [];
+  const serverCores = plan.cores?.pinned ? plan.cores.servers : '';
+  const clientCores = plan.cores?.pinned ? plan.cores.clients : '';
   try {
     let port: number;
     let pid: number;
@@ -154,7 +184,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         const redis = await startRedis();
         stops.push(() => redis.stop());
         redisUrl = redis.url;
-      }
+        side.push({ name: 'Redis', pid: redis.pid });
+      } else missing.push('Redis (not started by this run)');
       // Postgres outside the process, as deployed: embedded PGlite runs its queries (the log
       // copier's inserts among them) on the event loop that delivers the events.
       let postgresUrl = plan.postgres;
@@ -162,7 +193,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         const pg = await startPostgres();
         stops.push(() => pg.stop());
         postgresUrl = pg.url;
-      }
+        side.push({ name: 'Postgres', pid: pg.pid });
+      } else missing.push('Postgres (not started by this run)');
       const ours = await startOurs(
         {
           SSE_HEARTBEAT_MS: '15000',
@@ -175,6 +207,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         plan.nodeArgs,
       );
       stops.push(() => ours.stop());
+      side.unshift({ name: 'server', pid: ours.pid });
       gcPauses = { start: () => ours.call('ops/gc#start'), stop: () => ours.call<GcSummary>('ops/gc#stop') };
       const dir = process.env.BENCH_CPU_PROF;
       if (dir) {
@@ -243,24 +276,29 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
           slow: true,
         })),
       ];
+      side.unshift({ name: 'server', pid });
+      // One publisher process for the warm-up and the measurement, started before either, so
+      // its start (loading its code) is not in the measured window.
+      const publisher = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
+        execArgv: ['--import', 'tsx'],
+        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      });
+      stops.push(() => stopChild(publisher));
+      await new Promise<void>((resolve, reject) => {
+        publisher.once('message', () => resolve());
+        publisher.once('exit', (code) => reject(new Error(`publisher exited (${code})`)));
+      });
+      side.push({ name: 'publisher', pid: publisher.pid as number });
       publish = async (seconds) => {
-        const child = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
-          execArgv: ['--import', 'tsx'],
-          stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-        });
-        stops.push(() => stopChild(child));
-        let cpu = 0;
-        const sample = setInterval(() => {
-          try {
-            cpu = cpuSecondsOf(child.pid as number);
-          } catch {
-            // exited
-          }
-        }, 250);
+        const before = cpuSecondsOf(publisher.pid as number);
         const done = await new Promise<{ sent: number; failed: number }>((resolve, reject) => {
-          child.once('message', resolve);
-          child.once('exit', (code) => reject(new Error(`publisher exited (${code})`)));
-          child.send({
+          const onExit = (code: number | null) => reject(new Error(`publisher exited (${code})`));
+          publisher.once('exit', onExit);
+          publisher.once('message', (m: { sent: number; failed: number }) => {
+            publisher.off('exit', onExit);
+            resolve(m);
+          });
+          publisher.send({
             type: 'publish',
             port,
             channels,
@@ -270,18 +308,14 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
             connections: 16,
           } satisfies PublishJob);
         });
-        try {
-          cpu = cpuSecondsOf(child.pid as number);
-        } catch {
-          // exited
-        }
-        clearInterval(sample);
-        return { ...done, cpu };
+        return { ...done, cpu: cpuSecondsOf(publisher.pid as number) - before };
       };
     }
+    for (const { pid: p } of side) pinTree(p, serverCores);
 
     const fleet = startFleet({ port, ready, watchers: specs, inFlight: 32 });
     stops.push(() => fleet.close());
+    for (const p of fleet.pids) pinTree(p, clientCores);
     await fleet.opened(240_000, (s) =>
       progress.update(`${system}: ${s.held}/${specs.length} watchers held, ${s.failed} failed`),
     );
@@ -302,6 +336,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     await profile?.start();
     await gcPauses?.start();
     const cpuBefore = cpuOfTree(pid);
+    const sideBefore = side.map(({ pid: p }) => cpuOfTree(p));
     const start = now();
     fleet.measure(start);
     const publishing = publish(plan.seconds);
@@ -321,6 +356,11 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const rssAfter = rssOfTree(pid);
     rssPeak = Math.max(rssPeak, rssAfter);
     const serverCpuSeconds = cpuOfTree(pid) - cpuBefore;
+    const parts: Record<string, number> = {};
+    side.forEach(({ name, pid: p }, i) => {
+      parts[name] = round(cpuOfTree(p) - (sideBefore[i] as number), 3);
+    });
+    const sideTotal = Object.values(parts).reduce((a, b) => a + b, 0);
     const gc = await gcPauses?.stop();
     if (profile) progress.say(`ours: CPU profile ${await profile.stop()}`);
     const report: FleetReport = await fleet.report();
@@ -336,7 +376,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       deliveredPerSecond: round(report.received / plan.seconds),
       latency: report.latency.summary(),
       p99Windows,
-      p99Median: median(p99Windows),
+      // A part with no delivery at all has no p99 (NaN): a smoke run's two 1 s parts on a busy
+      // machine, where every event of the first arrived in the second. The median is of the
+      // parts that have one; the whole-run p99 and the delivered count still show such a stall.
+      p99Median: median(p99Windows.filter(Number.isFinite)),
       perSecond: report.perSecond.map((h: Histogram, second) => ({
         second,
         count: h.total,
@@ -347,7 +390,12 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       rssAfter,
       rssPeak,
       serverCpuSeconds: round(serverCpuSeconds),
+      sideCpu: { parts, total: round(sideTotal, 3), missing },
+      cpuSecondsPerThousand: report.received > 0 ? round((sideTotal * 1000) / report.received, 5) : Number.NaN,
+      // The watcher processes, and a peer's publisher over the measured window (which also
+      // counts on the peer's side, in sideCpu).
       clientCpuSeconds: round(fleet.cpuSeconds() + published.cpu),
+      watcherCpuSeconds: round(fleet.cpuSeconds()),
       gc,
       appends: published.appends,
       slowHeld: report.slowOpen + report.slowClosed,
@@ -355,7 +403,13 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       failures: report.failures,
     };
     progress.say(
-      `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms (per part ${result.p99Windows.join(', ')}), p99.9 ${result.latency['p99.9']} ms, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${gc ? `, GC ${gc.pauses} pauses, ${gc.totalMs} ms, longest ${gc.maxMs} ms` : ''}${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
+      `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms (per part ${result.p99Windows.join(', ')}), p99.9 ${result.latency['p99.9']} ms, side CPU ${result.sideCpu.total} s (${Object.entries(
+        parts,
+      )
+        .map(([k, v]) => `${k} ${v}`)
+        .join(
+          ', ',
+        )}), ${result.cpuSecondsPerThousand} s per 1k deliveries, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${gc ? `, GC ${gc.pauses} pauses, ${gc.totalMs} ms, longest ${gc.maxMs} ms` : ''}${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
     );
     return result;
   } finally {

@@ -22,6 +22,8 @@ export interface FleetReport {
 
 export interface Fleet {
   processes: number;
+  /** The client processes' pids (to pin them to the load clients' cores). */
+  pids: number[];
   status(): { opened: number; held: number; failed: number; closed: number; received: number };
   /** Waits until every watcher is held or has failed (or `timeoutMs`), showing progress. */
   opened(timeoutMs: number, onProgress?: (s: ReturnType<Fleet['status']>) => void): Promise<boolean>;
@@ -85,6 +87,7 @@ export function startFleet(opts: {
   };
   return {
     processes: children.length,
+    pids: children.map((c) => c.pid as number),
     status,
     async opened(timeoutMs, onProgress) {
       return await until(

@@ -1,8 +1,8 @@
 /**
  * A publisher process for the peers (Nchan, the bare uWebSockets.js floor): POSTs
  * `t:<scheduled send time>` (and padding) to `/pub/<channel>` at a fixed rate, round robin
- * over the channels, over a few keep-alive connections. Forked by fanout.ts; answers
- * `{type: 'done', sent, failed, seconds}`.
+ * over the channels, over a few keep-alive connections. Forked by fanout.ts once per run: says
+ * `{type: 'ready'}` when loaded, then answers each job with `{type: 'done', sent, failed, seconds}`.
  */
 import { Agent, request } from 'node:http';
 
@@ -73,3 +73,4 @@ process.on('message', (m: PublishJob) => {
   if (m.type === 'publish') void publish(m);
 });
 process.on('disconnect', () => process.exit(0));
+process.send?.({ type: 'ready' });
