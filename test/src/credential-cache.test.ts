@@ -220,6 +220,32 @@ for (const backend of backends()) {
   });
 }
 
+for (const backend of backends()) {
+  t.test(`${backend}: a secret remembered as one kind of credential is not taken as the other`, async (t) => {
+    const svc = await startTestService(t, { backend, env: { AUTH_CACHE_TTL_MS: '300000' } });
+    const me = await signUp(svc);
+    const asCookie = (secret: string) =>
+      fetch(`${svc.url}/api/auth/me`, { headers: { cookie: `svc_session=${secret}` } });
+    const asBearer = (secret: string) =>
+      fetch(`${svc.url}/api/auth/me`, { headers: { authorization: `Bearer ${secret}` } });
+
+    t.equal((await asBearer(me.key)).status, 200, 'the API key works as a bearer key (and is now cached)');
+    const keyAsCookie = await asCookie(me.key);
+    t.equal(keyAsCookie.status, 401, 'the same key sent as a session cookie is refused');
+    t.equal(((await keyAsCookie.json()) as { error: string }).error, 'unauthorized');
+
+    const login = await fetch(`${svc.url}/api/auth/login`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ email: me.email, password: PASSWORD }),
+    });
+    const session = /svc_session=([^;]+)/.exec(login.headers.get('set-cookie') ?? '')?.[1] as string;
+    t.ok(session, 'a session cookie was set');
+    t.equal((await asCookie(session)).status, 200, 'the session works as a cookie (and is now cached)');
+    t.equal((await asBearer(session)).status, 401, 'the same secret sent as a bearer key is refused');
+  });
+}
+
 t.test(
   'a revocation on one node is seen on the other through Redis, not by waiting for the cache to expire',
   { skip: !redisUrl && 'needs Redis' },

@@ -115,6 +115,40 @@ function principalOf(c: CachedCredential, ip: string | null): Principal {
 }
 
 /**
+ * What a secret of one kind names, from the node's credential cache or else from `load`
+ * (which reads Postgres). The kind is part of the cache key, so a secret remembered as an API
+ * key is never found as a session cookie, nor a session as a bearer key. `load` may answer a
+ * principal instead of a cacheable credential (a sandbox token): it is passed on, not kept.
+ */
+async function throughCache(
+  deps: AuthDeps,
+  kind: 'bearer' | 'session',
+  secret: string,
+  load: (hash: Buffer) => Promise<CachedCredential | Principal | undefined>,
+): Promise<CachedCredential | Principal | undefined> {
+  if (secret.length > 200) return undefined;
+  const hash = hashSecret(secret);
+  const key = `${kind}:${hash.toString('base64')}`;
+  const hit = deps.credentialCache.get(key);
+  if (hit) return hit;
+  const ticket = deps.credentialCache.begin();
+  const found = await load(hash);
+  if (found && isCacheable(found)) deps.credentialCache.put(key, found, ticket);
+  return found;
+}
+
+function isCacheable(found: CachedCredential | Principal): found is CachedCredential {
+  return 'suspended' in found;
+}
+
+/** Stamps `last_used_at` when it would move (the SQL keeps the same rule across nodes). */
+function touchIfDue(sql: Sql, credentialId: string, lastUsedAt: number | null): boolean {
+  if (lastUsedAt !== null && Date.now() - lastUsedAt < TOUCH_EVERY_MS) return false;
+  void credentials.touchCredential(sql, credentialId).catch(() => {});
+  return true;
+}
+
+/**
  * Resolves `Authorization: Bearer <secret>` to a principal, or undefined when it is not live.
  * API and OAuth keys are served from the node's credential cache when it holds them; a key's
  * `last_used_at` is written only when it would move (at most once a minute).
@@ -124,16 +158,11 @@ export async function authenticateBearer(
   secret: string,
   ip: string | null,
 ): Promise<Principal | undefined> {
-  if (secret.length > 200) return undefined;
-  const hash = hashSecret(secret);
-  const cacheKey = hash.toString('base64');
-  let c = deps.credentialCache.get(cacheKey);
-  if (!c) {
-    const ticket = deps.credentialCache.begin();
+  const found = await throughCache(deps, 'bearer', secret, async (hash) => {
     const row = await credentials.findLiveCredential(deps.sql, hash);
     if (!row) return undefined;
     if (row.kind === 'sandbox') return sandboxPrincipal(deps.sql, row, ip);
-    c = {
+    return {
       accountId: row.account_id,
       actor: 'api',
       scope: row.scope as CachedCredential['scope'],
@@ -143,23 +172,17 @@ export async function authenticateBearer(
       expiresAt: row.expires_at?.getTime() ?? null,
       lastUsedAt: row.last_used_at?.getTime() ?? null,
     };
-    deps.credentialCache.put(cacheKey, c, ticket);
-  }
-  const principal = principalOf(c, ip);
-  const now = Date.now();
-  if (c.lastUsedAt === null || now - c.lastUsedAt >= TOUCH_EVERY_MS) {
-    c.lastUsedAt = now;
-    void credentials.touchCredential(deps.sql, c.credentialId).catch(() => {});
-  }
+  });
+  if (!found || !isCacheable(found)) return found;
+  const principal = principalOf(found, ip);
+  if (touchIfDue(deps.sql, found.credentialId, found.lastUsedAt)) found.lastUsedAt = Date.now();
   return principal;
 }
 
 /** A sandbox token (actor `sprite`): read from Postgres each time, never cached. */
 function sandboxPrincipal(sql: Sql, row: credentials.CredentialWithAccount, ip: string | null): Principal {
   if (row.account_suspended) throw new ApiError('account_suspended');
-  if (row.last_used_at === null || Date.now() - row.last_used_at.getTime() >= TOUCH_EVERY_MS) {
-    void credentials.touchCredential(sql, row.id).catch(() => {});
-  }
+  touchIfDue(sql, row.id, row.last_used_at?.getTime() ?? null);
   return {
     accountId: row.account_id,
     actor: 'sprite',
@@ -191,15 +214,10 @@ export async function authenticateSession(
   secret: string,
   ip: string | null,
 ): Promise<Principal | undefined> {
-  if (secret.length > 200) return undefined;
-  const hash = hashSecret(secret);
-  const cacheKey = hash.toString('base64');
-  let c = deps.credentialCache.get(cacheKey);
-  if (!c) {
-    const ticket = deps.credentialCache.begin();
+  const found = await throughCache(deps, 'session', secret, async (hash) => {
     const row = await sessions.findLiveSession(deps.sql, hash);
     if (!row) return undefined;
-    c = {
+    return {
       accountId: row.account_id,
       actor: 'ui',
       scope: 'full',
@@ -209,9 +227,8 @@ export async function authenticateSession(
       expiresAt: row.expires_at.getTime(),
       lastUsedAt: null,
     };
-    deps.credentialCache.put(cacheKey, c, ticket);
-  }
-  return principalOf(c, ip);
+  });
+  return found && isCacheable(found) ? principalOf(found, ip) : found;
 }
 
 export async function endSession(deps: AuthDeps, secret: string, ip: string | null): Promise<void> {
