@@ -8,8 +8,9 @@
 export interface Invalidations {
   /**
    * Tells every other node (not this one) that the account's credentials changed. Call it after
-   * the change committed. Resolves once the message is handed to the store; never rejects (a
-   * failure is logged, and `onReset` covers what a node could not hear).
+   * the change committed. Resolves once the store took the message, or once it refused it; never
+   * rejects: a message the store refused is kept and sent again until it takes it, and a node
+   * that could not listen for a while forgets everything (`onReset`).
    */
   publish(accountId: string): Promise<void>;
   /**
