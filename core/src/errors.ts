@@ -46,7 +46,6 @@ export const errorCatalogue = {
   sandbox_quota_exceeded: [429, 'The account has reached its sandbox quota.'],
   internal_error: [500, 'Internal error.'],
   network: [502, 'The provider could not be reached.'],
-  api_unavailable: [503, 'The control plane could not be reached; retry shortly.'],
   not_ready: [503, 'The service is not ready: a dependency it needs does not answer.'],
   fleet_full: [503, 'The instance has no free sandbox capacity.'],
   provisioning: [503, 'The machine is still being built.'],

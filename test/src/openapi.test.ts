@@ -108,11 +108,7 @@ t.test('the machine-readable description', async (t) => {
       Object.keys(doc.paths[path][method].responses[status].content['application/json'].examples);
     t.same(examples('/api/conversations', 'post', '409'), ['no_runner_online', 'sandbox_not_attachable']);
     t.same(examples('/api/conversations/{id}/prompts', 'post', '410'), ['conversation_terminated']);
-    t.same(examples('/api/conversations/{id}/prompts', 'post', '503'), [
-      'provisioning',
-      'runner_offline',
-      'api_unavailable',
-    ]);
+    t.same(examples('/api/conversations/{id}/prompts', 'post', '503'), ['provisioning', 'runner_offline']);
     t.same(examples('/api/agents/{id}', 'get', '404'), ['not_found']);
     t.same(examples('/api/auth/token', 'post', '403'), ['email_not_verified', 'account_suspended']);
     const register = Object.keys(doc.paths['/api/auth/register'].post.responses);

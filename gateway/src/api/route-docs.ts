@@ -56,7 +56,7 @@ const GENERIC: Record<number, ErrorCode> = {
 
 /**
  * The codes a route can answer. Every route: 429 `rate_limited` (the edge's limit), 500
- * `internal_error`, 503 `api_unavailable` (the edge could not reach the control plane). With
+ * `internal_error`. With
  * credentials: 401 `unauthorized`, 403 `forbidden` and `account_suspended`. With input: 400
  * `invalid_request`; with a body: 413 `payload_too_large`, 422 `validation_failed`. Then the
  * route's own `errors`; a status the route declares without naming a code of it answers the
@@ -89,7 +89,6 @@ export function errorCodesOf(route: RouteOptions): ErrorCodes {
   }
   add('rate_limited');
   add('internal_error');
-  add('api_unavailable');
   return codes;
 }
 

@@ -125,16 +125,21 @@ export async function setSuspended(deps: AdminDeps, p: Principal, id: string, su
   await deps.credentialCache.forgetAccount(id);
   let stopped = 0;
   if (suspended) {
-    for (const s of await sandboxes.listSandboxes(deps.sql, id, sandboxes.ACTIVE_STATUSES)) {
-      await reap(deps, id, s.id, 'account suspended');
-      stopped++;
+    try {
+      for (const s of await sandboxes.listSandboxes(deps.sql, id, sandboxes.ACTIVE_STATUSES)) {
+        await reap(deps, id, s.id, 'account suspended');
+        stopped++;
+      }
+    } finally {
+      // After the reaps (a runner is told to destroy its machines), and even when one failed:
+      // its own runners are refused at connect while it is suspended, those connected now go,
+      // and its open streams end, on every node.
+      await deps.erasure.fabric.disconnectEverywhere(
+        { accountId: id },
+        RUNNER_CLOSE.revoked,
+        'the account was suspended',
+      );
     }
-    // Its own runners are refused at connect while it is suspended; those connected now go.
-    await deps.erasure.fabric.disconnectEverywhere(
-      { accountId: id },
-      RUNNER_CLOSE.revoked,
-      'the account was suspended',
-    );
   }
   await record(deps.sql, p, 'admin.user.suspend', ['account', id], { suspended, sandboxes_stopped: stopped });
   return getUser(deps.sql, id);

@@ -199,7 +199,10 @@ export async function updateEndpoint(
   return shapeEndpoint(row);
 }
 
-/** Makes a disabled endpoint active again with its failure count reset; an active one stays as it is. */
+/**
+ * Makes the endpoint active with its failure count reset, and audits it (`webhook.resumed`),
+ * whether it was disabled or active: resuming an active endpoint clears its run of failures.
+ */
 export async function resumeEndpoint(deps: WebhookDeps, who: ActorRef, id: string): Promise<Endpoint> {
   await getEndpoint(deps.sql, who.accountId, id);
   const row = await transaction(deps.sql, async (tx) => {

@@ -16,8 +16,7 @@ const Readiness = z.object({
   }),
 });
 
-// `status` and `checks` come with `not_ready`; a 503 `api_unavailable` (the edge could not
-// reach this process's api at all) carries neither.
+// `status` and `checks` come with `not_ready`.
 const NotReady = ErrorBody.extend({
   status: z.literal('not_ready').optional(),
   checks: Readiness.shape.checks.optional(),
