@@ -11,8 +11,9 @@ const SECRET_KEY = 'sk_test_billing_0123456789';
 const WEBHOOK_SECRET = 'whsec_test_billing_0123456789';
 const UPGRADE_URL = 'https://console.example.test/billing';
 const ADMIN = 'ops@billing.example.test';
-/** A second admin, for a test that needs one of its own. */
+/** More admins, for tests that need one of their own. */
 const COMP_ADMIN = 'ops+comp@billing.example.test';
+const ERRORS_ADMIN = 'ops+errors@billing.example.test';
 
 /** A rate of one cent per millisecond of turn time, so any turn's charge is visible. */
 const CENTS_PER_TURN_HOUR = 3_600_000;
@@ -29,7 +30,7 @@ async function paymentOn(t: Test, backend: Backend, fake: FakeStripe, env: Recor
       PAYMENT_CREDIT_PACK_PRICE_CENTS: '2000',
       PAYMENT_CENTS_PER_TURN_HOUR: String(CENTS_PER_TURN_HOUR),
       PAYMENT_UPGRADE_URL: UPGRADE_URL,
-      ADMIN_EMAILS: `${ADMIN},${COMP_ADMIN}`,
+      ADMIN_EMAILS: `${ADMIN},${COMP_ADMIN},${ERRORS_ADMIN}`,
       AUTONOMOUS_IDLE_MS: '300',
       ...env,
     },
@@ -350,8 +351,7 @@ for (const backend of backends()) {
 
     t.test('comp and credits: an unknown id is 404, a user is 403, a bad body is 422 naming the field', async (t) => {
       const me = await signUp(svc);
-      const admin = await signUp(svc, `ops+errors-${backend}@billing.example.test`);
-      await svc.db.sql`UPDATE accounts SET role = 'admin' WHERE id = ${admin.accountId}`;
+      const admin = await signUp(svc, ERRORS_ADMIN);
       const post = (path: string, token: string, body: unknown) => svc.http.post(path, { token, body });
       const unknown = await post('/api/admin/users/acc_nobody/comp', admin.key, { comped: true });
       t.equal(unknown.status, 404);
