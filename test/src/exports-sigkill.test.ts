@@ -6,6 +6,7 @@ import { exports as exportRows } from '@svc/db';
 import t from 'tap';
 import { ExportFiles } from '../../gateway/src/services/exports.ts';
 import { ExportBuilder } from '../../gateway/src/workers/export-builder.ts';
+import { collectOutput } from './child-output.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { alive } from './runner-process.ts';
 import { until } from './until.ts';
@@ -46,19 +47,13 @@ t.test('an export worker process killed with SIGKILL mid-build: another builds t
       EXPORT_STALL_AFTER_PAGES: '1',
     },
   });
-  let output = '';
-  child.stdout.on('data', (c) => {
-    output += c;
-  });
-  child.stderr.on('data', (c) => {
-    output += c;
-  });
+  const output = collectOutput(child);
   t.teardown(() => {
     if (alive(child.pid)) child.kill('SIGKILL');
   });
-  await until('the worker process to write its first page', () => output.includes('{"pages":1}'), 60_000).catch(
+  await until('the worker process to write its first page', () => output.both().includes('{"pages":1}'), 60_000).catch(
     (err) => {
-      throw new Error(`${err.message}\n${output}`);
+      throw new Error(`${err.message}\n${output.both()}`);
     },
   );
   const building = (await svc.http.get(`/api/account/exports/${id}`, { token })).body;

@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { exemptList } from '../../gateway/src/edge/client-ip.ts';
 import { WebhookDeliveryWorker } from '../../gateway/src/workers/webhook-delivery.ts';
+import { collectOutput } from './child-output.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { alive } from './runner-process.ts';
 import { until } from './until.ts';
@@ -47,18 +48,12 @@ t.test('a delivery worker killed with SIGKILL mid-burst: every job is still deli
       WEBHOOK_TEST_PER_ENDPOINT: '4',
     },
   });
-  let output = '';
-  child.stdout.on('data', (c) => {
-    output += c;
-  });
-  child.stderr.on('data', (c) => {
-    output += c;
-  });
+  const output = collectOutput(child);
   t.teardown(() => {
     if (alive(child.pid)) child.kill('SIGKILL');
   });
   await until('the worker process to hold four requests open', () => receiver.held === 4, 30_000).catch((err) => {
-    throw new Error(`${err.message}\n${output}`);
+    throw new Error(`${err.message}\n${output.both()}`);
   });
   const inFlight = receiver.received.map((r) => r.headers['svc-event-id'] as string);
   child.kill('SIGKILL');
