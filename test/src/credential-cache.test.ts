@@ -8,7 +8,7 @@ import { MemoryInvalidationHub, memoryInvalidations } from '../../gateway/src/in
 import { redisInvalidations } from '../../gateway/src/invalidation/invalidation.redis.ts';
 import { type CachedCredential, CredentialCache } from '../../gateway/src/services/credential-cache.ts';
 import { authenticateBearer } from '../../gateway/src/services/credentials.ts';
-import { backends, PASSWORD, signUp, startTestService, uniqueEmail } from './harness.ts';
+import { backends, PASSWORD, signUp, startTestService, twoNodes, uniqueEmail } from './harness.ts';
 
 const silent = pino({ level: 'silent' });
 const redisUrl = process.env.TEST_REDIS_URL;
@@ -278,16 +278,7 @@ t.test(
   async (t) => {
     const admin = uniqueEmail('admin');
     const env = { AUTH_CACHE_TTL_MS: '300000', ADMIN_EMAILS: admin };
-    const a = await startTestService(t, { backend: 'postgres+redis', env });
-    const b = await startTestService(t, {
-      backend: 'postgres+redis',
-      env: {
-        ...env,
-        DATABASE_URL: a.config.DATABASE_URL as string,
-        REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
-        MASTER_KEY: a.config.MASTER_KEY as string,
-      },
-    });
+    const { a, b } = await twoNodes(t, env);
     const boss = await signUp(a, admin);
     const me = await signUp(a);
     const key = async (name: string) =>

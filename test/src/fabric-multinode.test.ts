@@ -1,26 +1,10 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Test } from 'tap';
 import t from 'tap';
-import { signUp, startTestService } from './harness.ts';
+import { signUp, twoNodes } from './harness.ts';
 import { claudeAgent, claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Two nodes on one Postgres and one Redis, both configured with `env`. */
-async function twoNodes(t: Test, env: Record<string, string>) {
-  const a = await startTestService(t, { backend: 'postgres+redis', env });
-  const b = await startTestService(t, {
-    backend: 'postgres+redis',
-    env: {
-      ...env,
-      DATABASE_URL: a.config.DATABASE_URL as string,
-      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
-      MASTER_KEY: a.config.MASTER_KEY as string,
-    },
-  });
-  return { a, b };
-}
 
 /** Whether `ok` holds within `ms`, checked every 50 ms. */
 async function within(ms: number, ok: () => boolean | Promise<boolean>): Promise<boolean> {

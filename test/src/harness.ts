@@ -110,6 +110,21 @@ export async function startTestService(
   return Object.assign(service, { dataDir, mailDir, backend, http });
 }
 
+/** Two nodes on one Postgres and one Redis, both configured with `env`. */
+export async function twoNodes(t: Test, env: Record<string, string>) {
+  const a = await startTestService(t, { backend: 'postgres+redis', env });
+  const b = await startTestService(t, {
+    backend: 'postgres+redis',
+    env: {
+      ...env,
+      DATABASE_URL: a.config.DATABASE_URL as string,
+      REDIS_KEY_PREFIX: a.config.REDIS_KEY_PREFIX,
+      MASTER_KEY: a.config.MASTER_KEY as string,
+    },
+  });
+  return { a, b };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Response validation against the OpenAPI description.
 
