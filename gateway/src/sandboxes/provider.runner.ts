@@ -1,6 +1,6 @@
 import { ApiError } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
-import { runnerOnline } from '../services/runners.ts';
+import { RUNNER_STAYED_AWAY, runnerOnline } from '../services/runners.ts';
 import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 /**
@@ -25,7 +25,8 @@ export function runnerProvider(deps: {
     showsRunner: true,
     adrift: {
       state: 'failed',
-      error: 'the runner was not heard from again after the service restarted',
+      // The same words as when the grace runs out on the runner's node: it is the same event.
+      error: RUNNER_STAYED_AWAY,
       reason: 'runner_gone',
     },
     async place(accountId) {

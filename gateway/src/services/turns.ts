@@ -15,6 +15,7 @@ import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandbo
 import { recordAudit } from './audit.ts';
 import { type Billing, chargeEndedTurn } from './billing.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
+import { RUNNER_STAYED_AWAY } from './runners.ts';
 import { changed } from './tenant-events.ts';
 
 /*
@@ -304,8 +305,7 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
   let failed = 0;
   const error: TurnError = {
     code: 'runner_offline',
-    message:
-      'The runner went offline and did not come back in time: check that svc-runner is running and can reach the service, then send the prompt again.',
+    message: RUNNER_STAYED_AWAY,
   };
   for (const t of await conversations.runningTurnsOnRunner(sql, runnerId)) {
     const ended = await endTurnResolvingRequests(
