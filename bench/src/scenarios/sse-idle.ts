@@ -1,6 +1,7 @@
+import { readFileSync } from 'node:fs';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
-import { rssOfTree, sleep } from '../lib/proc.ts';
+import { rssOfTree, sleep, treeOf } from '../lib/proc.ts';
 import { startRedis } from '../lib/redis.ts';
 import { absoluteTarget, type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
 import { median, round } from '../lib/stats.ts';
@@ -29,8 +30,10 @@ interface Held {
   openSeconds: number;
   rssBefore: number;
   rssAfter: number;
-  /** (RSS after - RSS before) / held. */
+  /** (RSS after - RSS before) / held; both after a full collection where one can be run. */
   rssBytesPerWatcher: number;
+  /** The same, the RSS after read before that collection (the openings' garbage in it). */
+  uncollectedBytesPerWatcher: number;
   /** (V8 heap used after - before) / held, both after a full GC, where the heap can be read. */
   heapBytesPerWatcher: number;
   /** The V8 heap before and after, where it can be read. */
@@ -67,12 +70,12 @@ export const sseIdle: Scenario = {
       ready: string,
       watchers: WatcherSpec[],
       rss: () => number,
-      v8?: { collect(): Promise<unknown>; heap(): Promise<HeapReading> },
+      v8?: { collect(): Promise<unknown>; heap?(): Promise<HeapReading> },
     ): Promise<Held> => {
       await sleep(opts.smoke ? 200 : 1000);
       await v8?.collect();
       const rssBefore = await settledRss(rss, opts.smoke ? 1 : 5);
-      const heapBefore = await v8?.heap();
+      const heapBefore = await v8?.heap?.();
       const started = Date.now();
       const fleet = startFleet({ port, ready, watchers });
       try {
@@ -81,9 +84,11 @@ export const sseIdle: Scenario = {
         );
         const openSeconds = (Date.now() - started) / 1000;
         await progress.countdown(opts.duration, () => `${system}: holding ${fleet.status().held}`);
+        // What the processes hold before a collection: the openings' garbage is still in it.
+        const rssUncollected = v8 ? await settledRss(rss, opts.smoke ? 1 : 5) : undefined;
         await v8?.collect();
         const rssAfter = await settledRss(rss, opts.smoke ? 1 : 5);
-        const heapAfter = await v8?.heap();
+        const heapAfter = await v8?.heap?.();
         const s = fleet.status();
         const report = await fleet.report();
         const held = s.held - s.closed;
@@ -97,6 +102,7 @@ export const sseIdle: Scenario = {
           rssBefore,
           rssAfter,
           rssBytesPerWatcher: perWatcher(rssAfter - rssBefore),
+          uncollectedBytesPerWatcher: perWatcher((rssUncollected ?? rssAfter) - rssBefore),
           heapBytesPerWatcher: heapBefore && heapAfter ? perWatcher(heapAfter.used - heapBefore.used) : Number.NaN,
           ...(heapBefore && heapAfter ? { heap: { before: heapBefore, after: heapAfter } } : {}),
           failures: report.failures,
@@ -178,6 +184,7 @@ export const sseIdle: Scenario = {
           DATABASE_URL: pg.url,
         },
         ['--expose-gc'],
+        { collectOnSignal: true },
       );
       try {
         const supported = await multi.call<number | null>('ops/memory#edgeProcesses');
@@ -196,6 +203,7 @@ export const sseIdle: Scenario = {
               ': connected',
               watchers,
               () => rssOfTree(multi.pid),
+              { collect: () => collectTree(multi.pid) },
             )),
             processes: supported,
           });
@@ -205,6 +213,7 @@ export const sseIdle: Scenario = {
       }
     }
     const manyRss = median(manyRuns.map((r) => r.rssBytesPerWatcher));
+    const manyUncollected = median(manyRuns.map((r) => r.uncollectedBytesPerWatcher));
     const manyHeld = Math.min(...manyRuns.map((r) => r.held));
     const processes = manyRuns[0]?.processes ?? EDGE_PROCESSES;
 
@@ -236,6 +245,15 @@ export const sseIdle: Scenario = {
         nchanRss,
         { atMost: 0.25 },
         decide && manyRuns.length > 0,
+      ),
+      reported(
+        ratioTarget(
+          `RSS per watcher with ${manyN.toLocaleString('en-US')} held across ${processes} edge processes, read before the collection (median of ${manyRuns.length} runs)`,
+          'B',
+          manyUncollected,
+          nchanRss,
+          { atMost: 0.25 },
+        ),
       ),
       ratioTarget(
         'live heap memory per watcher, one edge process (V8 heap used, after a full GC)',
@@ -318,7 +336,7 @@ export const sseIdle: Scenario = {
         `${n} watchers per system on one process, opened from child processes (at most 5,000 sockets each, each from its own loopback source address), held ${opts.duration} s, then memory read.`,
         'Ours: authenticated `GET /api/events/stream` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold. Each RSS figure is the least of five readings over a second, for every system alike.',
         `RSS per watcher: RSS after minus RSS before, over the number held (of every process of the server: nginx's master and worker; ours' primary and its edge processes). Nchan's figure is one worker holding ${n} subscribers.`,
-        `Across edge processes: ${manyN} watchers of one account on a service started with EDGE_PROCESSES=${EDGE_PROCESSES} (SO_REUSEPORT; one Redis and the same throwaway Postgres), from ${Math.ceil(manyN / 5000)} client processes; memory is the RSS of the primary and its edge processes, without a forced GC. ${manyRuns.length} runs, each on a fresh service: ${manyRuns.map((r) => `${r.rssBytesPerWatcher} B (${r.held} held)`).join(', ')}; the row is their median.`,
+        `Across edge processes: ${manyN} watchers of one account on a service started with EDGE_PROCESSES=${EDGE_PROCESSES} (SO_REUSEPORT; one Redis and the same throwaway Postgres), from ${Math.ceil(manyN / 5000)} client processes; memory is the RSS of the primary and its edge processes, each read after a full collection in every one of them (SIGUSR2 to a handler the bench preloads, bench/src/lib/gc-on-signal.mjs), before and after, as for the one-process row. ${manyRuns.length} runs, each on a fresh service: ${manyRuns.map((r) => `${r.rssBytesPerWatcher} B (${r.held} held; ${r.uncollectedBytesPerWatcher} B read before the collection)`).join(', ')}; the rows are their medians. Read before the collection, the figure is mostly the openings' garbage that V8 has not collected yet, and it moves with when V8 runs its collector: on an idle service the memory reducer takes it back within about a minute and a half (on 2026-11-27, 50,000 held across 3 processes read 3,180 B per watcher right after opening, 2,774 B a minute later, and below the reading before the opening at 90 s).`,
         `Live heap per watcher: the V8 heap in use after a full GC (node --expose-gc; two collections 50 ms apart), after minus before, over the number held; ours (one edge process) ${oursHeld.heapBytesPerWatcher} B, committed ${heapLine(oursHeld)}; the bare uWebSockets.js floor ${floorHeld.heapBytesPerWatcher} B, committed ${heapLine(floorHeld)}. The floor keeps each response in a Set per channel and nothing else: what any uWebSockets.js SSE server must hold.`,
         "The RSS delta less V8's committed but unused room is no longer a row: it was the difference of two figures tens of MB apart and swung from below zero to above the RSS delta between runs.",
         'Nchan: nginx with one worker, `nchan_subscriber eventsource` with one channel per subscriber; RSS of master and worker. Floor: a bare uWebSockets.js server holding the responses in a Set per channel.',
@@ -328,6 +346,23 @@ export const sseIdle: Scenario = {
     };
   },
 };
+
+/**
+ * A full collection in every Node process of the service (the primary and its edge processes,
+ * started with `collectOnSignal` and --expose-gc), as `ops/memory#collect` runs in one.
+ */
+async function collectTree(pid: number): Promise<void> {
+  for (const p of treeOf(pid)) {
+    let cmd = '';
+    try {
+      cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (cmd.split('\0')[0]?.endsWith('node')) process.kill(p, 'SIGUSR2');
+  }
+  await sleep(500);
+}
 
 /** The least of `readings` a quarter second apart: RSS moves by megabytes as a collector returns pages. */
 async function settledRss(rss: () => number, readings: number): Promise<number> {
