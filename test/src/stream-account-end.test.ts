@@ -72,7 +72,7 @@ t.test('the streams of an ended account end, also one whose opening was under wa
       z.object({ last_event_id: z.string().optional() }),
       async ({ w, principal }) => {
         ran.push(principal.accountId);
-        w.stop = () => {};
+        w.following = { stop: () => {} };
       },
       checks,
     );

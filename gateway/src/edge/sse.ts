@@ -116,11 +116,11 @@ class UwsStreamResponse implements StreamResponse {
     this.logged('cut');
   }
 
-  onAborted(handler: () => void): void {
+  onAborted(target: { aborted(): void }): void {
     this.res.onAborted(() => {
       this.gone = true;
       this.logged('aborted');
-      handler();
+      target.aborted();
     });
   }
 

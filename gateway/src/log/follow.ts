@@ -5,6 +5,8 @@ export interface EventSink {
   onEvents(events: LogEvent[]): void;
 }
 
+const nothing = () => {};
+
 /** What takes a tenant's live batches for one follower. */
 export interface BatchSink {
   onBatch(batch: LiveBatch): void;
@@ -25,8 +27,12 @@ export async function follow(
     pageSize?: number;
     /** Where history comes from (default: the hot log); readLog reaches into Postgres. */
     read?: (after: number, limit: number) => Promise<LogEvent[]>;
-    /** Where live batches come from (default: the log's feed of the tenant), with its promise. */
-    subscribe?: (sink: BatchSink) => Promise<() => void>;
+    /**
+     * Where live batches come from (default: the log's feed of the tenant), with its promise.
+     * It may resolve to nothing when the caller ends the subscription itself (with the sink
+     * it was handed): follow() then resolves to a function that does nothing.
+     */
+    subscribe?: (sink: BatchSink) => Promise<(() => void) | undefined>;
     /**
      * Paces history by the reader: awaited before each page after the first (a watcher's
      * socket draining), so a long replay holds at most a page in memory however slow the client.
@@ -39,9 +45,9 @@ export async function follow(
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
   const joined = new Joined(after, sink);
-  const stop = await (options.subscribe
-    ? options.subscribe(joined)
-    : log.subscribe(tenant, (batch) => joined.onBatch(batch)));
+  const stop =
+    (await (options.subscribe ? options.subscribe(joined) : log.subscribe(tenant, (batch) => joined.onBatch(batch)))) ??
+    nothing;
   // The next page is asked for before this one is delivered, so the store works on it while
   // this process frames and writes the current one (the two are on different cores).
   let next = read(joined.last, pageSize);

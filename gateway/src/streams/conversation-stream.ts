@@ -1,11 +1,12 @@
 import { ApiError, ConversationStreamQuery, streamList } from '@svc/core';
 import { conversations } from '@svc/db';
+import type { BatchSink } from '../log/follow.ts';
 import { follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { shapeEvent } from '../services/conversations.ts';
-import type { ConversationFeeds } from './conversation-feeds.ts';
 import { cachedFrame, frame } from './framing.ts';
+import type { LiveFeeds } from './live-feeds.ts';
 import type { Opening, StreamResponse } from './response.ts';
 import type { StreamDeps, Watcher, WatcherRegistry } from './watchers.ts';
 
@@ -21,7 +22,7 @@ const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
 export function serveConversationStream(
   deps: StreamDeps,
   registry: WatcherRegistry,
-  feeds: ConversationFeeds,
+  feeds: LiveFeeds,
   res: StreamResponse,
   opening: Opening,
   conversationId: string,
@@ -34,21 +35,26 @@ export function serveConversationStream(
       const tenant = principal.accountId;
       const feed = new ConversationFeed(
         registry,
+        feeds,
         w,
+        tenant,
         conversationId,
         streamList(query.streams),
         query.blocks === 'true',
         query.wait === 'true',
       );
-      w.stop = await follow(deps.log, tenant, after, feed, {
+      // Set before follow() subscribes (synchronously, on its first step), so a watcher that
+      // closes at any point from here lets go of its subscription.
+      w.following = feed;
+      await follow(deps.log, tenant, after, feed, {
         read: (from, limit) => readLog(deps, tenant, { conversationId, after: from, limit }),
-        subscribe: (sink) => feeds.subscribe(tenant, conversationId, sink),
+        subscribe: (sink) => feed.subscribe(sink),
         paced: () => registry.drained(w),
         cancelled: () => w.closed,
       });
-      if (w.closed) return w.stop();
+      if (w.closed) return;
       feed.replaying = false;
-      w.replaying = false;
+      registry.live(w);
       // History is out. wait=false ends now unless a turn is running; a terminated
       // conversation has nothing more to say either way.
       const now = await conversations.getConversation(deps.sql, tenant, conversationId);
@@ -74,9 +80,13 @@ class ConversationFeed {
   /** While history is read (follow() has not returned), events are this watcher's own. */
   replaying = true;
   private readonly shape: string;
+  /** What follow() subscribed with, to let go of it. */
+  private sink: BatchSink | undefined;
   constructor(
     private readonly registry: WatcherRegistry,
+    private readonly feeds: LiveFeeds,
     private readonly w: Watcher,
+    private readonly tenant: string,
     private readonly conversationId: string,
     private readonly streams: string[] | undefined,
     private readonly withBlocks: boolean,
@@ -84,6 +94,16 @@ class ConversationFeed {
     readonly wait: boolean,
   ) {
     this.shape = withBlocks ? 'conversation:blocks' : 'conversation';
+  }
+
+  subscribe(sink: BatchSink): Promise<undefined> {
+    this.sink = sink;
+    return this.feeds.subscribe(this.tenant, this.conversationId, sink).then(() => undefined);
+  }
+
+  /** The watcher closed (Following). */
+  stop(): void {
+    if (this.sink) this.feeds.unsubscribe(this.tenant, this.conversationId, this.sink);
   }
 
   /** Live: a turn's end closes a wait=false stream, the conversation's end closes any. */

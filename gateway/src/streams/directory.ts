@@ -25,21 +25,19 @@ export class ConversationDirectory {
 
   constructor(private readonly sql: Sql) {}
 
-  /** Holds the tenant's cache while a watcher uses it; the returned function lets go. */
-  acquire(tenant: string): () => void {
+  /** Holds the tenant's cache while a watcher uses it, until its `release` (once per acquire). */
+  acquire(tenant: string): void {
     let entry = this.tenants.get(tenant);
     if (!entry) {
       entry = { users: 0, known: new Map(), loading: new Map(), forgottenAt: 0 };
       this.tenants.set(tenant, entry);
     }
-    const e = entry;
-    e.users++;
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      if (--e.users === 0 && this.tenants.get(tenant) === e) this.tenants.delete(tenant);
-    };
+    entry.users++;
+  }
+
+  release(tenant: string): void {
+    const entry = this.tenants.get(tenant);
+    if (entry && --entry.users === 0) this.tenants.delete(tenant);
   }
 
   /** What is known now: info, null for none, undefined when not yet loaded. */

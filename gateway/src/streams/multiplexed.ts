@@ -1,10 +1,11 @@
 import { MultiplexedStreamQuery, streamList, TEAM_CHANNEL, type TenantEventKind } from '@svc/core';
-import { follow } from '../log/follow.ts';
+import { type BatchSink, follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { shapeEvent } from '../services/conversations.ts';
 import type { ConversationDirectory, ConversationInfo } from './directory.ts';
 import { cachedFrame, frame } from './framing.ts';
+import type { LiveFeeds } from './live-feeds.ts';
 import type { Opening, StreamResponse } from './response.ts';
 import { CONVERSATIONS_EVENT_EVERY_MS, type StreamDeps, type Watcher, type WatcherRegistry } from './watchers.ts';
 
@@ -41,6 +42,7 @@ export interface MultiplexedContext {
   deps: StreamDeps;
   registry: WatcherRegistry;
   directory: ConversationDirectory;
+  feeds: LiveFeeds;
 }
 
 /**
@@ -59,26 +61,26 @@ export function serveMultiplexed(
   registry.open(res, opening, MultiplexedStreamQuery, async ({ w, principal, query, after: resumeAfter, resumed }) => {
     const tenant = principal.accountId;
     const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
+    if (w.closed) return;
     w.position = Math.max(w.position, after);
     w.told = Math.max(w.told, after);
     // A bare id moves the client's last event id without firing an event (WHATWG dispatch),
     // so a client that drops before its first event resumes from the moment it connected
     // instead of from now, losing what happened while it was away.
     registry.send(w, `id: ${after}\n\n`);
-    const release = directory.acquire(tenant);
     const feed = new MultiplexedFeed(ctx, w, route, tenant, streamList(query.streams), query.blocks === 'true');
-    const stop = await follow(deps.log, tenant, after, feed, {
+    directory.acquire(tenant);
+    // Set before follow() subscribes (synchronously, on its first step), so a watcher that
+    // closes at any point from here lets go of its subscription and of the directory.
+    w.following = feed;
+    await follow(deps.log, tenant, after, feed, {
       read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
+      subscribe: (sink) => feed.subscribe(sink),
       paced: () => feed.paced(),
       cancelled: () => w.closed,
     });
     feed.replaying = false;
-    w.replaying = false;
-    w.stop = () => {
-      stop();
-      release();
-    };
-    if (w.closed) w.stop();
+    registry.live(w);
   });
 }
 
@@ -96,6 +98,9 @@ class MultiplexedFeed {
   private onPumped: (() => void) | undefined;
   /** While history is read (follow() has not returned), events are this watcher's own. */
   replaying = true;
+  /** What follow() subscribed with, to let go of it; and whether the watcher closed. */
+  private sink: BatchSink | undefined;
+  private stopped = false;
   constructor(
     private readonly ctx: MultiplexedContext,
     private readonly w: Watcher,
@@ -104,6 +109,19 @@ class MultiplexedFeed {
     private readonly streams: string[] | undefined,
     private readonly withBlocks: boolean,
   ) {}
+
+  subscribe(sink: BatchSink): Promise<undefined> {
+    this.sink = sink;
+    return this.ctx.feeds.subscribe(this.tenant, null, sink).then(() => undefined);
+  }
+
+  /** The watcher closed (Following): lets go of the tenant's feed and directory, once. */
+  stop(): void {
+    if (this.stopped) return;
+    this.stopped = true;
+    if (this.sink) this.ctx.feeds.unsubscribe(this.tenant, null, this.sink);
+    this.ctx.directory.release(this.tenant);
+  }
 
   onEvents(events: LogEvent[]): void {
     const { w, queue } = this;

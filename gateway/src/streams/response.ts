@@ -22,8 +22,11 @@ export interface StreamResponse {
   end(): void;
   /** Drops the connection without ending the response (a watcher cut off). */
   close(): void;
-  /** Calls `handler` once if the client goes away before the response ends. */
-  onAborted(handler: () => void): void;
+  /**
+   * Calls `target.aborted()` once if the client goes away before the response ends. An object
+   * rather than a function: a node holds one per open stream, and the watcher is that object.
+   */
+  onAborted(target: { aborted(): void }): void;
   /** Answers `{error, message}` instead of a stream; only before `writeHead`. */
   error(e: ApiError): void;
 }

@@ -1,6 +1,6 @@
-import { ConversationFeeds } from './conversation-feeds.ts';
 import { serveConversationStream } from './conversation-stream.ts';
 import { ConversationDirectory } from './directory.ts';
+import { LiveFeeds } from './live-feeds.ts';
 import { EVENTS_STREAM, type MultiplexedContext, serveMultiplexed, TEAM_STREAM } from './multiplexed.ts';
 import type { Opening, StreamResponse } from './response.ts';
 import { type StreamDeps, WatcherRegistry } from './watchers.ts';
@@ -30,13 +30,18 @@ export const STREAM_PATHS = {
  */
 export class StreamServer {
   private readonly registry: WatcherRegistry;
-  private readonly feeds: ConversationFeeds;
+  private readonly feeds: LiveFeeds;
   private readonly multiplexed: MultiplexedContext;
 
   constructor(private readonly deps: StreamDeps) {
     this.registry = new WatcherRegistry(deps);
-    this.feeds = new ConversationFeeds(deps.log);
-    this.multiplexed = { deps, registry: this.registry, directory: new ConversationDirectory(deps.sql) };
+    this.feeds = new LiveFeeds(deps.log);
+    this.multiplexed = {
+      deps,
+      registry: this.registry,
+      directory: new ConversationDirectory(deps.sql),
+      feeds: this.feeds,
+    };
   }
 
   conversation(res: StreamResponse, opening: Opening, conversationId: string): void {

@@ -32,11 +32,18 @@ const ENDED_ACCOUNT_MEMORY_MS = 10 * 60_000;
 /** SPEC: the `conversations` event is sent at most once a second per stream. */
 export const CONVERSATIONS_EVENT_EVERY_MS = 1000;
 
-/** One open stream. All watchers share one timer (no per-watcher timers). */
-export interface Watcher {
-  res: StreamResponse;
+/** What a watcher follows once it is live: stopped when the watcher closes. */
+export interface Following {
+  stop(): void;
+}
+
+/**
+ * One open stream. All watchers share one timer (no per-watcher timers). A class: a node holds
+ * one per open stream, and it is its own response's abort target (no closure per stream).
+ */
+export class Watcher {
   /** The account it streams for, once its credential was checked. */
-  accountId: string | undefined;
+  accountId: string | undefined = undefined;
   /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
   /**
@@ -47,20 +54,36 @@ export interface Watcher {
    */
   beatAt: number;
   /** Bytes handed to the transport while it reported backpressure. */
-  backlog: number;
-  closed: boolean;
+  backlog = 0;
+  closed = false;
   /** The last tenant id this watcher has been brought up to (sent, or passed over by its filters). */
-  position: number;
+  position = 0;
   /** The last id the client was told (`id:` line); a heartbeat tells it `position` when ahead. */
-  told: number;
+  told = 0;
   /** When the last `conversations` event went out, and whether one waits for its turn. */
-  conversationsSentAt: number;
-  conversationsPending: boolean;
-  stop: (() => void) | undefined;
+  conversationsSentAt = 0;
+  conversationsPending = false;
+  /** Its feed, stopped when it closes (set by the stream's body). */
+  following: Following | undefined = undefined;
   /** True while its history is sent: paced by the client (drained()), not cut off. */
-  replaying: boolean;
+  replaying = true;
   /** Called once the socket drained (a replay waiting for its next page). */
-  onDrained: (() => void) | undefined;
+  onDrained: (() => void) | undefined = undefined;
+
+  constructor(
+    readonly res: StreamResponse,
+    private readonly registry: WatcherRegistry,
+    now: number,
+    beatAt: number,
+  ) {
+    this.lastEventAt = now;
+    this.beatAt = beatAt;
+  }
+
+  /** Its client went away (the transport's abort). */
+  aborted(): void {
+    this.registry.lost(this);
+  }
 }
 
 /** What a stream's body gets once its opening checks passed and `: connected` went out. */
@@ -130,7 +153,10 @@ export class WatcherRegistry {
       if (w.conversationsPending && now - w.conversationsSentAt >= CONVERSATIONS_EVENT_EVERY_MS) {
         this.sendConversationsEvent(w, now);
       }
-      if (options.idleCloseMs > 0 && now - w.lastEventAt >= options.idleCloseMs) {
+      // A watcher whose history is still being read or sent is not idle, however long that
+      // takes (a slow reader, a long read from Postgres on a loaded node): its idle time
+      // counts from its last event once it is live.
+      if (options.idleCloseMs > 0 && !w.replaying && now - w.lastEventAt >= options.idleCloseMs) {
         this.end(w);
       } else if (now >= w.beatAt) {
         // (Beating every watcher on its own clock regardless of its events wrote to all of
@@ -179,7 +205,7 @@ export class WatcherRegistry {
   private finish(w: Watcher, how: 'end' | 'cut'): void {
     if (w.closed) return;
     w.closed = true;
-    w.stop?.();
+    w.following?.stop();
     wakeDrained(w);
     this.watchers.delete(w);
     if (how === 'end') w.res.cork(() => w.res.end());
@@ -213,6 +239,15 @@ export class WatcherRegistry {
     if (first) w.res.onDrain(() => caughtUp(w));
   }
 
+  /**
+   * The watcher's history is out: it is live from now on, cut off rather than waited for when
+   * it falls behind, and idle from now until its next event.
+   */
+  live(w: Watcher): void {
+    w.replaying = false;
+    w.lastEventAt = Date.now();
+  }
+
   /** Resolves once the watcher's socket took what was written (undefined when it has). */
   drained(w: Watcher): Promise<void> | undefined {
     if (w.closed || w.backlog === 0) return undefined;
@@ -240,7 +275,7 @@ export class WatcherRegistry {
    * Common opening of every stream: rate limit, authentication (bearer key or session cookie;
    * a sandbox token only where `checks.sandbox` allows), the checks of `prepare` (which answer
    * with an error before any byte of stream), then the stream's head and `: connected`, then
-   * `run` (which sets `w.stop`).
+   * `run` (which sets `w.following`).
    */
   open<Q extends { last_event_id?: string | undefined }>(
     res: StreamResponse,
@@ -252,22 +287,8 @@ export class WatcherRegistry {
     const { deps } = this;
     const allowOrigin = o.origin && deps.corsOrigins.includes(o.origin) ? o.origin : undefined;
     const now = Date.now();
-    const w: Watcher = {
-      res,
-      accountId: undefined,
-      lastEventAt: now,
-      beatAt: now + Math.floor(Math.random() * deps.options.heartbeatMs),
-      backlog: 0,
-      closed: false,
-      position: 0,
-      told: 0,
-      conversationsSentAt: 0,
-      conversationsPending: false,
-      stop: undefined,
-      replaying: true,
-      onDrained: undefined,
-    };
-    this.whenAborted(res, w);
+    const w = new Watcher(res, this, now, now + Math.floor(Math.random() * deps.options.heartbeatMs));
+    res.onAborted(w);
 
     void (async () => {
       const refused = await o.admit();
@@ -323,20 +344,14 @@ export class WatcherRegistry {
     });
   }
 
-  /**
-   * Forgets a watcher whose client went away. A method of its own so the handler, which lives
-   * as long as the stream, keeps only the watcher alive and not everything the opening read
-   * (headers, query, the admission).
-   */
-  private whenAborted(res: StreamResponse, w: Watcher): void {
-    res.onAborted(() => {
-      if (w.closed) return;
-      w.closed = true;
-      w.stop?.();
-      // A replay waiting for the socket to drain stops now, and so lets go of its subscription.
-      wakeDrained(w);
-      this.watchers.delete(w);
-    });
+  /** Forgets a watcher whose client went away (Watcher.aborted). */
+  lost(w: Watcher): void {
+    if (w.closed) return;
+    w.closed = true;
+    w.following?.stop();
+    // A replay waiting for the socket to drain stops now, and so lets go of its subscription.
+    wakeDrained(w);
+    this.watchers.delete(w);
   }
 }
 

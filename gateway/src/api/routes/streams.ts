@@ -79,9 +79,9 @@ class NodeStreamResponse implements StreamResponse {
     this.raw.destroy();
   }
 
-  onAborted(handler: () => void): void {
+  onAborted(target: { aborted(): void }): void {
     this.raw.once('close', () => {
-      if (!this.raw.writableEnded) handler();
+      if (!this.raw.writableEnded) target.aborted();
     });
   }
 
