@@ -195,22 +195,30 @@ for (const { backend, edge } of transportSetups()) {
       t.test('a long replay waits for a slow reader instead of cutting it off, page by page', async (t) => {
         const history = await createConversationRecord(svc.db.sql, who, { agentId: 'agt_x', title: 'history' });
         const from = await svc.eventLog.lastId(me.accountId);
-        const chunk = 'y'.repeat(64 * 1024);
-        // 12 MB of history (SSE_MAX_BUFFER_BYTES is 1 MiB; loopback buffers absorb a few MB),
-        // read in pages of 1000 events at most, the first page alone far beyond the limit.
-        const total = 190;
-        for (let i = 0; i < total; i++) {
+        const chunk = 'y'.repeat(5 * 1024);
+        // 12.5 MB of history (SSE_MAX_BUFFER_BYTES is 1 MiB; loopback buffers absorb a few MB),
+        // read in pages of 1000 events, the first page alone far beyond the limit.
+        const total = 2500;
+        const batch = 100;
+        for (let i = 0; i < total; i += batch) {
           await svc.appendEvents({
             tenant: me.accountId,
             producer: 'history',
             seq: i + 1,
-            events: [{ conversationId: history.id, kind: 'output', stream: 'stdout', data: `${i}:${chunk}` }],
+            events: Array.from({ length: batch }, (_, j) => ({
+              conversationId: history.id,
+              kind: 'output',
+              stream: 'stdout',
+              data: `${i + j}:${chunk}`,
+            })),
           });
         }
         const slow = rawGet(svc, `/api/conversations/${history.id}/stream?last_event_id=${from}`, auth, {
           paused: true,
         });
-        await sleep(1500);
+        // Paused for twice the idle close (1.5 s) while the next page waits for it: a replay
+        // is not idle, so the stream is not ended between pages.
+        await sleep(3000);
         slow.sock.resume();
         const count = () => (slow.text().match(/"data":"\d+:y/g) ?? []).length;
         // Patient (12 MB through PGlite on a loaded machine can take many seconds); ends once all arrived.
