@@ -1,6 +1,5 @@
 import { type ChildProcess, fork } from 'node:child_process';
 import { join } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { repoRoot } from './machine.ts';
 import { stopChild } from './proc.ts';
 
@@ -18,25 +17,13 @@ export interface Ours {
  * Our service in a process of its own (bench/src/serve.ts), so the bench's clients and the
  * server do not share an event loop and the server's memory can be read from /proc.
  * `config` overrides the embedded defaults (REDIS_URL, EDGE, ...). `nodeArgs` go to node
- * (`--cpu-prof`, `--max-old-space-size`). `collectOnSignal`: every process of the service runs a
- * full collection on SIGUSR2 (with `--expose-gc`), edge processes included.
+ * (`--cpu-prof`, `--max-old-space-size`).
  */
-export async function startOurs(
-  config: Record<string, string> = {},
-  nodeArgs: string[] = [],
-  options: { collectOnSignal?: boolean } = {},
-): Promise<Ours> {
-  const env: NodeJS.ProcessEnv = { ...process.env, BENCH_CONFIG: JSON.stringify(config) };
-  // Every process of the service, edge processes too (they inherit the environment), collects
-  // on SIGUSR2 (see gc-on-signal.mjs; needs --expose-gc in nodeArgs, which edge processes inherit).
-  if (options.collectOnSignal) {
-    const preload = `--import=${pathToFileURL(join(repoRoot, 'bench/src/lib/gc-on-signal.mjs')).href}`;
-    env.NODE_OPTIONS = [process.env.NODE_OPTIONS, preload].filter(Boolean).join(' ');
-  }
+export async function startOurs(config: Record<string, string> = {}, nodeArgs: string[] = []): Promise<Ours> {
   const child = fork(join(repoRoot, 'bench/src/serve.ts'), [], {
     cwd: repoRoot,
     execArgv: ['--import', 'tsx', ...nodeArgs],
-    env,
+    env: { ...process.env, BENCH_CONFIG: JSON.stringify(config) },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   });
   let next = 1;
