@@ -1,7 +1,6 @@
 import { ApiError, ConversationStreamQuery, streamList } from '@svc/core';
 import { conversations } from '@svc/db';
-import type { BatchSink } from '../log/follow.ts';
-import { follow } from '../log/follow.ts';
+import { type BatchSink, follow } from '../log/follow.ts';
 import type { LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { shapeEvent } from '../services/conversations.ts';
