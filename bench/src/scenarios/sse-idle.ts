@@ -329,7 +329,7 @@ export const sseIdle: Scenario = {
       ],
       notes: [
         `${n} watchers per system on one process, opened from child processes (at most 5,000 sockets each, each from its own loopback source address), held ${opts.duration} s, then memory read.`,
-        `Ours: authenticated \`GET /api/events/stream\` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold. Each RSS figure is the least of five readings over a second, for every system alike. Before the first reading every system first opens and closes ${WARM_UP} watchers (a warm-up), and the Node servers run ${COLLECTIONS} rounds of two full collections before each reading (V8 drops the bytecode of startup code that went unused over several collections: with one round, that release was counted against the watchers).`,
+        `Ours: authenticated \`GET /api/events/stream\` (one bench account, bearer API key), one service process on a throwaway Postgres, heartbeats and idle close off for the hold. Each RSS figure is the least of five readings over a second, for every system alike. Before the first reading every system first opens and closes ${WARM_UP} watchers (a warm-up), and the Node servers run ${COLLECTIONS} rounds of two full collections before each reading (V8 gives some memory back only over several collections). RSS read after collections is a lower bound (pages a collection frees stay committed and new objects fill them), so the one-process RSS rows are reported, not judged.`,
         `RSS per watcher: RSS after minus RSS before, over the number held (of every process of the server: nginx's master and worker; ours' primary and its edge processes). Nchan's figure is one worker holding ${n} subscribers.`,
         `Across edge processes: ${manyN} watchers of one account on a service started with EDGE_PROCESSES=${EDGE_PROCESSES} (SO_REUSEPORT; one Redis and the same throwaway Postgres), from ${Math.ceil(manyN / 5000)} client processes, after the same warm-up; memory is the RSS of the primary and its edge processes, read without a forced collection (the edge processes answer no bench calls), so it counts the openings' garbage V8 has not collected yet: an upper bound, which moves with when V8 collects (on an idle service its memory reducer takes that garbage back within about a minute and a half: on 2026-11-27, without the warm-up, 50,000 held across 3 processes read 3,180 B per watcher right after opening, 2,774 B a minute later, and below the reading before the opening at 90 s). Collections forced in every process by a signal were tried and dropped: the RSS after them came out below the live heap per watcher, and below zero in two of three runs (pages a collection frees stay committed and the watchers' objects fill them). ${manyRuns.length} runs, each on a fresh service: ${manyRuns.map((r) => `${r.rssBytesPerWatcher} B (${r.held} held)`).join(', ')}; the row is their median.`,
         `Live heap per watcher: the V8 heap in use after a full GC (node --expose-gc; two collections 50 ms apart), after minus before, over the number held; ours (one edge process) ${oursHeld.heapBytesPerWatcher} B, committed ${heapLine(oursHeld)}; the bare uWebSockets.js floor ${floorHeld.heapBytesPerWatcher} B, committed ${heapLine(floorHeld)}. The floor keeps each response in a Set per channel and nothing else: what any uWebSockets.js SSE server must hold.`,
@@ -343,10 +343,10 @@ export const sseIdle: Scenario = {
 };
 
 /**
- * Full collections, COLLECTIONS rounds: V8 drops the bytecode of functions that went unused
- * over several collections (startup code), so one round before and one after would count
- * that release against the watchers; enough rounds before and after release it before the
- * first reading.
+ * Full collections, COLLECTIONS rounds, for the live-heap reading: V8 gives some memory back
+ * only over several collections (it flushes the bytecode of functions unused for a few of
+ * them). The RSS rows read after them are reported only: RSS after collections came out below
+ * the bare floor's in some runs, since pages a collection frees stay committed.
  */
 async function collectSettled(v8: { collect(): Promise<unknown> } | undefined): Promise<void> {
   if (!v8) return;
