@@ -25,6 +25,10 @@ function countedLog(): { log: EventLog; subscriptions: () => number } {
 
 const settle = () => new Promise((r) => setTimeout(r, 10));
 
+/** One stdout event of `conversationId`, appended by producer `p` at `seq`. */
+const appendOne = (log: EventLog, tenant: string, seq: number, conversationId: string, data: string) =>
+  log.append({ tenant, producer: 'p', seq, events: [{ conversationId, kind: 'output', stream: 'stdout', data }] });
+
 const sink = (into: LiveBatch[]) => ({ onBatch: (x: LiveBatch) => into.push(x) });
 
 t.test(
@@ -50,18 +54,8 @@ t.test(
         { conversationId: 'cnv_a', kind: 'output', stream: 'stdout', data: 'a2' },
       ],
     });
-    await log.append({
-      tenant: 'acc_1',
-      producer: 'p',
-      seq: 5,
-      events: [{ conversationId: 'cnv_b', kind: 'output', stream: 'stdout', data: 'b2' }],
-    });
-    await log.append({
-      tenant: 'acc_2',
-      producer: 'p',
-      seq: 1,
-      events: [{ conversationId: 'cnv_a', kind: 'output', stream: 'stdout', data: 'other tenant' }],
-    });
+    await appendOne(log, 'acc_1', 5, 'cnv_b', 'b2');
+    await appendOne(log, 'acc_2', 1, 'cnv_a', 'other tenant');
     await settle();
     t.same(
       a.flatMap((x) => x.events.map((e) => e.data)),
@@ -78,12 +72,7 @@ t.test(
     );
     feeds.unsubscribe('acc_1', 'cnv_a', sa);
     feeds.unsubscribe('acc_1', null, sall);
-    await log.append({
-      tenant: 'acc_1',
-      producer: 'p',
-      seq: 6,
-      events: [{ conversationId: 'cnv_a', kind: 'output', stream: 'stdout', data: 'a3' }],
-    });
+    await appendOne(log, 'acc_1', 6, 'cnv_a', 'a3');
     await settle();
     t.equal(a.length, 1, 'nothing after unsubscribe');
     t.equal(all.length, 2);
