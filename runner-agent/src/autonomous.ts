@@ -5,6 +5,26 @@ export const AUTONOMOUS_IDLE_MS_DEFAULT = 3000;
 /** How long an autonomous turn may last, when no `turn.start` named a time limit. */
 const AUTONOMOUS_LIMIT_MS_DEFAULT = 30 * 60_000;
 
+/**
+ * ACP session updates that report on the session (its context window, commands, mode,
+ * options, title) rather than carry the agent's work. Runtimes send them when they like:
+ * codex-acp's `usage_update` for a prompt may come after the prompt's answer. They open no
+ * autonomous turn; one that comes while none runs goes to the turn that started last.
+ */
+const SESSION_STATE_UPDATES = new Set([
+  'usage_update',
+  'available_commands_update',
+  'current_mode_update',
+  'config_option_update',
+  'session_info_update',
+]);
+
+/** Whether a `session/update`'s params carry the agent's work (anything but SESSION_STATE_UPDATES). */
+export function isAgentWork(params: unknown): boolean {
+  const kind = (params as { update?: { sessionUpdate?: unknown } } | null)?.update?.sessionUpdate;
+  return !(typeof kind === 'string' && SESSION_STATE_UPDATES.has(kind));
+}
+
 type Why = 'idle' | 'prompt' | 'closed' | 'interrupted' | 'timeout';
 
 /**

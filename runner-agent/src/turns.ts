@@ -6,7 +6,7 @@ import {
   type TurnError,
   type TurnStartCommand,
 } from '@svc/core';
-import { AutonomousTurn } from './autonomous.ts';
+import { AutonomousTurn, isAgentWork } from './autonomous.ts';
 import { writeHomeFiles } from './home-files.ts';
 import { ConversationPermissions } from './permissions.ts';
 import { AcpRuntime, RuntimeSpawnError } from './runtime.ts';
@@ -36,6 +36,8 @@ interface Session {
   permissions: ConversationPermissions;
   /** The turn running now, if any. */
   turnId: string | null;
+  /** The turn that started last (a user's or an autonomous one): output that opens no turn goes there. */
+  lastTurnId: string;
   /** Where the runtime's output goes while no turn runs. */
   autonomous: AutonomousTurn;
   /** Set when the turn was ended by its time limit (the cancel then reports `timeout`). */
@@ -73,16 +75,17 @@ export class Turns {
   ) {}
 
   /**
-   * Which turn the conversation's output belongs to: the running turn, else, for an update
-   * (`opens`), the autonomous turn (opened for it when none is open), else the open
-   * autonomous turn, else `fallback` (the first turn, while the runtime is still starting).
+   * Which turn the conversation's output belongs to: the running turn, else, for an update of
+   * the agent's work (`opens`), the autonomous turn (opened for it when none is open), else the
+   * open autonomous turn, else the turn that started last; `fallback` (the first turn) while the
+   * runtime is still starting.
    */
   private turnOf(conversationId: string, fallback: string | null, opens: boolean): string | null {
     const s = this.sessions.get(conversationId);
     if (!s) return fallback;
     if (s.turnId) return s.turnId;
     if (opens && !s.closing) return s.autonomous.touch();
-    return s.autonomous.current ?? fallback;
+    return s.autonomous.current ?? s.lastTurnId;
   }
 
   /** The turn `conversationId` is running now, if any. */
@@ -138,13 +141,12 @@ export class Turns {
     if (!session) {
       const sessionStarted = Date.now();
       stage('session', 'started');
-      const current: { turnId: string | null } = { turnId: command.turn_id };
       const stderr: string[] = [];
       const permissions = new ConversationPermissions((e) =>
         emit({
           ...e,
           conversation_id: command.conversation_id,
-          turn_id: this.turnOf(command.conversation_id, current.turnId, false),
+          turn_id: this.turnOf(command.conversation_id, command.turn_id, false),
         }),
       );
       try {
@@ -161,7 +163,7 @@ export class Turns {
           onUpdate: (update) =>
             emit({
               conversation_id: command.conversation_id,
-              turn_id: this.turnOf(command.conversation_id, current.turnId, true),
+              turn_id: this.turnOf(command.conversation_id, command.turn_id, isAgentWork(update)),
               kind: 'output',
               stream: 'acp',
               data: JSON.stringify(update),
@@ -171,7 +173,7 @@ export class Turns {
             if (stderr.length > STDERR_KEPT) stderr.shift();
             emit({
               conversation_id: command.conversation_id,
-              turn_id: this.turnOf(command.conversation_id, current.turnId, false),
+              turn_id: this.turnOf(command.conversation_id, command.turn_id, false),
               kind: 'output',
               stream: 'stderr',
               data: `${line}\n`,
@@ -184,15 +186,18 @@ export class Turns {
           runtime,
           permissions,
           turnId: null,
+          lastTurnId: command.turn_id,
           autonomous: new AutonomousTurn(
             command.conversation_id,
             emit,
-            (state, turnId, durationMs) =>
+            (state, turnId, durationMs) => {
+              if (state === 'started' && session) session.lastTurnId = turnId;
               this.onTurn(
                 state === 'started'
                   ? { conversationId: command.conversation_id, turnId, state }
                   : { conversationId: command.conversation_id, turnId, state, durationMs },
-              ),
+              );
+            },
             () => void runtime.cancel().catch(() => {}),
           ),
           timedOut: false,
@@ -212,6 +217,7 @@ export class Turns {
     }
     const s = session;
     s.turnId = command.turn_id;
+    s.lastTurnId = command.turn_id;
     s.stderr.length = 0;
     s.timedOut = false;
     let turnEnded = () => {};

@@ -167,6 +167,41 @@ for (const backend of backends()) {
     },
   );
 
+  t.test(`an update about the session after the answer (usage, commands) opens no turn on ${backend}`, async (t) => {
+    const { svc, token, agent, runner } = await setUp(t, backend, '1000');
+    const { http, turnsWhen, feed } = client(svc, token, runner);
+    const launched = await http.post('/api/conversations', {
+      token,
+      body: { agent_id: agent.id, prompt: 'late usage' },
+    });
+    t.equal(launched.status, 201, JSON.stringify(launched.body));
+    const id = launched.body.id as string;
+    const kindOf = (e: WireEvent) =>
+      e.stream === 'acp' ? (JSON.parse(e.data ?? '{}').update?.sessionUpdate as string | undefined) : undefined;
+    const late = await until(
+      'both late updates in the log',
+      async () => {
+        const events = (await feed(id)).filter(
+          (e) => kindOf(e) === 'available_commands_update' || kindOf(e) === 'usage_update',
+        );
+        return events.length === 2 ? events : undefined;
+      },
+      30_000,
+    );
+    const turns = await turnsWhen(id, (ts) => ts.every((x) => x.state !== 'running'), 'the turns ended');
+    t.equal(turns.length, 1, `no autonomous turn: ${JSON.stringify(turns)}`);
+    t.match(turns[0], { number: 1, origin: 'user', state: 'done', reply: 'You said: late usage.' });
+    t.same(
+      late.map((e) => [kindOf(e), e.turn_id]),
+      [
+        ['usage_update', turns[0]?.id],
+        ['available_commands_update', turns[0]?.id],
+      ],
+      'both are in the log under the turn they came after',
+    );
+    t.match((await http.get(`/api/conversations/${id}`, { token })).body, { status: 'idle', turn_count: 1 });
+  });
+
   t.test(
     `a teammate's autonomous output reaches /api/team/stream, naming conversation and agent, on ${backend}`,
     async (t) => {
