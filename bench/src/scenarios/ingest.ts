@@ -146,6 +146,7 @@ function ceilingCommand(redisPort: number, conversation: string): string[] {
     String(BATCH),
     '0',
     '-',
+    '0',
     ...pairs,
   ];
 }

@@ -32,10 +32,19 @@ import {
  * the caller asks again with it. A tenant event (no conversation) passes the tenant log as
  * its conversation key and is written once.
  *
+ * The batch is published on the tenant's live channel for the nodes that follow it, unless
+ * the caller follows it itself (`self` 1) and no other subscriber does: that node delivers
+ * the batch to its watchers from this reply, and the round trip through pub/sub (Redis
+ * writing the message, the node reading and parsing it back) is saved. Counting subscribers
+ * in the script makes it exact against other nodes: a node that subscribes before it runs
+ * is counted, one that subscribes after it reads its position after it, so the batch is its
+ * history either way.
+ *
  * KEYS: seq, tenant log, conversation stream, producer mark, live channel, trim point
- * ARGV: count, now (us), loaded mark ('' not loaded, '-' none), then count pairs of
- *       (seq, JSON payload without the id)
- * Returns: {status, mark, prev, (index, id) per appended event...}
+ * ARGV: count, now (us), loaded mark ('' not loaded, '-' none), self (1: the caller's node
+ *       is subscribed to the live channel, else 0), then count pairs of (seq, JSON payload
+ *       without the id)
+ * Returns: {status, mark, prev, published (1 or 0), (index, id) per appended event...}
  *
  * Exported for the bench, which runs this very script under redis-benchmark as the ceiling.
  */
@@ -43,8 +52,8 @@ export const APPEND = `
 local n = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local loaded = ARGV[3]
-local first = tonumber(ARGV[4])
-local last_seq = tonumber(ARGV[2 + 2 * n])
+local first = tonumber(ARGV[5])
+local last_seq = tonumber(ARGV[3 + 2 * n])
 local mark = redis.call('GET', KEYS[4])
 if not mark then
   if loaded == '' then return {'nomark'} end
@@ -58,16 +67,16 @@ local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if now > clock then clock = now end
 local last = tonumber(redis.call('GET', KEYS[1]) or '0')
 local prev = last
-local out = {'appended', tostring(last_seq), string.format('%.0f', prev)}
+local out = {'appended', tostring(last_seq), string.format('%.0f', prev), '0'}
 local ids = {}
 local payloads = {}
 local own_stream = KEYS[3] ~= KEYS[2]
 for i = 1, n do
-  local s = tonumber(ARGV[2 + 2 * i])
+  local s = tonumber(ARGV[3 + 2 * i])
   if s > hwm then
     last = math.max(last + 1, clock)
     local id = string.format('%.0f', last)
-    local payload = ARGV[3 + 2 * i]
+    local payload = ARGV[4 + 2 * i]
     redis.call('XADD', KEYS[2], id .. '-0', 'e', payload)
     if own_stream then redis.call('XADD', KEYS[3], id .. '-0', 'e', payload) end
     ids[#ids + 1] = id
@@ -80,7 +89,10 @@ redis.call('SET', KEYS[1], string.format('%.0f', last))
 redis.call('SET', KEYS[4], tostring(last_seq))
 local cut = redis.call('GET', KEYS[6])
 if cut and own_stream then redis.call('XTRIM', KEYS[3], 'MINID', '~', cut) end
-redis.call('SPUBLISH', KEYS[5], '{"prev":' .. string.format('%.0f', prev) .. ',"ids":[' .. table.concat(ids, ',') .. '],"events":[' .. table.concat(payloads, ',') .. ']}')
+if redis.call('PUBSUB', 'SHARDNUMSUB', KEYS[5])[2] > tonumber(ARGV[4]) then
+  redis.call('SPUBLISH', KEYS[5], '{"prev":' .. string.format('%.0f', prev) .. ',"ids":[' .. table.concat(ids, ',') .. '],"events":[' .. table.concat(payloads, ',') .. ']}')
+  out[4] = '1'
+end
 return out
 `;
 
@@ -152,9 +164,40 @@ export function redisEventLog(
     subscribed: boolean;
     /** A resubscribe step is queued and has not started (one is enough). */
     resubscribing: boolean;
+    /**
+     * The subscription is known to be live at Redis now and `delivered` is set: this node's
+     * appends to the tenant may go unpublished when no other node follows it (APPEND). False
+     * from the moment the subscriber connection closes until the feed is subscribed again.
+     */
+    confirmed: boolean;
   }
   const feeds = new Map<string, Feed>();
   const channelTenant = new Map<string, string>();
+  // Appends that told the script this node follows the tenant (`self`), by tenant, while in
+  // flight: the tenant's SUNSUBSCRIBE waits for them, since on its own connection it could
+  // reach Redis first and make the script skip a publish another node needs.
+  const selfAppends = new Map<string, number>();
+  const unsubscribeLater = new Set<string>();
+  // Closes of the subscriber connection so far: a subscription confirmed across one is not.
+  let drops = 0;
+
+  /** Ends the node's subscription to the tenant's channel, once no `self` append is in flight. */
+  const leave = (tenant: string) => {
+    const channel = logKeys(prefix, tenant).live;
+    channelTenant.delete(channel);
+    if (selfAppends.has(tenant)) unsubscribeLater.add(tenant);
+    else void subscriber.sunsubscribe(channel).catch(() => {});
+  };
+
+  /** A `self` append of the tenant is answered: a SUNSUBSCRIBE that waited for it goes now. */
+  const selfDone = (tenant: string) => {
+    const left = (selfAppends.get(tenant) ?? 1) - 1;
+    if (left > 0) return void selfAppends.set(tenant, left);
+    selfAppends.delete(tenant);
+    if (unsubscribeLater.delete(tenant) && !feeds.has(tenant)) {
+      void subscriber.sunsubscribe(logKeys(prefix, tenant).live).catch(() => {});
+    }
+  };
 
   const deliver = (tenant: string, feed: Feed, events: LogEvent[], prev: number) => {
     const fresh = events.filter((e) => e.id > feed.delivered);
@@ -244,12 +287,31 @@ export function redisEventLog(
         feed.resubscribing = false;
         if (feeds.get(tenant) !== feed) return;
         if (clustered) await probe(channel, 2000);
-        else await subscriber.ssubscribe(channel);
+        else {
+          const before = drops;
+          await subscriber.ssubscribe(channel);
+          if (drops === before && feeds.get(tenant) === feed) feed.confirmed = true;
+        }
         await fill(tenant, feed, await lastId(tenant));
       });
     }
   };
   subscriber.on(clustered ? 'subscribersReady' : 'ready', resubscribed);
+  subscriber.on('close', () => {
+    drops++;
+    for (const feed of feeds.values()) feed.confirmed = false;
+  });
+
+  /**
+   * The feed of `tenant` when this node may append to it as `self` (see APPEND): one server
+   * only (a cluster's per-master subscribers give no single state to trust), its connection
+   * ready and the subscription confirmed.
+   */
+  const selfFeed = (tenant: string): Feed | undefined => {
+    if (clustered || subscriber.status !== 'ready') return undefined;
+    const feed = feeds.get(tenant);
+    return feed?.confirmed ? feed : undefined;
+  };
 
   return {
     async append(input: AppendInput): Promise<AppendResult> {
@@ -264,6 +326,7 @@ export function redisEventLog(
       for (const [i, e] of input.events.entries()) {
         pairs.push(seqs[i] as number, JSON.stringify(storedFields(e, ts, input.producer, seqs[i] as number)));
       }
+      const feed = selfFeed(input.tenant);
       const run = (loaded: string) =>
         appendScript.call(
           redis,
@@ -276,22 +339,40 @@ export function redisEventLog(
           input.events.length,
           clockMicros(),
           loaded,
+          feed ? 1 : 0,
           ...pairs,
         );
-      let out = await run(loadMark ? '' : '-');
-      if (out[0] === 'nomark') {
-        const mark = await loadMark?.(input.tenant, input.producer);
-        out = await run(mark === undefined ? '-' : String(mark));
+      let out: string[];
+      if (feed) selfAppends.set(input.tenant, (selfAppends.get(input.tenant) ?? 0) + 1);
+      try {
+        out = await run(loadMark ? '' : '-');
+        if (out[0] === 'nomark') {
+          const mark = await loadMark?.(input.tenant, input.producer);
+          out = await run(mark === undefined ? '-' : String(mark));
+        }
+      } finally {
+        if (feed) selfDone(input.tenant);
       }
-      const [status, hwm] = out as [string, string];
+      const [status, hwm, prev, published] = out as [string, string, string, string];
       if (status !== 'appended') return { status: status as 'duplicate' | 'gap', events: [], hwm: Number(hwm) };
       const events: LogEvent[] = [];
-      for (let i = 3; i < out.length; i += 2) {
+      for (let i = 4; i < out.length; i += 2) {
         const index = Number(out[i]) - 1;
         const seq = seqs[index] as number;
         events.push({
           id: Number(out[i + 1]),
           ...storedFields(input.events[index] as NewEvent, ts, input.producer, seq),
+        });
+      }
+      // Unpublished: nobody else follows the tenant, and this node's watchers get the batch
+      // from here, in order with what other nodes publish (a hole is read first, as for a
+      // message). A feed that ended meanwhile needs nothing: its successor read its position
+      // after this append.
+      if (feed && published === '0' && feeds.get(input.tenant) === feed) {
+        const before = Number(prev);
+        enqueue(feed, async () => {
+          if (before > feed.delivered) await fill(input.tenant, feed, before);
+          deliver(input.tenant, feed, events, before);
         });
       }
       return { status: 'appended', events, hwm: Number(hwm) };
@@ -312,12 +393,17 @@ export function redisEventLog(
           ready: Promise.resolve(),
           subscribed: false,
           resubscribing: false,
+          confirmed: false,
         };
+        // A SUNSUBSCRIBE still waiting for appends is not needed any more.
+        unsubscribeLater.delete(tenant);
         created.ready = (async () => {
+          const before = drops;
           await subscriber.ssubscribe(channel);
           created.subscribed = true;
           // Only after the subscription is confirmed: everything up to here is history.
           created.delivered = await lastId(tenant);
+          created.confirmed = drops === before && feeds.get(tenant) === created;
         })();
         // Messages that arrive before the position is known wait for it (else the first
         // one's `prev` would be measured from 0 and the whole history delivered as live).
@@ -326,8 +412,7 @@ export function redisEventLog(
         created.ready.catch(() => {
           if (feeds.get(tenant) !== created) return;
           feeds.delete(tenant);
-          channelTenant.delete(channel);
-          void subscriber.sunsubscribe(channel).catch(() => {});
+          leave(tenant);
         });
         feed = created;
         feeds.set(tenant, feed);
@@ -344,9 +429,7 @@ export function redisEventLog(
         f.handlers.delete(onBatch);
         if (f.handlers.size === 0 && feeds.get(tenant) === f) {
           feeds.delete(tenant);
-          const channel = logKeys(prefix, tenant).live;
-          channelTenant.delete(channel);
-          void subscriber.sunsubscribe(channel).catch(() => {});
+          leave(tenant);
         }
       };
     },
