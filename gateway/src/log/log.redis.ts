@@ -118,6 +118,8 @@ export function logKeys(prefix: string, tenant: string) {
  * connection for sharded pub/sub (a connection in subscriber mode runs nothing else). A
  * cluster subscriber must be made with `shardedSubscribers: true`: ioredis then keeps one
  * subscriber connection per master and sends each SSUBSCRIBE to the owner of its slot.
+ * The subscriber serves this one event log: Redis counts subscribers by connection, and a
+ * second log following the same tenant on it would not be counted apart (see APPEND).
  */
 export function redisEventLog(
   redis: Redis | Cluster,
