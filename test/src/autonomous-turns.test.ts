@@ -55,7 +55,13 @@ function client(svc: TestService, token: string, runner: { output: string }) {
     }
     throw new Error(`${what} never happened: ${JSON.stringify(turns)}\n${runner.output}`);
   };
-  return { http, turnsOf, feed, turnsWhen };
+  /** Starts a conversation of `agentId` with `prompt`, checking it was created; its id. */
+  const launch = async (t: Test, agentId: string, prompt: string) => {
+    const res = await http.post('/api/conversations', { token, body: { agent_id: agentId, prompt } });
+    t.equal(res.status, 201, JSON.stringify(res.body));
+    return res.body.id as string;
+  };
+  return { http, turnsOf, feed, turnsWhen, launch };
 }
 
 /** The text the agent said under `turnId`, from events with blocks. */
@@ -81,13 +87,8 @@ for (const backend of backends()) {
     `output after the answer lands in an autonomous turn that ends when the runtime goes quiet on ${backend}`,
     async (t) => {
       const { svc, token, agent, runner } = await setUp(t, backend, '1000');
-      const { http, turnsWhen, feed } = client(svc, token, runner);
-      const launched = await http.post('/api/conversations', {
-        token,
-        body: { agent_id: agent.id, prompt: 'work in the background' },
-      });
-      t.equal(launched.status, 201, JSON.stringify(launched.body));
-      const id = launched.body.id as string;
+      const { http, turnsWhen, feed, launch } = client(svc, token, runner);
+      const id = await launch(t, agent.id, 'work in the background');
       const watch = rawGet(svc, `/api/conversations/${id}/stream?wait=true&blocks=true&last_event_id=0`, {
         authorization: `Bearer ${token}`,
       });
@@ -169,13 +170,8 @@ for (const backend of backends()) {
 
   t.test(`an update about the session after the answer (usage, commands) opens no turn on ${backend}`, async (t) => {
     const { svc, token, agent, runner } = await setUp(t, backend, '1000');
-    const { http, turnsWhen, feed } = client(svc, token, runner);
-    const launched = await http.post('/api/conversations', {
-      token,
-      body: { agent_id: agent.id, prompt: 'late usage' },
-    });
-    t.equal(launched.status, 201, JSON.stringify(launched.body));
-    const id = launched.body.id as string;
+    const { http, turnsWhen, feed, launch } = client(svc, token, runner);
+    const id = await launch(t, agent.id, 'late usage');
     const kindOf = (e: WireEvent) =>
       e.stream === 'acp' ? (JSON.parse(e.data ?? '{}').update?.sessionUpdate as string | undefined) : undefined;
     const late = await until(
@@ -254,13 +250,8 @@ for (const backend of backends()) {
   t.test(`a user prompt ends a running autonomous turn first, then runs on ${backend}`, async (t) => {
     // An idle time far beyond the test: only the prompt can end the autonomous turn.
     const { svc, token, agent, runner } = await setUp(t, backend, '600000');
-    const { http, turnsWhen, feed } = client(svc, token, runner);
-    const launched = await http.post('/api/conversations', {
-      token,
-      body: { agent_id: agent.id, prompt: 'background please' },
-    });
-    t.equal(launched.status, 201, JSON.stringify(launched.body));
-    const id = launched.body.id as string;
+    const { http, turnsWhen, feed, launch } = client(svc, token, runner);
+    const id = await launch(t, agent.id, 'background please');
     const running = await turnsWhen(
       id,
       (ts) => ts.some((x) => x.origin === 'autonomous' && x.state === 'running'),
@@ -321,13 +312,8 @@ for (const backend of backends()) {
     async (t) => {
       // The agent talks every 200 ms for a minute; only the time limit (3 s) ends its turn.
       const { svc, token, agent, runner } = await setUp(t, backend, '600000', { TURN_TIME_LIMIT_MS: '3000' });
-      const { http, turnsWhen, feed } = client(svc, token, runner);
-      const launched = await http.post('/api/conversations', {
-        token,
-        body: { agent_id: agent.id, prompt: 'keep talking' },
-      });
-      t.equal(launched.status, 201, JSON.stringify(launched.body));
-      const id = launched.body.id as string;
+      const { turnsWhen, feed, launch } = client(svc, token, runner);
+      const id = await launch(t, agent.id, 'keep talking');
       const turns = await turnsWhen(
         id,
         (ts) => ts.some((x) => x.origin === 'autonomous' && x.state !== 'running'),
