@@ -191,6 +191,14 @@ export function redisEventLog(
     else void subscriber.sunsubscribe(channel).catch(() => {});
   };
 
+  /**
+   * The feed's SSUBSCRIBE, sent when the connection had closed `before` times, was answered:
+   * the subscription is live unless the connection closed since (or the feed was replaced).
+   */
+  const confirm = (tenant: string, feed: Feed, before: number) => {
+    feed.confirmed = drops === before && feeds.get(tenant) === feed;
+  };
+
   /** A `self` append of the tenant is answered: a SUNSUBSCRIBE that waited for it goes now. */
   const selfDone = (tenant: string) => {
     const left = (selfAppends.get(tenant) ?? 1) - 1;
@@ -224,6 +232,17 @@ export function redisEventLog(
     feed.queue = feed.queue.then(step).catch(() => {});
   };
 
+  /**
+   * A batch for the feed, from a message or from this node's own append: in the feed's order,
+   * after whatever a `prev` beyond its position says it missed (read from the stream first).
+   */
+  const receive = (tenant: string, feed: Feed, events: LogEvent[], prev: number) => {
+    enqueue(feed, async () => {
+      if (prev > feed.delivered) await fill(tenant, feed, prev);
+      deliver(tenant, feed, events, prev);
+    });
+  };
+
   // Probes this node published to learn when its subscription is live again (see below).
   const probes = new Map<string, () => void>();
 
@@ -240,10 +259,7 @@ export function redisEventLog(
     const feed = feeds.get(tenant);
     if (!feed) return;
     const events = parsed.events.map((p, i) => ({ id: parsed.ids[i] as number, ...p }));
-    enqueue(feed, async () => {
-      if (parsed.prev > feed.delivered) await fill(tenant, feed, parsed.prev);
-      deliver(tenant, feed, events, parsed.prev);
-    });
+    receive(tenant, feed, events, parsed.prev);
   });
 
   /**
@@ -292,7 +308,7 @@ export function redisEventLog(
         else {
           const before = drops;
           await subscriber.ssubscribe(channel);
-          if (drops === before && feeds.get(tenant) === feed) feed.confirmed = true;
+          confirm(tenant, feed, before);
         }
         await fill(tenant, feed, await lastId(tenant));
       });
@@ -371,11 +387,7 @@ export function redisEventLog(
       // message). A feed that ended meanwhile needs nothing: its successor read its position
       // after this append.
       if (feed && published === '0' && feeds.get(input.tenant) === feed) {
-        const before = Number(prev);
-        enqueue(feed, async () => {
-          if (before > feed.delivered) await fill(input.tenant, feed, before);
-          deliver(input.tenant, feed, events, before);
-        });
+        receive(input.tenant, feed, events, Number(prev));
       }
       return { status: 'appended', events, hwm: Number(hwm) };
     },
@@ -405,7 +417,7 @@ export function redisEventLog(
           created.subscribed = true;
           // Only after the subscription is confirmed: everything up to here is history.
           created.delivered = await lastId(tenant);
-          created.confirmed = drops === before && feeds.get(tenant) === created;
+          confirm(tenant, created, before);
         })();
         // Messages that arrive before the position is known wait for it (else the first
         // one's `prev` would be measured from 0 and the whole history delivered as live).
