@@ -186,6 +186,49 @@ for (const backend of backends()) {
         ],
         'appends in flight together all land, in order',
       );
+      if (!redis) return;
+      // Their answers may come back apart: here a BLPOP on the log's connection holds the
+      // answers of the appends sent after it until the first append has loaded its mark and
+      // sent its retry. The producer's next append, made when the first is answered, must
+      // still run after the retries of the two before it (it used to run first: a gap).
+      const conn = new Redis(process.env.TEST_REDIS_URL as string);
+      const connSub = new Redis(process.env.TEST_REDIS_URL as string);
+      t.teardown(async () => {
+        await conn.quit();
+        await connSub.quit();
+      });
+      let loads = 0;
+      const slowLoad = async (tenant: string, producer: string) => {
+        loads++;
+        await new Promise((r) => setTimeout(r, 30));
+        return logEvents.durableMark(sql, tenant, producer);
+      };
+      const split = redisEventLog(conn, connSub, { prefix, loadMark: slowLoad });
+      const a1 = split.append({ tenant: ten, producer: 'runner:split', seq: 1, events: batch(1, 1) });
+      const held = conn.blpop(`${prefix}nothing`, 0.3);
+      const a2 = split.append({ tenant: ten, producer: 'runner:split', seq: 2, events: batch(2, 2) });
+      const a3 = split.append({ tenant: ten, producer: 'runner:split', seq: 4, events: batch(4, 1) });
+      const one = await a1;
+      const a4 = split.append({ tenant: ten, producer: 'runner:split', seq: 5, events: batch(5, 3) });
+      const rest = await Promise.all([a2, a3, a4]);
+      t.equal(await held, null, 'the BLPOP held the connection');
+      t.same(
+        [one, ...rest].map((r) => [r.status, r.hwm]),
+        [
+          ['appended', 1],
+          ['appended', 3],
+          ['appended', 4],
+          ['appended', 7],
+        ],
+        'answers split by a load still land in the order made',
+      );
+      t.equal(loads, 1, 'one load of the mark');
+      const landed = await split.read(ten, { after: 0, limit: 1000 });
+      t.same(
+        landed.filter((e) => e.producer === 'runner:split').map((e) => e.seq),
+        [1, 2, 3, 4, 5, 6, 7],
+        "the log holds the producer's events once each, in order",
+      );
     });
 
     t.test('a stored batch keeps every field; not a gone conversation or a tenant placeholder', async (t) => {

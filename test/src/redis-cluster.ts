@@ -133,14 +133,35 @@ export async function startRedisCluster(masters = 3): Promise<TestRedisCluster> 
     await agreed();
   };
   try {
+    // A free port may be taken by the time the node binds it (test files run in parallel,
+    // and a node not yet up leaves its ports free for the next pick): a node that exits on
+    // start is tried again on other ports.
+    const taken = new Set<number>();
+    const pick = async () => {
+      let port = await freePort();
+      while (taken.has(port)) port = await freePort();
+      taken.add(port);
+      return port;
+    };
     for (let i = 0; i < masters; i++) {
-      const port = await freePort();
-      let busPort = await freePort();
-      while (busPort === port) busPort = await freePort();
-      const dir = mkdtempSync(join(tmpdir(), 'svc-test-redis-cluster-'));
-      nodes.push({ port, busPort, dir, child: spawnNode(port, busPort, dir) });
+      for (let attempt = 1; ; attempt++) {
+        const dir = mkdtempSync(join(tmpdir(), 'svc-test-redis-cluster-'));
+        const port = await pick();
+        const busPort = await pick();
+        const n = { port, busPort, dir, child: spawnNode(port, busPort, dir) };
+        try {
+          await answers(n);
+          nodes.push(n);
+          break;
+        } catch (err) {
+          if (n.child.exitCode === null || attempt === 5) {
+            nodes.push(n); // stopped below
+            throw err;
+          }
+          rmSync(dir, { recursive: true, force: true });
+        }
+      }
     }
-    for (const n of nodes) await answers(n);
     await run('redis-cli', [
       '--cluster',
       'create',

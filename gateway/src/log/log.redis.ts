@@ -11,7 +11,6 @@ import {
   type NewEvent,
   type ReadOptions,
   seqsOf,
-  sharedMarkLoads,
   storedFields,
   TRIM_SLACK,
   type TrimOptions,
@@ -127,7 +126,7 @@ export function redisEventLog(
   options: { prefix?: string; loadMark?: LoadMark } = {},
 ): EventLog {
   const prefix = options.prefix ?? '';
-  const loadMark = options.loadMark && sharedMarkLoads(options.loadMark);
+  const loadMark = options.loadMark;
   const clustered = subscriber.isCluster;
   if (clustered && !(subscriber as Cluster).options.shardedSubscribers) {
     // Without it every SSUBSCRIBE goes to one node, and a channel it does not own answers MOVED.
@@ -174,6 +173,22 @@ export function redisEventLog(
     confirmed: boolean;
   }
   const feeds = new Map<string, Feed>();
+  // A producer's appends must run in the order they were made: a batch run before the one
+  // ahead of it is a gap. They go out in that order on the one connection, except around a
+  // mark load. Every append sent before the first retry finds no mark, and each sends its
+  // retry when its own answer is back, which may come after the load is done and after the
+  // producer made newer appends. So while a producer's mark is loaded, its appends queue:
+  // each sends its retry (or, made meanwhile, its one try) once the one before it sent its
+  // last.
+  interface Producer {
+    /** Its appends in flight. */
+    inFlight: number;
+    /** Resolves once the newest append has sent its last try, and so every earlier one. */
+    sent: Promise<void>;
+    /** The mark being loaded, while appends in flight still need it. */
+    mark?: Promise<number | undefined>;
+  }
+  const producers = new Map<string, Producer>();
   const channelTenant = new Map<string, string>();
   // Appends that told the script this node follows the tenant (`self`), by tenant, while in
   // flight: the tenant's SUNSUBSCRIBE waits for them, since on its own connection it could
@@ -360,15 +375,48 @@ export function redisEventLog(
           feed ? 1 : 0,
           ...pairs,
         );
+      const key = `${input.tenant}\0${input.producer}`;
+      let producer = producers.get(key);
+      if (!producer) {
+        producer = { inFlight: 0, sent: Promise.resolve() };
+        producers.set(key, producer);
+      }
+      const p = producer;
+      p.inFlight++;
+      const before = p.sent;
+      let markSent = () => {};
+      const sent = new Promise<void>((resolve) => {
+        markSent = resolve;
+      });
+      p.sent = sent;
+      const retry = async (mark: Promise<number | undefined>) => {
+        await before;
+        let loaded: number | undefined;
+        try {
+          loaded = await mark;
+        } catch (err) {
+          if (p.mark === mark) p.mark = undefined; // the next append that finds no mark loads again
+          throw err;
+        }
+        const reply = run(loaded === undefined ? '-' : String(loaded));
+        markSent();
+        if (p.sent === sent) p.mark = undefined; // no newer append waits for it
+        return reply;
+      };
       let out: string[];
       if (feed) selfAppends.set(input.tenant, (selfAppends.get(input.tenant) ?? 0) + 1);
       try {
-        out = await run(loadMark ? '' : '-');
-        if (out[0] === 'nomark') {
-          const mark = await loadMark?.(input.tenant, input.producer);
-          out = await run(mark === undefined ? '-' : String(mark));
+        if (p.mark) out = await retry(p.mark);
+        else {
+          out = await run(loadMark ? '' : '-');
+          if (out[0] === 'nomark') {
+            p.mark ??= (loadMark as LoadMark)(input.tenant, input.producer);
+            out = await retry(p.mark);
+          }
         }
       } finally {
+        void before.then(markSent);
+        if (--p.inFlight === 0) producers.delete(key);
         if (feed) selfDone(input.tenant);
       }
       const [status, hwm, prev, published] = out as [string, string, string, string];

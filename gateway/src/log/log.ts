@@ -155,10 +155,11 @@ export async function trimLimit(
 }
 
 /**
- * One load per producer at a time, shared by every append waiting for it. A producer keeps
- * several appends in flight; each may find the mark missing, and their retries must reach the
- * log in the order the appends were sent. Waiters of one promise resume in the order they
- * began to wait, so sharing the load keeps that order (separate loads could finish in any).
+ * One load per producer at a time, shared by every append waiting for it (the memory log's
+ * way; the Redis log queues a producer's appends itself, see `redisEventLog`). A producer
+ * keeps several appends in flight; each may find the mark missing, and they must take it in
+ * the order they were made. Waiters of one promise resume in the order they began to wait,
+ * so sharing the load keeps that order (separate loads could finish in any).
  */
 export function sharedMarkLoads(load: LoadMark): LoadMark {
   const inflight = new Map<string, Promise<number | undefined>>();
