@@ -12,7 +12,10 @@ t.test(
   async (t) => {
     const timing = {
       RUNNER_HEARTBEAT_MS: '300',
-      RUNNER_GRACE_MS: '3000',
+      // Long enough for the second process to start and the runner to find it on a loaded
+      // machine (its turn ends when the grace runs out first); the local sandbox's turn ends
+      // when it does, 1 to 1.5 graces after the first process stopped.
+      RUNNER_GRACE_MS: '10000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     };
     const a = await startTestService(t, { backend: 'postgres+redis', env: timing });
@@ -81,7 +84,7 @@ t.test(
     target = new URL(b.url);
 
     const turnOf = async (id: string) => {
-      for (let i = 0; i < 400; i++) {
+      for (const end = Date.now() + 40_000; Date.now() < end; ) {
         const [turn] = (await b.http.get(`/api/conversations/${id}/turns`, { token })).body.data as { state: string }[];
         if (turn && turn.state !== 'running') return turn;
         await sleep(50);
@@ -95,9 +98,11 @@ t.test(
       const turn = await turnOf(onRunner.body.id);
       t.equal(turn.state, 'done', runner.output);
       const events = await feed(onRunner.body.id);
+      const seen = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
       t.ok(
         events.some((e) => e.stage === 'reattach' && e.state === 'done'),
         'a reattach stage event',
+        { stages: seen, runner: runner.output },
       );
       const text = events
         .flatMap((e) => e.blocks ?? [])
@@ -108,6 +113,7 @@ t.test(
         text,
         /^You said: be slow\. tick 0 tick 1 tick 2 tick 3 tick 4 tick 5 tick 6 tick 7$/,
         'the whole reply, once',
+        { stages: seen },
       );
     });
 

@@ -336,10 +336,11 @@ export class RunnerFabric {
       this.close(previous, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');
     }
     this.router?.hold(s.runnerId);
-    this.send(s, { t: 'welcome', runner_id: s.runnerId, epoch, heartbeat_ms: this.options.heartbeatMs });
-    this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
+    // Recorded before the welcome, after which the runner resends what it held: a turn it
+    // finished while away would otherwise end before it is found running, and its
+    // conversation would never say it was reattached.
     if (hello.sandboxes.length && this.deps.onReattach) {
-      this.deps
+      await this.deps
         .onReattach(
           s.runnerId,
           hello.sandboxes.map((h) => h.id),
@@ -347,7 +348,10 @@ export class RunnerFabric {
         .catch((err: Error) =>
           this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'reattach not recorded'),
         );
+      if (s.closed) return;
     }
+    this.send(s, { t: 'welcome', runner_id: s.runnerId, epoch, heartbeat_ms: this.options.heartbeatMs });
+    this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
   }
 
   /**
