@@ -8,7 +8,7 @@ import { isIP } from 'node:net';
 import { loadConfig } from '@svc/gateway';
 import fc from 'fast-check';
 import t from 'tap';
-import { clientAddress, exemptList } from '../../gateway/src/edge/client-ip.ts';
+import { addressText, canonicalIp, clientAddress, exemptList } from '../../gateway/src/edge/client-ip.ts';
 import { signUp, startTestService, type TestService } from './harness.ts';
 
 async function get(svc: TestService, forwardedFor?: string): Promise<number> {
@@ -58,6 +58,31 @@ t.test(
     );
   },
 );
+
+t.test("the edge's reading of a peer address from its bytes is the canonical form of uWS's text", async (t) => {
+  // uWebSockets.js's text: dotted for 4 bytes, eight zero-padded hex groups for 16.
+  const uwsText = (b: Uint8Array) =>
+    b.length === 4
+      ? [...b].join('.')
+      : Array.from({ length: 8 }, (_, i) =>
+          (((b[2 * i] as number) << 8) | (b[2 * i + 1] as number)).toString(16).padStart(4, '0'),
+        ).join(':');
+  const bytes = fc.oneof(
+    fc.uint8Array({ minLength: 4, maxLength: 4 }),
+    fc.uint8Array({ minLength: 16, maxLength: 16 }),
+    // IPv4-mapped, as a dual-stack socket reports an IPv4 peer; and runs of zeros to compress.
+    fc.uint8Array({ minLength: 4, maxLength: 4 }).map((v4) => Uint8Array.from([...Array(10).fill(0), 255, 255, ...v4])),
+    fc.array(fc.constantFrom(0, 0, 0, 1, 255), { minLength: 16, maxLength: 16 }).map((a) => Uint8Array.from(a)),
+  );
+  t.doesNotThrow(() =>
+    fc.assert(
+      fc.property(bytes, (b) => addressText(b) === canonicalIp(uwsText(b)) && isIP(addressText(b)) !== 0),
+      { numRuns: 2000 },
+    ),
+  );
+  t.equal(addressText(Uint8Array.from([...Array(10).fill(0), 255, 255, 127, 0, 0, 1])), '127.0.0.1');
+  t.equal(addressText(Uint8Array.from([...Array(15).fill(0), 1])), '::1');
+});
 
 for (const edge of [true, false]) {
   t.test(`an untrusted peer's X-Forwarded-For is ignored: the limit buckets by the peer (EDGE=${edge})`, async (t) => {

@@ -25,6 +25,23 @@ export function canonicalIp(text: string): string {
   return text;
 }
 
+/**
+ * The canonical text of an address in uWebSockets.js's binary form (`getRemoteAddress`: 4 bytes,
+ * or 16 for IPv6, IPv4-mapped included): what `canonicalIp` makes of its long text, without
+ * the text. It is read on every request, and formatting the bytes here costs a fraction of
+ * uWS formatting them and the regular expressions parsing them back.
+ */
+export function addressText(bytes: Uint8Array): string {
+  if (bytes.length === 4) return `${bytes[0]}.${bytes[1]}.${bytes[2]}.${bytes[3]}`;
+  if (bytes.length !== 16) return '';
+  let mapped = bytes[10] === 0xff && bytes[11] === 0xff;
+  for (let i = 0; mapped && i < 10; i++) if (bytes[i] !== 0) mapped = false;
+  if (mapped) return `${bytes[12]}.${bytes[13]}.${bytes[14]}.${bytes[15]}`;
+  const groups: string[] = [];
+  for (let i = 0; i < 16; i += 2) groups.push((((bytes[i] as number) << 8) | (bytes[i + 1] as number)).toString(16));
+  return canonicalIp(groups.join(':'));
+}
+
 /** A list of CIDRs or bare addresses (RATE_LIMIT_EXEMPT, TRUST_PROXY) to check addresses against. */
 export function exemptList(cidrs: readonly string[]): BlockList {
   const list = new BlockList();
@@ -91,8 +108,8 @@ export type ClientOf = (res: HttpResponse, req: HttpRequest) => string;
 export function edgeClientOf(trustProxy: readonly string[]): ClientOf {
   const trusted = trustProxy.length ? exemptList(trustProxy) : undefined;
   return (res, req) => {
-    const peer = Buffer.from(res.getRemoteAddressAsText()).toString();
-    if (!trusted) return canonicalIp(peer);
+    const peer = addressText(new Uint8Array(res.getRemoteAddress()));
+    if (!trusted) return peer;
     // Every header of the name: a proxy may add its own line rather than extend the client's.
     let forwardedFor: string | undefined;
     req.forEach((name, value) => {
