@@ -13,8 +13,8 @@ t.test(
     const timing = {
       RUNNER_HEARTBEAT_MS: '300',
       // Long enough for the second process to start and the runner to find it on a loaded
-      // machine (its turn ends when the grace runs out first); the local sandbox's turn ends
-      // when it does, 1 to 1.5 graces after the first process stopped.
+      // machine (a runner away for longer has its turn ended as adrift). The local sandbox's
+      // turn is ended that way, 1 to 1.5 graces after the first process stopped.
       RUNNER_GRACE_MS: '10000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     };
