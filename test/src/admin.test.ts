@@ -1,4 +1,5 @@
 import { fileURLToPath } from 'node:url';
+import { admin as adminRows } from '@svc/db';
 import t, { type Test } from 'tap';
 import WebSocket from 'ws';
 import {
@@ -396,6 +397,25 @@ async function adminRoutes(t: Test, backend: Backend) {
     t.same(suspend.metadata, { suspended: true, sandboxes_stopped: 1 });
     t.same(sandboxReaped.metadata, { account_id: alice.accountId, status_before: 'terminated' });
     t.equal((await op.get('/api/admin/events?per_page=2&page=5')).body.data.length, 1, 'the last page');
+  });
+
+  await t.test('an action this node does not know (recorded by a newer one) is listed, not an error', async (t) => {
+    await adminRows.insertAdminEvent(svc.db.sql, {
+      adminId: root.accountId,
+      action: 'admin.runner.revoke',
+      targetType: 'runner',
+      targetId: 'rnr_future',
+      metadata: { reason: 'rolling deploy' },
+      requestIp: null,
+    });
+    const res = await op.get('/api/admin/events?per_page=1');
+    t.equal(res.status, 200, res.text);
+    t.match(res.body.data[0], {
+      action: 'admin.runner.revoke',
+      target_type: 'runner',
+      target_id: 'rnr_future',
+      metadata: { reason: 'rolling deploy' },
+    });
   });
 
   t.test('no admin answer carried the prompt text of a tenant', async (t) => {

@@ -211,8 +211,12 @@ t.test('the machine-readable description', async (t) => {
       t.ok(trail.description?.includes(`\`${action}\``), `GET /api/admin/events names ${action}`);
       for (const key of keys) t.ok(trail.description?.includes(`\`${key}\``), `and its metadata key ${key}`);
     }
-    const event = doc.components.schemas.AdminEvent as { properties: { action: { enum?: string[] } } };
-    t.same(event.properties.action.enum, Object.keys(ADMIN_ACTIONS), 'the action is an enum of the same list');
+    const event = doc.components.schemas.AdminEvent as { properties: { action: { type: string; enum?: string[] } } };
+    t.same(
+      event.properties.action,
+      { type: 'string', description: 'What was done (the actions are listed on GET /api/admin/events).' },
+      'the action is an open string that points to the list (a newer node may record one this list lacks)',
+    );
     const lists = [...Object.keys(exports.EXPORT_SECTIONS), 'events'];
     t.ok(lists.includes('credit_ledger') && lists.includes('support_reports'));
     const request = doc.paths['/api/account/exports'].post as Operation;

@@ -111,8 +111,11 @@ export const AdminEvent = z
   .object({
     id: z.string(),
     admin_id: z.string().meta({ description: 'The admin who acted.' }),
-    action: z.enum(Object.keys(ADMIN_ACTIONS) as [AdminAction, ...AdminAction[]]),
-    target_type: z.enum(['account', 'sandbox']),
+    // Open strings, not enums: the trail is read back from the database, where a newer node
+    // in a rolling deploy may have recorded an action (or a target type) this one does not
+    // know, and the answer must not fail for it. The route's description lists them.
+    action: z.string().meta({ description: 'What was done (the actions are listed on GET /api/admin/events).' }),
+    target_type: z.string().meta({ description: '`account` or `sandbox`.' }),
     target_id: z.string(),
     metadata: z.record(z.string(), z.unknown()),
     request_ip: z.string().nullable(),

@@ -163,8 +163,6 @@ export async function listEvents(sql: Sql, q: { page: number; per_page: number }
   return {
     data: rows.map((e) => ({
       ...e,
-      action: e.action as AdminAction,
-      target_type: e.target_type as 'account' | 'sandbox',
       created_at: e.created_at.toISOString(),
     })),
     meta: meta(q, total),
