@@ -83,8 +83,9 @@ export const AdminAuditPage = z.object({
 
 /**
  * Every action the privilege trail records, with the `metadata` keys each carries. The one
- * list: the services record only these (AdminAction), and the schema and the route's
- * description are made from it, so the documentation cannot leave one out.
+ * list: the services record only these (AdminAction), and the route's description is made
+ * from it, so the documentation cannot leave one out. (The response schema takes any string:
+ * see AdminEvent.)
  */
 export const ADMIN_ACTIONS = {
   'admin.user.role': ['from', 'to'],
