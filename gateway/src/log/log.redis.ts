@@ -224,6 +224,55 @@ export function redisEventLog(
     }
   };
 
+  /**
+   * Runs one append's script in its producer's order (see Producer). `run` sends it with a
+   * loaded mark ('' none loaded, '-' none there, else the mark): at once with none loaded,
+   * unless the producer's mark is being loaded; a script that finds no mark runs again with it.
+   */
+  const inProducerOrder = async (
+    tenant: string,
+    producerId: string,
+    run: (loaded: string) => Promise<string[]>,
+  ): Promise<string[]> => {
+    const key = `${tenant}\0${producerId}`;
+    let p = producers.get(key);
+    if (!p) {
+      p = { inFlight: 0, sent: Promise.resolve() };
+      producers.set(key, p);
+    }
+    p.inFlight++;
+    const before = p.sent;
+    let markSent = () => {};
+    const sent = new Promise<void>((resolve) => {
+      markSent = resolve;
+    });
+    p.sent = sent;
+    const retry = async (mark: Promise<number | undefined>) => {
+      await before;
+      let loaded: number | undefined;
+      try {
+        loaded = await mark;
+      } catch (err) {
+        if (p.mark === mark) p.mark = undefined; // the next append that finds no mark loads again
+        throw err;
+      }
+      const reply = run(loaded === undefined ? '-' : String(loaded));
+      markSent();
+      if (p.sent === sent) p.mark = undefined; // no newer append waits for it
+      return reply;
+    };
+    try {
+      if (p.mark) return await retry(p.mark);
+      const out = await run(loadMark ? '' : '-');
+      if (out[0] !== 'nomark') return out;
+      p.mark ??= (loadMark as LoadMark)(tenant, producerId);
+      return await retry(p.mark);
+    } finally {
+      void before.then(markSent);
+      if (--p.inFlight === 0) producers.delete(key);
+    }
+  };
+
   const deliver = (tenant: string, feed: Feed, events: LogEvent[], prev: number) => {
     const fresh = events.filter((e) => e.id > feed.delivered);
     if (fresh.length === 0) return;
@@ -375,48 +424,11 @@ export function redisEventLog(
           feed ? 1 : 0,
           ...pairs,
         );
-      const key = `${input.tenant}\0${input.producer}`;
-      let producer = producers.get(key);
-      if (!producer) {
-        producer = { inFlight: 0, sent: Promise.resolve() };
-        producers.set(key, producer);
-      }
-      const p = producer;
-      p.inFlight++;
-      const before = p.sent;
-      let markSent = () => {};
-      const sent = new Promise<void>((resolve) => {
-        markSent = resolve;
-      });
-      p.sent = sent;
-      const retry = async (mark: Promise<number | undefined>) => {
-        await before;
-        let loaded: number | undefined;
-        try {
-          loaded = await mark;
-        } catch (err) {
-          if (p.mark === mark) p.mark = undefined; // the next append that finds no mark loads again
-          throw err;
-        }
-        const reply = run(loaded === undefined ? '-' : String(loaded));
-        markSent();
-        if (p.sent === sent) p.mark = undefined; // no newer append waits for it
-        return reply;
-      };
       let out: string[];
       if (feed) selfAppends.set(input.tenant, (selfAppends.get(input.tenant) ?? 0) + 1);
       try {
-        if (p.mark) out = await retry(p.mark);
-        else {
-          out = await run(loadMark ? '' : '-');
-          if (out[0] === 'nomark') {
-            p.mark ??= (loadMark as LoadMark)(input.tenant, input.producer);
-            out = await retry(p.mark);
-          }
-        }
+        out = await inProducerOrder(input.tenant, input.producer, run);
       } finally {
-        void before.then(markSent);
-        if (--p.inFlight === 0) producers.delete(key);
         if (feed) selfDone(input.tenant);
       }
       const [status, hwm, prev, published] = out as [string, string, string, string];
