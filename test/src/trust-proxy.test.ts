@@ -8,7 +8,14 @@ import { isIP } from 'node:net';
 import { loadConfig } from '@svc/gateway';
 import fc from 'fast-check';
 import t from 'tap';
-import { addressText, canonicalIp, clientAddress, exemptList } from '../../gateway/src/edge/client-ip.ts';
+import {
+  addressText,
+  canonicalIp,
+  clientAddress,
+  exemptList,
+  exemptMatcher,
+  isExempt,
+} from '../../gateway/src/edge/client-ip.ts';
 import { signUp, startTestService, type TestService } from './harness.ts';
 
 async function get(svc: TestService, forwardedFor?: string): Promise<number> {
@@ -32,6 +39,28 @@ t.test('TRUST_PROXY is checked at start and a bad entry is named', async (t) => 
   );
   t.throws(() => loadConfig({ TRUST_PROXY: 'lb.internal' }), /TRUST_PROXY: lb\.internal is not an address or a CIDR/);
   t.throws(() => loadConfig({ TRUST_PROXY: '10.0.0.0/8/1' }), /TRUST_PROXY/);
+});
+
+t.test("the exemption check remembers answers and gives the BlockList's, past its memory too", async (t) => {
+  const cidrs = ['10.0.0.0/8', '192.0.2.7', 'fd00::/8', '::1'];
+  const list = exemptList(cidrs);
+  const matcher = exemptMatcher(cidrs);
+  // Twice over more addresses than the memory holds, so it starts over at least once and
+  // answers from memory for the repeated ones.
+  const addresses = fc.sample(fc.oneof(fc.ipV4(), fc.ipV6(), fc.constantFrom('10.1.2.3', '192.0.2.7', '::1')), {
+    numRuns: 5000,
+    seed: 23,
+  });
+  let wrong = 0;
+  let exempt = 0;
+  for (const ip of [...addresses, ...addresses]) {
+    const want = isExempt(list, ip);
+    if (want) exempt++;
+    if (matcher(ip) !== want) wrong++;
+  }
+  t.equal(wrong, 0, "every answer is the BlockList's");
+  t.ok(exempt > 0 && exempt < addresses.length * 2, 'both answers were asked for');
+  t.equal(exemptMatcher([])('10.1.2.3'), false, 'no entries: nothing is exempt');
 });
 
 t.test(

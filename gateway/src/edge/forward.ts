@@ -430,18 +430,23 @@ class Exchange {
     return ok;
   }
 
+  /**
+   * Node serializes the head as `HTTP/1.1 <status>\r\n`, then `<name>: <value>\r\n` per header
+   * (values cannot hold CR or LF), then an empty line.
+   */
   private parseHead(head: string): void {
     this.headParsed = true;
-    const lines = head.split('\r\n');
-    // "HTTP/1.1 200 OK"
-    this.status = (lines[0] ?? '').slice(9);
+    let end = head.indexOf('\r\n');
+    if (end < 0) end = head.length;
+    this.status = head.slice(9, end);
     const code = Number(this.status.slice(0, 3));
-    for (let i = 1; i < lines.length; i++) {
-      const line = lines[i] as string;
-      if (line === '') continue;
-      const colon = line.indexOf(':');
-      const name = line.slice(0, colon);
-      const value = line.slice(colon + 1).trim();
+    for (let at = end + 2; at < head.length; at = end + 2) {
+      end = head.indexOf('\r\n', at);
+      if (end < 0) end = head.length;
+      const colon = head.indexOf(':', at);
+      if (colon < 0 || colon > end) continue;
+      const name = head.slice(at, colon);
+      const value = head.slice(head.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1, end);
       const lower = name.toLowerCase();
       if (lower === 'content-length') this.length = Number(value);
       if (NOT_RETURNED.has(lower)) continue;

@@ -1,6 +1,6 @@
 import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
-import { exemptList, isExempt } from '../edge/client-ip.ts';
+import { exemptMatcher } from '../edge/client-ip.ts';
 import type { AdmissionMetrics } from '../metrics.ts';
 import type { RateLimiter } from './ratelimit.ts';
 
@@ -23,9 +23,9 @@ export function admission(
   log: Logger,
   metrics?: AdmissionMetrics,
 ): AdmitFor {
-  const exempt = exemptList(exemptCidrs);
+  const exempt = exemptMatcher(exemptCidrs);
   return (ip, path) => (): Admission => {
-    if (!limiter || !path.startsWith('/api') || isExempt(exempt, ip)) return undefined;
+    if (!limiter || !path.startsWith('/api') || exempt(ip)) return undefined;
     const refuse = (d: { allowed: boolean; retryAfterS: number }) => {
       if (d.allowed) return undefined;
       metrics?.rateLimited();
