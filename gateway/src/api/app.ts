@@ -5,7 +5,7 @@ import fastifySwagger from '@fastify/swagger';
 import { ApiError } from '@svc/core';
 import Fastify, { type FastifyBaseLogger, type FastifyReply, type FastifyRequest, LogController } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
-import { clientAddress, exemptList } from '../edge/client-ip.ts';
+import { clientAddress, exemptMatcher } from '../edge/client-ip.ts';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
@@ -145,7 +145,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   app.addHook('onRequestAbort', async (request) => requestLine(request, true));
 
   // Behind the edge, the address the edge read; alone, read here the same way (TRUST_PROXY).
-  const trusted = deps.config.TRUST_PROXY.length ? exemptList(deps.config.TRUST_PROXY) : undefined;
+  const trusted = deps.config.TRUST_PROXY.length ? exemptMatcher(deps.config.TRUST_PROXY) : undefined;
   const clientIpOf = options.behindEdge
     ? (r: FastifyRequest) => (r.headers[CLIENT_IP_HEADER] as string | undefined) ?? null
     : (r: FastifyRequest) => {

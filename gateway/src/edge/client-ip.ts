@@ -55,13 +55,17 @@ export function exemptList(cidrs: readonly string[]): BlockList {
   return list;
 }
 
+/** Whether an address is in a list of CIDRs (see exemptMatcher). */
+export type AddressMatcher = (ip: string) => boolean;
+
 /**
- * A check of addresses against `cidrs` (RATE_LIMIT_EXEMPT), made for a call on every request:
- * with no entries it answers false without looking; otherwise it remembers the answers for up
- * to `MEMO_SIZE` addresses, since `BlockList.check` builds a native SocketAddress per call
- * (about 5 µs, a twentieth of a small request's CPU). Past that many it starts over.
+ * A check of addresses against `cidrs` (RATE_LIMIT_EXEMPT, TRUST_PROXY), made for a call on
+ * every request: with no entries it answers false without looking; otherwise it remembers the
+ * answers for up to `MEMO_SIZE` addresses, since `BlockList.check` builds a native
+ * SocketAddress per call (about 5 µs, a twentieth of a small request's CPU). Past that many
+ * it starts over.
  */
-export function exemptMatcher(cidrs: readonly string[]): (ip: string) => boolean {
+export function exemptMatcher(cidrs: readonly string[]): AddressMatcher {
   if (cidrs.length === 0) return () => false;
   const list = exemptList(cidrs);
   const memo = new Map<string, boolean>();
@@ -110,15 +114,19 @@ function forwardedAddress(entry: string): string | undefined {
  * an entry that is not an address ends the walk at the hop before it.
  * `forwardedFor` is every X-Forwarded-For header of the request, joined with commas.
  */
-export function clientAddress(peer: string, forwardedFor: string | undefined, trusted: BlockList | undefined): string {
+export function clientAddress(
+  peer: string,
+  forwardedFor: string | undefined,
+  trusted: AddressMatcher | undefined,
+): string {
   let client = canonicalIp(peer);
-  if (!trusted || !forwardedFor || !isExempt(trusted, client)) return client;
+  if (!trusted || !forwardedFor || !trusted(client)) return client;
   const hops = forwardedFor.split(',');
   for (let i = hops.length - 1; i >= 0; i--) {
     const hop = forwardedAddress(hops[i] as string);
     if (hop === undefined) return client;
     client = hop;
-    if (!isExempt(trusted, hop)) return hop;
+    if (!trusted(hop)) return hop;
   }
   return client;
 }
@@ -128,7 +136,7 @@ export type ClientOf = (res: HttpResponse, req: HttpRequest) => string;
 
 /** The edge's reading of the client's address, trusting the proxies in `trustProxy` (CIDRs). */
 export function edgeClientOf(trustProxy: readonly string[]): ClientOf {
-  const trusted = trustProxy.length ? exemptList(trustProxy) : undefined;
+  const trusted = trustProxy.length ? exemptMatcher(trustProxy) : undefined;
   return (res, req) => {
     const peer = addressText(new Uint8Array(res.getRemoteAddress()));
     if (!trusted) return peer;
