@@ -55,21 +55,26 @@ async function seed(target: Ours): Promise<{ key: string; headers: Record<string
   return { key: me.key, headers, body: agent('bench [<id>]') };
 }
 
+/** Rounds of each comparison in a full run: each side measured once per round, the first alternating. */
+const ROUNDS = 4;
+
 /**
  * The price of the edge and of authentication on request/response, on a throwaway Postgres:
  * `GET /api/health`, `GET /api/agents` and `POST /api/agents` through the uWebSockets.js edge
- * against the same Fastify app listening directly (a service process each, in alternating
- * rounds so machine noise falls on both); `GET /api/agents` on bench twins of the agent routes
- * with and without the service's authentication hook (ops/crud.ts); the server's CPU per
- * request beside each req/s; and, reported, the embedded default (PGlite) through the edge.
+ * against the same Fastify app listening directly; `GET /api/agents` on bench twins of the
+ * agent routes with and without the service's authentication hook (ops/crud.ts); the server's
+ * CPU per request beside each req/s; and, reported, the embedded default (PGlite) through the
+ * edge. The two sides of each comparison run side by side, idle but for the load, and are
+ * measured in short turns (ROUNDS each, the first alternating), so what the shared machine does
+ * meanwhile falls on both alike.
  */
 export const crud: Scenario = {
   name: 'crud',
   title: 'crud: the API through the edge against Fastify served directly, and authentication, on Postgres',
-  defaults: { connections: 50, duration: 10, rate: 0 },
+  defaults: { connections: 50, duration: 6, rate: 0 },
   smoke: { connections: 4, duration: 1, rate: 0 },
   async run({ opts, progress, defer }): Promise<Outcome> {
-    const rounds = opts.smoke ? 1 : 2;
+    const rounds = opts.smoke ? 1 : ROUNDS;
     progress.update('starting Postgres');
     const pg = await startPostgres((s) => progress.say(s));
     defer(() => pg.stop());
@@ -81,14 +86,18 @@ export const crud: Scenario = {
     };
     let clientCpu = 0;
 
+    type Load = Parameters<typeof autocannon>[0];
+    const warm = async (label: string, load: Load) => {
+      if (opts.smoke) return;
+      progress.update(`${label} (warm-up)`);
+      await autocannon({ ...load, seconds: 3 });
+    };
     const measure = async (
       target: Ours,
       label: string,
-      load: Parameters<typeof autocannon>[0],
+      load: Load,
       postgresPid: number | undefined,
     ): Promise<Measured> => {
-      progress.update(`${label} (warm-up)`);
-      if (!opts.smoke) await autocannon({ ...load, seconds: Math.min(3, opts.duration) });
       progress.update(`${label} for ${opts.duration}s`);
       const cpu0 = cpuOfTree(target.pid);
       const pg0 = postgresPid ? cpuOfTree(postgresPid) : 0;
@@ -104,7 +113,7 @@ export const crud: Scenario = {
       return m;
     };
 
-    const loadOf = (url: string, c: Case, s: { headers: Record<string, string>; body: string }) => ({
+    const loadOf = (url: string, c: Case, s: { headers: Record<string, string>; body: string }): Load => ({
       url: `${url}${c.path}`,
       connections: opts.connections,
       seconds: opts.duration,
@@ -114,42 +123,51 @@ export const crud: Scenario = {
       idReplacement: c.method === 'POST',
     });
 
-    for (let round = 0; round < rounds; round++) {
-      for (const mode of round % 2 === 0 ? (['edge', 'direct'] as const) : (['direct', 'edge'] as const)) {
-        const target = await startOurs({ EDGE: mode === 'edge' ? 'true' : 'false', DATABASE_URL: pg.url });
-        try {
-          const s = await seed(target);
-          for (const c of CASES) {
-            add(
-              c.name,
-              mode,
-              await measure(target, `round ${round + 1} ${mode} ${c.name}`, loadOf(target.url, c, s), pg.pid),
-            );
-            // The twins right after the same route on the service, before POST fills the list.
-            if (mode === 'direct' && c.name === TWIN_CASE) {
-              const ports = await target.call<{ auth: number; open: number }>('ops/crud#startTwins', { key: s.key });
-              for (const twin of round % 2 === 0 ? (['auth', 'open'] as const) : (['open', 'auth'] as const)) {
-                const url = `http://127.0.0.1:${ports[twin]}`;
-                add(
-                  c.name,
-                  twin,
-                  await measure(target, `round ${round + 1} twin ${twin} ${c.name}`, loadOf(url, c, s), pg.pid),
-                );
-              }
-              await target.call('ops/crud#closeTwins');
-            }
-          }
-        } finally {
-          await target.stop();
+    /** One comparison: both sides warmed once, then measured in turns, the first alternating. */
+    const compare = async (c: string, sides: [Where, Ours, Load][]) => {
+      for (const [where, , load] of sides) await warm(`${where} ${c}`, load);
+      for (let r = 0; r < rounds; r++) {
+        for (const [where, target, load] of r % 2 === 0 ? sides : [...sides].reverse()) {
+          add(c, where, await measure(target, `round ${r + 1} ${where} ${c}`, load, pg.pid));
         }
       }
+    };
+
+    // Each its own account; one after the other, so they do not migrate the database at once.
+    const edge = await startOurs({ EDGE: 'true', DATABASE_URL: pg.url });
+    defer(() => edge.stop());
+    const direct = await startOurs({ EDGE: 'false', DATABASE_URL: pg.url });
+    defer(() => direct.stop());
+    const seeds = { edge: await seed(edge), direct: await seed(direct) };
+    for (const c of CASES) {
+      await compare(c.name, [
+        ['edge', edge, loadOf(edge.url, c, seeds.edge)],
+        ['direct', direct, loadOf(direct.url, c, seeds.direct)],
+      ]);
+      // The twins right after the same route on the service, before POST fills the list.
+      if (c.name === TWIN_CASE) {
+        const ports = await direct.call<{ auth: number; open: number }>('ops/crud#startTwins', {
+          key: seeds.direct.key,
+        });
+        const twin = (w: 'auth' | 'open'): [Where, Ours, Load] => [
+          w,
+          direct,
+          loadOf(`http://127.0.0.1:${ports[w]}`, c, seeds.direct),
+        ];
+        await compare(c.name, [twin('auth'), twin('open')]);
+        await direct.call('ops/crud#closeTwins');
+      }
     }
+    await edge.stop();
+    await direct.stop();
     // The embedded default: PGlite inside the service process, through the edge.
     const embedded = await startOurs({ EDGE: 'true' });
     try {
       const s = await seed(embedded);
       for (const c of CASES.filter((x) => x.name !== 'GET /api/health')) {
-        add(c.name, 'pglite', await measure(embedded, `PGlite edge ${c.name}`, loadOf(embedded.url, c, s), undefined));
+        const load = loadOf(embedded.url, c, s);
+        await warm(`PGlite edge ${c.name}`, load);
+        add(c.name, 'pglite', await measure(embedded, `PGlite edge ${c.name}`, load, undefined));
       }
     } finally {
       await embedded.stop();
@@ -280,8 +298,8 @@ export const crud: Scenario = {
       targets,
       charts: [{ kind: 'bars', file: 'throughput', title: 'Requests per second', unit: 'req/s', bars }],
       notes: [
-        `autocannon, ${opts.connections} connections, ${opts.duration} s per measurement after a warm-up, ${rounds} round(s) alternating which goes first; one service process each (a fresh one per round and mode), on a throwaway PostgreSQL (fsync off) started for the run, the event log in memory.`,
-        'Edge against direct: both serve the same Fastify app on the same database; the difference is the edge hop (uWebSockets.js accepting, rate-limit check (off here), forwarding over a Unix socket).',
+        `autocannon, ${opts.connections} connections, ${opts.duration} s per measurement. The two sides of a comparison (edge and direct; the twins with and without authentication) run side by side, each warmed up once for 3 s on the route, then measured in ${rounds} round(s), one measurement of each per round, the first alternating; the figure is the mean over the rounds. Edge and direct are a service process each, both up for the whole comparison and idle but for the load, on one throwaway PostgreSQL (fsync off) started for the run, the event log in memory.`,
+        'Edge against direct: both serve the same Fastify app on the same database; the difference is the edge: uWebSockets.js accepting and parsing, the rate-limit check (off here), and the hand-off of the request to the Fastify app in the same process (a node:http request and response over a stand-in socket, no socket between them).',
         `With and without authentication: two bench-only Fastify instances in the service's process, each serving the service's own agent route module (the same handler, schemas and serialization) on the service's database pool. One has the service's authentication hook (the bearer key's credential lookup on every request, as the service does); the other sets the principal that key authenticates to, looked up once. Neither has the service's other hooks, so the ratio is authentication's cost alone. The service offers no way to reach its own \`GET /api/agents\` without authentication, so this is the nearest honest comparison the bench can make without changing the service.`,
         'Server CPU per request: utime + stime of the service process (edge and api role together) from /proc/<pid>/stat before and after each load, over the responses; the Postgres cluster likewise (every backend).',
         ...CASES.map(
