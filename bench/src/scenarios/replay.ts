@@ -63,7 +63,7 @@ const LABEL: Record<Kind, string> = {
 export const replay: Scenario = {
   name: 'replay',
   title: 'replay: a watcher reconnecting with Last-Event-ID behind N events, against raw XRANGE + SELECT',
-  defaults: { connections: 1, duration: 3, rate: 100_000 },
+  defaults: { connections: 1, duration: 5, rate: 100_000 },
   smoke: { connections: 1, duration: 1, rate: 2_000 },
   async run({ opts, progress, defer }): Promise<Outcome> {
     const total = Math.max(100, Math.round(opts.rate));
@@ -385,7 +385,7 @@ export const replay: Scenario = {
         'Our read path (gateway/src/log/read.ts readLog) reads Postgres up to the copy mark and Redis only above it; once the copy is durable the whole range comes from Postgres, so "raw SELECT, whole range" is the raw read of what ours actually reads.',
         'The table is analyzed (ANALYZE log_events, what autovacuum does within a minute of a bulk load) before the measured rounds. Right after the copy, before that, each of ours and the raw SELECT is measured once ("before ANALYZE"): without statistics the planner reads every page of the tenant range as a bitmap scan of the whole rest of the range plus a sort, while the conversation stream\'s query uses the conversation index either way. Once the table has been analyzed at all, ranges newer than its statistics plan as ordered index scans (checked by EXPLAIN), so this concerns a table never analyzed.',
         'Time to first byte is the response head (`: connected` goes out before history is read); time to first event is when the first frame of history arrives, the figure the 50 ms target is held to. Both from the moment the request is written.',
-        `--rate sets the events behind (default 100,000), --duration the number of rounds (default 3; medians reported), --redis an existing Redis; --connections does not apply. Set BENCH_CPU_PROF to write a CPU profile of our service.`,
+        `--rate sets the events behind (default 100,000), --duration the number of rounds (default 5; medians reported), --redis an existing Redis; --connections does not apply. Set BENCH_CPU_PROF to write a CPU profile of our service.`,
       ],
       clientCpuSeconds: clientCpu,
     };

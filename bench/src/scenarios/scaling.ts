@@ -4,9 +4,10 @@ import { type Ours, startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree, sleep, until } from '../lib/proc.ts';
 import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
-import { Histogram, round } from '../lib/stats.ts';
+import { Histogram, median, round } from '../lib/stats.ts';
 import type { Bar, Series } from '../lib/svg.ts';
 import type { Layout } from '../ops/fanout.ts';
+import { P99_WINDOWS, windowP99s } from '../sse/fanout.ts';
 import { type Fleet, startFleet, type WatcherSpec } from '../sse/fleet.ts';
 
 interface Phase {
@@ -17,6 +18,9 @@ interface Phase {
   expectedPerNode: number[];
   latency: Record<string, number>;
   perSecond: { second: number; p99: number }[];
+  /** The p99 of each of P99_WINDOWS equal parts of the run (as sse-fanout), and their median. */
+  p99Windows: number[];
+  p99Median: number;
   cpuPerNode: number[];
   redisCpu: number;
   clientCpu: number;
@@ -123,11 +127,13 @@ export const scaling: Scenario = {
         const all = new Histogram();
         for (const r of reports) all.merge(r.latency.counts);
         const seconds = Math.max(...reports.map((r) => r.perSecond.length));
-        const perSecond = Array.from({ length: seconds }, (_, s) => {
+        const perSecondHistograms = Array.from({ length: seconds }, (_, s) => {
           const h = new Histogram();
           for (const r of reports) if (r.perSecond[s]) h.merge((r.perSecond[s] as Histogram).counts);
-          return { second: s, p99: round(h.percentile(99), 3) };
+          return h;
         });
+        const perSecond = perSecondHistograms.map((h, s) => ({ second: s, p99: round(h.percentile(99), 3) }));
+        const p99Windows = windowP99s(perSecondHistograms, opts.duration, P99_WINDOWS);
         const phase: Phase = {
           nodes,
           deliveredPerNode: reports.map((r) => round(r.received / opts.duration)),
@@ -135,12 +141,14 @@ export const scaling: Scenario = {
           expectedPerNode: expected,
           latency: all.summary(),
           perSecond,
+          p99Windows,
+          p99Median: median(p99Windows.filter(Number.isFinite)),
           cpuPerNode,
           redisCpu,
           clientCpu: round(fleets.reduce((a, f) => a + f.cpuSeconds(), 0)),
         };
         progress.say(
-          `${nodes} node(s): delivered/s per node ${phase.deliveredPerNode.join(', ')} (expected ${expected.map((e) => Math.round(e / opts.duration)).join(', ')}), p99 ${phase.latency.p99} ms, CPU per node ${cpuPerNode.join(', ')} cores, Redis Cluster ${redisCpu} cores`,
+          `${nodes} node(s): delivered/s per node ${phase.deliveredPerNode.join(', ')} (expected ${expected.map((e) => Math.round(e / opts.duration)).join(', ')}), p99 ${phase.latency.p99} ms (per part ${p99Windows.join(', ')}), CPU per node ${cpuPerNode.join(', ')} cores, Redis Cluster ${redisCpu} cores`,
         );
         phases.push(phase);
       } finally {
@@ -160,13 +168,24 @@ export const scaling: Scenario = {
         !opts.smoke,
       ),
       ratioTarget(
-        'append-to-receipt p99 with 2 nodes against 1 node',
+        `append-to-receipt p99 with 2 nodes against 1 node (median of ${P99_WINDOWS} parts of each run)`,
         'ms',
-        two.latency.p99 as number,
-        { name: '1 node', value: one.latency.p99 as number },
+        two.p99Median,
+        { name: '1 node', value: one.p99Median },
         { atMost: 2 },
         !opts.smoke,
       ),
+      {
+        ...ratioTarget(
+          'append-to-receipt p99 with 2 nodes against 1 node, over each whole run',
+          'ms',
+          two.latency.p99 as number,
+          { name: '1 node', value: one.latency.p99 as number },
+          { atMost: 2 },
+        ),
+        goal: 'reported',
+        met: null,
+      },
     ];
     for (const [p, phase] of phases.entries()) {
       const missing = phase.expectedPerNode.reduce(
@@ -195,6 +214,7 @@ export const scaling: Scenario = {
       ],
       notes: [
         `Each node: ${conversations * perConversation} watchers of /api/conversations/:id/stream (${perConversation} per conversation, ${conversations} conversations of ${tenants} accounts) and ${opts.rate} appends/s of its own, ${opts.duration} s. With two nodes each node's watchers follow the other node's conversations, so every delivery crosses the Redis Cluster (sharded pub/sub, keys by tenant hash tag).`,
+        `The p99 target is the median of the p99s of ${P99_WINDOWS} equal parts of each run, as in sse-fanout: one stall of the shared machine moves one part, not the figure; the p99 over each whole run is reported beside it.`,
         'Everything shares this machine: the nodes, the three Redis masters, Postgres and the load clients. The CPU figures say how much of it each used; on a machine with few cores a second node competes with the first for the same cores, so a ratio below 1 here measures the machine as much as the design.',
       ],
       clientCpuSeconds: round(phases.reduce((a, p) => a + p.clientCpu, 0)),
