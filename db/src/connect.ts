@@ -44,20 +44,7 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
     connection: { application_name: 'svc' },
   } as const;
   if (options.url && options.url !== 'memory') {
-    // At most one query waits behind the running one on a connection; postgres.js pipelines up
-    // to 100 by default (`max_pipeline`, read by its options parser though not in its types).
-    // Under sustained load the default made the pool slower the longer the load lasted: a query
-    // handed to an already busy connection takes it from the pool's queue of busy connections
-    // (`src/queue.js`), whose `shift` leaves an empty slot behind and which is reset only once
-    // it runs empty; the connection, still busy, is pushed back, and every later move of a
-    // connection searches that whole array, holes included, with `indexOf`. With one query
-    // waiting, a connection that takes one more is full and leaves that queue, so it keeps
-    // emptying. Measured with 50 concurrent `SELECT 1` loops on 10 connections: the default fell
-    // from about 22,000 queries/s in its first seconds to 8,000 within 20 s; one waiting held
-    // 31,000 to 44,000. On the service, `GET /api/agents` at 50 connections: 17% more requests/s
-    // and 15% less CPU per request (four interleaved rounds of 8 s).
-    const pipelining: object = { max_pipeline: 1 };
-    const sql = postgres(options.url, { ...common, max: options.max ?? 10, ...pipelining });
+    const sql = postgres(options.url, { ...common, max: options.max ?? 10 });
     return { sql, kind: 'postgres', notifications: true, close: () => sql.end({ timeout: 5 }) };
   }
 

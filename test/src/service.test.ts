@@ -68,29 +68,6 @@ t.test(
   },
 );
 
-t.test(
-  'a Postgres pool keeps at most one query waiting on a connection, and answers each of many at once',
-  { skip: !process.env.TEST_DATABASE_URL && 'no Postgres' },
-  async (t) => {
-    const db = await openDatabase({ url: process.env.TEST_DATABASE_URL as string, dataDir: '/tmp', max: 4 });
-    t.teardown(() => db.close());
-    // postgres.js's default (100 waiting) slows its pool down the longer a load lasts (connect.ts).
-    t.equal((db.sql.options as unknown as { max_pipeline: number }).max_pipeline, 1);
-    // Far more queries than the pool takes at once (4 connections, 2 each): every one is answered,
-    // with its own result, queued in the pool rather than on a connection.
-    const n = 500;
-    const answers = await Promise.all(
-      Array.from({ length: n }, (_, i) => db.sql<{ v: number }[]>`SELECT ${i}::int AS v, pg_backend_pid() AS pid`),
-    );
-    t.same(
-      answers.map((rows) => rows[0]?.v),
-      Array.from({ length: n }, (_, i) => i),
-    );
-    const pids = new Set(answers.map((rows) => (rows[0] as unknown as { pid: number }).pid));
-    t.equal(pids.size, 4, 'spread over the whole pool');
-  },
-);
-
 t.test('the embedded database keeps accounts across a restart', async (t) => {
   const svc = await startTestService(t, { backend: 'embedded', env: { DATABASE_URL: '' } });
   const user = await signUp(svc);
