@@ -80,6 +80,11 @@ export function ratioTarget(
   return { what, unit, value, baseline, ratio, goal: goalText(goal), met: decide ? met : null };
 }
 
+/** A target shown for information: its figures stay, but it is not decided (`goal` says so). */
+export function reported(t: Target, goal = 'reported'): Target {
+  return { ...t, goal, met: null };
+}
+
 /** An absolute bar: `value >= atLeast` or `value <= atMost`. */
 export function absoluteTarget(
   what: string,

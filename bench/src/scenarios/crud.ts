@@ -2,7 +2,7 @@ import { autocannon, type LoadResult } from '../lib/autocannon.ts';
 import { type Ours, startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
 import { cpuOfTree } from '../lib/proc.ts';
-import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import { type Outcome, ratioTarget, reported, type Scenario, type Target } from '../lib/scenario.ts';
 import { mean, round } from '../lib/stats.ts';
 import type { Bar } from '../lib/svg.ts';
 
@@ -187,7 +187,6 @@ export const crud: Scenario = {
       }
       return t;
     };
-    const reported = (t: Target, goal = 'reported'): Target => ({ ...t, goal, met: null });
     const EDGE_GOALS: Record<string, number> = {
       'GET /api/health': 0.8,
       'GET /api/agents': 0.6,

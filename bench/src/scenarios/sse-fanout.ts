@@ -1,6 +1,6 @@
 import { splitCores } from '../lib/cores.ts';
 import type { Progress } from '../lib/progress.ts';
-import { type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import { type Outcome, ratioTarget, reported, type Scenario, type Target } from '../lib/scenario.ts';
 import { round } from '../lib/stats.ts';
 import type { Bar, Chart } from '../lib/svg.ts';
 import { type FanoutPlan, type FanoutResult, P99_WINDOWS, runFanout, type System } from '../sse/fanout.ts';
@@ -131,7 +131,6 @@ async function compareFanout(
     if (lost(r) > 0) t.note = `${lost(r)} of ${r.expected} deliveries missing`;
     return t;
   };
-  const reported = (t: Target, goal: string): Target => ({ ...t, goal, met: null });
   const targets: Target[] = [
     ratioTarget(
       'delivered events/s',

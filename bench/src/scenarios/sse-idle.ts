@@ -2,7 +2,7 @@ import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
 import { rssOfTree, sleep } from '../lib/proc.ts';
 import { startRedis } from '../lib/redis.ts';
-import { absoluteTarget, type Outcome, ratioTarget, type Scenario, type Target } from '../lib/scenario.ts';
+import { absoluteTarget, type Outcome, ratioTarget, reported, type Scenario, type Target } from '../lib/scenario.ts';
 import { median, round } from '../lib/stats.ts';
 import type { Bar } from '../lib/svg.ts';
 import { startNchan } from '../peers/nchan.ts';
@@ -223,7 +223,6 @@ export const sseIdle: Scenario = {
 
     const decide = !opts.smoke;
     const nchanRss = nchanHeld && { name: 'Nchan, one worker', value: nchanHeld.rssBytesPerWatcher };
-    const reported = (t: Target, goal = 'reported'): Target => ({ ...t, goal, met: null });
     const targets: Target[] = [
       absoluteTarget('watchers held by one edge process', 'watchers', oursHeld.held, { atLeast: ONE_EDGE }, decide),
       manyRuns.length
