@@ -14,8 +14,11 @@ COPY gateway/package.json gateway/
 COPY runner-agent/package.json runner-agent/
 COPY bench/package.json bench/
 COPY test/package.json test/
-# Only what the service runs: the gateway and runner-agent workspaces (and core, db) without dev tools.
-RUN npm ci --omit=dev --workspace gateway --workspace runner-agent --no-audit --no-fund && npm cache clean --force
+# The root's postinstall applies these to installed dependencies (patch-package).
+COPY patches patches
+# Only what the service runs: the gateway and runner-agent workspaces (and core, db) without dev
+# tools, and the root's own dependency, patch-package, for that postinstall.
+RUN npm ci --omit=dev --workspace gateway --workspace runner-agent --include-workspace-root --no-audit --no-fund && npm cache clean --force
 
 FROM node:20-bookworm-slim
 ENV NODE_ENV=production \
