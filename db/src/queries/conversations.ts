@@ -1,5 +1,6 @@
 import type postgres from 'postgres';
 import { type Sql, transaction } from '../connect.ts';
+import { lockCopies } from './log-events.ts';
 import { enqueue, type OutboxEvent } from './outbox.ts';
 
 export interface ConversationRow {
@@ -179,6 +180,9 @@ export async function deleteConversation(
   events: OutboxEvent[] = [],
 ): Promise<boolean> {
   return transaction(sql, async (t) => {
+    // A copy of the log under way may be writing this conversation's events: it commits
+    // first, and these deletes see what it wrote (log-events.ts, storeBatch).
+    await lockCopies(t, accountId);
     const rows = await t`DELETE FROM conversations WHERE account_id = ${accountId} AND id = ${id} RETURNING id`;
     if (rows.length) {
       await t`DELETE FROM log_events WHERE account_id = ${accountId} AND conversation_id = ${id}`;

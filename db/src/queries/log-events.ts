@@ -1,5 +1,5 @@
 import type { LogEvent } from '@svc/core';
-import type { Sql } from '../connect.ts';
+import { type Sql, transaction } from '../connect.ts';
 
 /** Rows are LogEvents (core); the name says where they come from. */
 export type LogEventRow = LogEvent;
@@ -18,25 +18,31 @@ export async function tenantsWithMarks(sql: Sql): Promise<string[]> {
 /**
  * Stores a batch and moves the copy mark to its last id, together with the durable mark of
  * every producer in it (the highest number it reached: a producer's numbers rise with the ids,
- * the log accepted them only in order), in one statement and so one transaction. Unique on
+ * the log accepted them only in order), in one statement of one transaction. Unique on
  * (account, id), so a batch copied twice after a crash is stored once. Returns the producers'
  * marks it wrote.
  *
  * The batch goes as one JSON parameter, unpacked by Postgres: one statement text whatever the
- * batch's size (prepared once), one round trip, and nothing serialized field by field on the
- * event loop that also delivers the events (a row per event as parameters cost the copier's
- * node more than the copy itself did).
+ * batch's size (prepared once), and nothing serialized field by field on the event loop that
+ * also delivers the events (a row per event as parameters cost the copier's node more than the
+ * copy itself did).
+ *
+ * Events of a conversation deleted since they were appended are not copied. The statement runs
+ * behind the tenant's copy lock, held shared until the copy commits; deleting a conversation
+ * takes it exclusively first (deleteConversation). So a delete that commits before the lock is
+ * granted is seen by the statement (a new snapshot under READ COMMITTED), and one that comes
+ * later waits, then removes what this copy wrote. One lock per batch, taken in the same round
+ * trip as the statement: locking each conversation row instead (FOR SHARE) writes every row
+ * it locks and was a third of Postgres's CPU per copied event (25 events of 25 conversations
+ * a batch: 67 to 81 µs per event, 43 to 46 with this lock).
  */
 export async function storeBatch(sql: Sql, accountId: string, events: LogEventRow[]): Promise<Map<string, number>> {
   const marks = new Map<string, number>();
   if (events.length === 0) return marks;
   for (const e of events) marks.set(e.producer, Math.max(marks.get(e.producer) ?? 0, e.seq));
   const last = (events.at(-1) as LogEventRow).id;
-  // Events of a conversation deleted since they were appended are not copied, and the
-  // conversations kept are locked (FOR SHARE, taken before anything is inserted) until the
-  // copy commits: a delete running now waits and then removes what this copy wrote.
   // Placeholders of dropped output are not stored either.
-  await sql`
+  const store = (t: Sql) => t`
     WITH batch AS (
       SELECT * FROM jsonb_to_recordset(${sql.json(events as never)}) AS e(
         id bigint, "conversationId" text, "turnId" text, kind text, stream text, data text,
@@ -44,7 +50,7 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     ),
     live AS (
       SELECT id FROM conversations
-      WHERE account_id = ${accountId} AND id IN (SELECT "conversationId" FROM batch) FOR SHARE
+      WHERE account_id = ${accountId} AND id IN (SELECT "conversationId" FROM batch)
     ),
     stored AS (
       INSERT INTO log_events
@@ -64,7 +70,26 @@ export async function storeBatch(sql: Sql, accountId: string, events: LogEventRo
     SELECT ${accountId}, producer, max(seq) FROM batch GROUP BY producer
     ON CONFLICT (account_id, producer)
     DO UPDATE SET durable_seq = GREATEST(log_producer_marks.durable_seq, excluded.durable_seq)`;
+  // Sent together: Postgres runs them in order, and the statement's snapshot is taken once
+  // the lock is granted.
+  await transaction(sql, (t) =>
+    Promise.all([t`SELECT pg_advisory_xact_lock_shared(hashtextextended(${copyLock(accountId)}, 0))`, store(t)]),
+  );
   return marks;
+}
+
+/**
+ * The tenant's copy lock (storeBatch), an advisory lock on the 64-bit hash of this name. Two
+ * tenants whose names hash alike only share a lock, which delays, never breaks.
+ */
+const copyLock = (accountId: string) => `svc:log-copy:${accountId}`;
+
+/**
+ * Waits for the tenant's log copies under way to commit and keeps new ones out until the
+ * caller's transaction ends: taken before deleting what a copy could write events for.
+ */
+export async function lockCopies(tx: Sql, accountId: string): Promise<void> {
+  await tx`SELECT pg_advisory_xact_lock(hashtextextended(${copyLock(accountId)}, 0))`;
 }
 
 /** The producer's highest durable number, undefined when nothing of it was ever copied. */
