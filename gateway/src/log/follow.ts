@@ -17,13 +17,21 @@ export interface BatchSink {
  * first and buffer what arrives, read the history after `after` and deliver it, then drain
  * the buffer dropping every id already delivered, then deliver live. `sink.onEvents` sees
  * every event after `after` exactly once, in id order. Resolves to the function that stops it.
+ *
+ * `after` 'now' starts at the tenant's last id, read once the subscription is live
+ * (`onStart` is told it before anything is delivered): every later append then has a higher
+ * id and comes through the subscription, so there is no history to read. Read before
+ * subscribing instead, it would leave the appends in between to a read of the log (a copy
+ * mark's SELECT in Postgres and two Redis calls, on every opening).
  */
 export async function follow(
   log: EventLog,
   tenant: string,
-  after: number,
+  after: number | 'now',
   sink: EventSink,
   options: {
+    /** With `after` 'now': the position it stands for, before anything is delivered. */
+    onStart?: (after: number) => void;
     pageSize?: number;
     /** Where history comes from (default: the hot log); readLog reaches into Postgres. */
     read?: (after: number, limit: number) => Promise<LogEvent[]>;
@@ -44,10 +52,16 @@ export async function follow(
 ): Promise<() => void> {
   const pageSize = options.pageSize ?? 1000;
   const read = options.read ?? ((from: number, limit: number) => log.read(tenant, { after: from, limit }));
-  const joined = new Joined(after, sink);
+  const joined = new Joined(after === 'now' ? Number.MAX_SAFE_INTEGER : after, sink);
   const stop =
     (await (options.subscribe ? options.subscribe(joined) : log.subscribe(tenant, (batch) => joined.onBatch(batch)))) ??
     nothing;
+  if (after === 'now') {
+    joined.last = await log.lastId(tenant);
+    options.onStart?.(joined.last);
+    joined.goLive();
+    return stop;
+  }
   // The next page is asked for before this one is delivered, so the store works on it while
   // this process frames and writes the current one (the two are on different cores).
   let next = read(joined.last, pageSize);

@@ -128,6 +128,58 @@ export function eventLogContract(
     );
   });
 
+  t.test('a watcher joining "now" mid-burst sees every event after its start once, in order', async (t) => {
+    const log = await make();
+    const ten = tenant();
+    let seq = 0;
+    const burst = async (count: number) => {
+      for (let i = 0; i < count; i++) {
+        await log.append({ tenant: ten, producer: 'p', seq: ++seq, events: [out('c', String(seq))] });
+      }
+    };
+    await burst(30);
+    const seen: LogEvent[] = [];
+    const starts: number[] = [];
+    const seenAtStart: number[] = [];
+    const lastBefore = await log.lastId(ten);
+    // Appends from two producers race the joining: each one's script runs before or after the
+    // start is read, and nothing may fall between the two.
+    let seq2 = 0;
+    const other = async (count: number) => {
+      for (let i = 0; i < count; i++) {
+        await log.append({ tenant: ten, producer: 'q', seq: ++seq2, events: [out('d', `q${seq2}`)] });
+      }
+    };
+    const appending = Promise.all([burst(150), other(150)]);
+    const stop = await follow(
+      log,
+      ten,
+      'now',
+      { onEvents: (events) => seen.push(...events) },
+      {
+        onStart: (at) => {
+          starts.push(at);
+          seenAtStart.push(seen.length);
+        },
+      },
+    );
+    await appending;
+    await burst(20);
+    await new Promise((r) => setTimeout(r, 200));
+    stop();
+    t.equal(starts.length, 1, 'told its start once');
+    t.same(seenAtStart, [0], 'before anything was delivered');
+    const start = starts[0] as number;
+    t.ok(start >= lastBefore, 'the start is the last id once subscribed, not an earlier one');
+    const expected = (await log.read(ten, { after: start, limit: 1000 })).map((e) => e.id);
+    t.ok(expected.length >= 20, `${expected.length} events after the start`);
+    t.same(
+      seen.map((e) => e.id),
+      expected,
+      'every event after the start, once, in id order, and none at or before it',
+    );
+  });
+
   t.test('live batches carry the id before them', async (t) => {
     const log = await make();
     const ten = tenant();

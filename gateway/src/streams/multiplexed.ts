@@ -60,20 +60,23 @@ export function serveMultiplexed(
   const { deps, registry, directory } = ctx;
   registry.open(res, opening, MultiplexedStreamQuery, async ({ w, principal, query, after: resumeAfter, resumed }) => {
     const tenant = principal.accountId;
-    const after = resumed ? resumeAfter : await deps.log.lastId(tenant);
-    if (w.closed) return;
-    w.position = Math.max(w.position, after);
-    w.told = Math.max(w.told, after);
-    // A bare id moves the client's last event id without firing an event (WHATWG dispatch),
-    // so a client that drops before its first event resumes from the moment it connected
-    // instead of from now, losing what happened while it was away.
-    registry.send(w, `id: ${after}\n\n`);
+    const start = (after: number) => {
+      w.position = Math.max(w.position, after);
+      w.told = Math.max(w.told, after);
+      // A bare id moves the client's last event id without firing an event (WHATWG dispatch),
+      // so a client that drops before its first event resumes from the moment it connected
+      // instead of from now, losing what happened while it was away.
+      registry.send(w, `id: ${after}\n\n`);
+    };
+    if (resumed) start(resumeAfter);
     const feed = new MultiplexedFeed(ctx, w, route, tenant, streamList(query.streams), query.blocks === 'true');
     directory.acquire(tenant);
     // Set before follow() subscribes (synchronously, on its first step), so a watcher that
     // closes at any point from here lets go of its subscription and of the directory.
     w.following = feed;
-    await follow(deps.log, tenant, after, feed, {
+    // Not resumed: from the tenant's last id once subscribed, with no history to read.
+    await follow(deps.log, tenant, resumed ? resumeAfter : 'now', feed, {
+      onStart: start,
       read: (from, limit) => readLog(deps, tenant, { after: from, limit }),
       subscribe: (sink) => feed.subscribe(sink),
       paced: () => feed.paced(),
