@@ -21,6 +21,18 @@ export function eventLogContract(
     stream: 'stdout',
     data,
   });
+  /**
+   * Appends `count` events at a time, one per call, as one producer numbering from 1; each
+   * event's data is `prefix` and its number.
+   */
+  const producer = (log: EventLog, ten: string, id: string, conversationId: string, prefix = '') => {
+    let seq = 0;
+    return async (count: number) => {
+      for (let i = 0; i < count; i++) {
+        await log.append({ tenant: ten, producer: id, seq: ++seq, events: [out(conversationId, `${prefix}${seq}`)] });
+      }
+    };
+  };
 
   t.test('ids are integers, strictly increasing within a tenant across conversations', async (t) => {
     const log = await make();
@@ -104,12 +116,7 @@ export function eventLogContract(
   t.test('a watcher joining mid-burst sees every event after its position once, in order', async (t) => {
     const log = await make();
     const ten = tenant();
-    let seq = 0;
-    const burst = async (count: number) => {
-      for (let i = 0; i < count; i++) {
-        await log.append({ tenant: ten, producer: 'p', seq: ++seq, events: [out('c', String(seq))] });
-      }
-    };
+    const burst = producer(log, ten, 'p', 'c');
     await burst(50);
     const position = (await log.read(ten, { after: 0, limit: 100 }))[24]?.id as number;
     const seen: LogEvent[] = [];
@@ -131,12 +138,7 @@ export function eventLogContract(
   t.test('a watcher joining "now" mid-burst sees every event after its start once, in order', async (t) => {
     const log = await make();
     const ten = tenant();
-    let seq = 0;
-    const burst = async (count: number) => {
-      for (let i = 0; i < count; i++) {
-        await log.append({ tenant: ten, producer: 'p', seq: ++seq, events: [out('c', String(seq))] });
-      }
-    };
+    const burst = producer(log, ten, 'p', 'c');
     await burst(30);
     const seen: LogEvent[] = [];
     const starts: number[] = [];
@@ -144,12 +146,7 @@ export function eventLogContract(
     const lastBefore = await log.lastId(ten);
     // Appends from two producers race the joining: each one's script runs before or after the
     // start is read, and nothing may fall between the two.
-    let seq2 = 0;
-    const other = async (count: number) => {
-      for (let i = 0; i < count; i++) {
-        await log.append({ tenant: ten, producer: 'q', seq: ++seq2, events: [out('d', `q${seq2}`)] });
-      }
-    };
+    const other = producer(log, ten, 'q', 'd', 'q');
     const appending = Promise.all([burst(150), other(150)]);
     const stop = await follow(
       log,
