@@ -8,7 +8,6 @@ import {
   type LiveBatch,
   type LoadMark,
   type LogEvent,
-  type NewEvent,
   type ReadOptions,
   seqsOf,
   storedFields,
@@ -404,10 +403,9 @@ export function redisEventLog(
       const conversationId = input.events[0]?.conversationId ?? null;
       const ts = new Date().toISOString();
       const seqs = seqsOf(input);
+      const stored = input.events.map((e, i) => storedFields(e, ts, input.producer, seqs[i] as number));
       const pairs: (string | number)[] = [];
-      for (const [i, e] of input.events.entries()) {
-        pairs.push(seqs[i] as number, JSON.stringify(storedFields(e, ts, input.producer, seqs[i] as number)));
-      }
+      for (let i = 0; i < stored.length; i++) pairs.push(seqs[i] as number, JSON.stringify(stored[i]));
       const feed = selfFeed(input.tenant);
       const run = (loaded: string) =>
         appendScript.call(
@@ -435,12 +433,8 @@ export function redisEventLog(
       if (status !== 'appended') return { status: status as 'duplicate' | 'gap', events: [], hwm: Number(hwm) };
       const events: LogEvent[] = [];
       for (let i = 4; i < out.length; i += 2) {
-        const index = Number(out[i]) - 1;
-        const seq = seqs[index] as number;
-        events.push({
-          id: Number(out[i + 1]),
-          ...storedFields(input.events[index] as NewEvent, ts, input.producer, seq),
-        });
+        // The fields as stored, not made again: the payload sent was their JSON.
+        events.push({ id: Number(out[i + 1]), ...(stored[Number(out[i]) - 1] as Payload) });
       }
       // Unpublished: nobody else follows the tenant, and this node's watchers get the batch
       // from here, in order with what other nodes publish (a hole is read first, as for a
