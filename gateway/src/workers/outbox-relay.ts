@@ -20,6 +20,7 @@ export class OutboxRelay {
   private readonly dirty = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
+  private sweeping: Promise<void> | undefined;
   private again = false;
   private unlisten: (() => Promise<void>) | undefined;
 
@@ -65,14 +66,24 @@ export class OutboxRelay {
     await outbox.forget(this.deps.sql, tenant, seq);
   }
 
-  private async sweep(): Promise<void> {
-    try {
-      for (const tenant of await outbox.tenantsWithRows(this.deps.sql)) this.dirty.add(tenant);
-    } catch (err) {
-      this.deps.logger.error({ err: { message: (err as Error).message } }, 'outbox sweep failed');
-      return;
-    }
-    await this.pass();
+  /**
+   * Finds every tenant with rows, then relays. One at a time: on a database slower than the
+   * interval, each tick would otherwise add a query to its pool's queue, and the queue would
+   * outlive the service (the driver reconnects to run what was queued, even once ended).
+   */
+  private sweep(): Promise<void> {
+    this.sweeping ??= (async () => {
+      try {
+        for (const tenant of await outbox.tenantsWithRows(this.deps.sql)) this.dirty.add(tenant);
+      } catch (err) {
+        this.deps.logger.error({ err: { message: (err as Error).message } }, 'outbox sweep failed');
+        return;
+      }
+      await this.pass();
+    })().finally(() => {
+      this.sweeping = undefined;
+    });
+    return this.sweeping;
   }
 
   /** Relays every dirty tenant; a kick during a pass runs another pass after it. */
@@ -130,6 +141,7 @@ export class OutboxRelay {
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     await this.unlisten?.().catch(() => {});
+    await this.sweeping;
     await this.running;
   }
 }

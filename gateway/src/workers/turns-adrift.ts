@@ -13,6 +13,7 @@ import { endTurnsAdrift } from '../services/turns.ts';
  */
 export class TurnsAdriftWorker {
   private timer: NodeJS.Timeout | undefined;
+  private running: Promise<number> | undefined;
 
   constructor(
     private readonly deps: { sql: Sql; providers: SandboxProviders; logger: Logger },
@@ -24,12 +25,21 @@ export class TurnsAdriftWorker {
     this.timer.unref();
   }
 
-  /** One pass; resolves to how many turns it ended. Never rejects (a failure is logged). */
-  async pass(): Promise<number> {
-    return endTurnsAdrift(this.deps, this.options.graceMs).catch((err: Error) => {
-      this.deps.logger.warn({ err: { message: err.message } }, 'ending turns adrift');
-      return 0;
-    });
+  /**
+   * One pass, or the one under way (a database slower than the interval would otherwise
+   * collect passes in its pool's queue); resolves to how many turns it ended. Never rejects (a
+   * failure is logged).
+   */
+  pass(): Promise<number> {
+    this.running ??= endTurnsAdrift(this.deps, this.options.graceMs)
+      .catch((err: Error) => {
+        this.deps.logger.warn({ err: { message: err.message } }, 'ending turns adrift');
+        return 0;
+      })
+      .finally(() => {
+        this.running = undefined;
+      });
+    return this.running;
   }
 
   stop(): void {
