@@ -59,6 +59,14 @@ export function latencyCharts(runs: { name: string; who: string; r: FanoutResult
   ];
 }
 
+/**
+ * The order of the runs at each rate: every system once, then ours and Nchan again in the
+ * mirrored order (a smoke run makes the first ones only). The CPU rows compare the means of
+ * each's two runs, so the machine's drift over the minutes between them weighs on both sides.
+ */
+const FIRST_RUNS: System[] = ['ours', 'Nchan', 'floor'];
+const SECOND_RUNS: System[] = ['Nchan', 'ours'];
+
 /** The second rate of sse-fanout and sse-tenant, as a multiple of `--rate` (10k and 40k deliveries/s). */
 export const HIGH_RATE_FACTOR = 4;
 /** CPU per delivery, ours with its stores against Nchan with its publisher: at most this at the first rate... */
@@ -90,15 +98,24 @@ async function compareFanout(
   progress.say(`cores: ${cores.description}`);
   const rates = [plan.rate, plan.rate * HIGH_RATE_FACTOR];
   const byRate: Partial<Record<System, FanoutResult>>[] = [];
+  /** The second run of ours and of Nchan at each rate (none in a smoke run). */
+  const againByRate: Partial<Record<System, FanoutResult>>[] = [];
   const errors: Partial<Record<System, string>> = {};
   for (const rate of rates) {
     const results: Partial<Record<System, FanoutResult>> = {};
+    const again: Partial<Record<System, FanoutResult>> = {};
     byRate.push(results);
-    for (const system of ['ours', 'Nchan', 'floor'] as const) {
+    againByRate.push(again);
+    for (const system of opts.smoke ? FIRST_RUNS : [...FIRST_RUNS, ...SECOND_RUNS]) {
       if (errors[system]) continue;
-      progress.say(`${system}: ${rate} events/s (${rate * deliveriesPerEvent} deliveries/s)`);
+      const second = results[system] !== undefined;
+      progress.say(
+        `${system}: ${rate} events/s (${rate * deliveriesPerEvent} deliveries/s)${second ? ', second run' : ''}`,
+      );
       try {
-        results[system] = await runFanout(system, { ...plan, rate, cores }, progress);
+        const r = await runFanout(system, { ...plan, rate, cores }, progress);
+        if (second) again[system] = r;
+        else results[system] = r;
       } catch (err) {
         if (system === 'ours') throw err;
         errors[system] = (err as Error).message;
@@ -106,6 +123,11 @@ async function compareFanout(
       }
     }
   }
+  /** A CPU figure of a system at a rate: the mean of its runs there. */
+  const cpuMean = (s: System, i: number, f: (r: FanoutResult) => number): number | undefined => {
+    const runs = [byRate[i]?.[s], againByRate[i]?.[s]].filter((r): r is FanoutResult => r !== undefined);
+    return runs.length ? runs.reduce((a, r) => a + f(r), 0) / runs.length : undefined;
+  };
   const results = byRate[0] as Partial<Record<System, FanoutResult>>;
   const high = byRate[1] as Partial<Record<System, FanoutResult>>;
   const ours = results.ours as FanoutResult;
@@ -117,18 +139,28 @@ async function compareFanout(
   const decide = !opts.smoke;
   const lost = (r: FanoutResult) => r.expected - r.delivered;
   const deliveries = (rate: number) => (rate * deliveriesPerEvent).toLocaleString('en-US');
-  const cpuTarget = (at: Partial<Record<System, FanoutResult>>, rate: number, atMost: number): Target => {
-    const r = at.ours as FanoutResult;
+  const perThousand = (r: FanoutResult) => r.cpuSecondsPerThousand;
+  const serverPerThousand = (r: FanoutResult) => (1000 * (r.sideCpu.parts.server ?? Number.NaN)) / r.delivered;
+  /** Nchan's mean over its runs at rate `i`, as a baseline. */
+  const nchanMean = (i: number, f: (r: FanoutResult) => number) => {
+    const v = cpuMean('Nchan', i, f);
+    return v === undefined ? undefined : { name: 'Nchan', value: round(v, 5) };
+  };
+  const both = decide ? ' (mean of two runs each, in the order ours, Nchan, floor, Nchan, ours)' : '';
+  const cpuTarget = (i: number, atMost: number): Target => {
+    const runs = [byRate[i]?.ours, againByRate[i]?.ours].filter((r): r is FanoutResult => r !== undefined);
     const t = ratioTarget(
-      `CPU s per 1,000 deliveries at ${deliveries(rate)}/s, ours with Redis and Postgres (Nchan with its publisher)`,
+      `CPU s per 1,000 deliveries at ${deliveries(rates[i] as number)}/s, ours with Redis and Postgres (Nchan with its publisher)${both}`,
       's',
-      r.cpuSecondsPerThousand,
-      base('Nchan', (x) => x.cpuSecondsPerThousand, at),
+      round(cpuMean('ours', i, perThousand) as number, 5),
+      nchanMean(i, perThousand),
       { atMost },
-      decide && r.sideCpu.missing.length === 0,
+      decide && runs.every((r) => r.sideCpu.missing.length === 0),
     );
-    if (r.sideCpu.missing.length) t.note = `not counted: ${r.sideCpu.missing.join(', ')}`;
-    if (lost(r) > 0) t.note = `${lost(r)} of ${r.expected} deliveries missing`;
+    const missing = runs.flatMap((r) => r.sideCpu.missing);
+    if (missing.length) t.note = `not counted: ${[...new Set(missing)].join(', ')}`;
+    const short = runs.filter((r) => lost(r) > 0);
+    if (short.length) t.note = short.map((r) => `${lost(r)} of ${r.expected} deliveries missing`).join('; ');
     return t;
   };
   const targets: Target[] = [
@@ -158,27 +190,19 @@ async function compareFanout(
       ),
       'reported',
     ),
-    cpuTarget(results, rates[0] as number, CPU_TARGET_LOW),
-    cpuTarget(high, rates[1] as number, CPU_TARGET_HIGH),
-    reported(
-      ratioTarget(
-        `CPU s per 1,000 deliveries at ${deliveries(rates[0] as number)}/s, the server process alone (Nchan's nginx alone)`,
-        's',
-        (1000 * (ours.sideCpu.parts.server ?? Number.NaN)) / ours.delivered,
-        base('Nchan', (r) => (1000 * (r.sideCpu.parts.server ?? Number.NaN)) / r.delivered),
-        { atMost: 1 },
+    cpuTarget(0, CPU_TARGET_LOW),
+    cpuTarget(1, CPU_TARGET_HIGH),
+    ...[0, 1].map((i) =>
+      reported(
+        ratioTarget(
+          `CPU s per 1,000 deliveries at ${deliveries(rates[i] as number)}/s, the server process alone (Nchan's nginx alone)${both}`,
+          's',
+          round(cpuMean('ours', i, serverPerThousand) as number, 5),
+          nchanMean(i, serverPerThousand),
+          { atMost: 1 },
+        ),
+        'reported',
       ),
-      'reported',
-    ),
-    reported(
-      ratioTarget(
-        `CPU s per 1,000 deliveries at ${deliveries(rates[1] as number)}/s, the server process alone (Nchan's nginx alone)`,
-        's',
-        (1000 * (oursHigh.sideCpu.parts.server ?? Number.NaN)) / oursHigh.delivered,
-        base('Nchan', (r) => (1000 * (r.sideCpu.parts.server ?? Number.NaN)) / r.delivered, high),
-        { atMost: 1 },
-      ),
-      'reported',
     ),
     reported(
       ratioTarget(
@@ -236,14 +260,16 @@ async function compareFanout(
     r,
   }));
   const allRuns = byRate.flatMap((at, i) =>
-    (Object.entries(at) as [System, FanoutResult][]).map(([s, r]) => ({
-      name: `${label(s)} at ${deliveries(rates[i] as number)}/s`,
-      who: who(s),
-      r,
-    })),
+    [at, againByRate[i] ?? {}].flatMap((runsAt, k) =>
+      (Object.entries(runsAt) as [System, FanoutResult][]).map(([s, r]) => ({
+        name: `${label(s)} at ${deliveries(rates[i] as number)}/s${k === 1 ? ', second run' : ''}`,
+        who: who(s),
+        r,
+      })),
+    ),
   );
   return {
-    figures: { plan, rates, cores, ...results, high, errors },
+    figures: { plan, rates, cores, ...results, high, second: againByRate, errors },
     targets,
     charts: [
       {
@@ -271,7 +297,7 @@ async function compareFanout(
     ],
     notes: [
       ...layoutNotes,
-      `Two rates in one run: ${rates.map((r) => `${r} events/s (${deliveries(r)} deliveries/s)`).join(' and ')}, each system on a fresh server (and, for ours, a fresh Redis and Postgres) at each. The delivered and p99 rows are the first rate's.`,
+      `Two rates in one run: ${rates.map((r) => `${r} events/s (${deliveries(r)} deliveries/s)`).join(' and ')}, each system on a fresh server (and, for ours, a fresh Redis and Postgres) at each. At each rate ours and Nchan run twice, in the order ours, Nchan, floor, Nchan, ours (once each in a smoke run): the CPU rows compare the means of each's runs, so the machine's drift over those minutes weighs on both sides; the delivered and p99 rows are the first rate's first runs.`,
       `Cores: ${cores.description}.`,
       `CPU per delivery: utime + stime from /proc/<pid>/stat of every process of each side (and their children: nginx's workers, Postgres's backends), read just before publishing starts and again once every delivery has arrived, over the deliveries that arrived. Ours: the service process (its appends run inside it), its Redis and its Postgres. Nchan: nginx (master and worker) and the publisher process POSTing the events. The floor: its process and the same publisher.`,
       `Each system first gets ${plan.warmupSeconds ?? 0} s of the same publishing, not counted: the steady state is measured.`,
