@@ -128,8 +128,11 @@ t.test(
           WEBHOOK_TEST_HOST: HOST,
           WEBHOOK_TEST_CA: caFile,
           WEBHOOK_TEST_PER_ENDPOINT: '4',
-          // A lease is six timeouts: what the dead worker held is free again after 3 s.
-          WEBHOOK_TEST_TIMEOUT_MS: '500',
+          // A lease is six timeouts: what the dead worker held is free again after 12 s. The
+          // receiver holds the first worker's requests until it is killed; one it held past the
+          // timeout would be a failed attempt, retried 60 to 90 s later (past this test's wait).
+          // 500 ms was too short for a suite of three files at once on two cores.
+          WEBHOOK_TEST_TIMEOUT_MS: '2000',
           HTTPS_PROXY: proxy,
           HTTP_PROXY: proxy,
           https_proxy: proxy,
@@ -300,7 +303,13 @@ t.test(
         return s.length === 1 && s[0]?.state === 'delivered';
       },
       60_000,
-    );
+    ).catch(async (err) => {
+      const attempts = await svc.db.sql<{ state: string; attempts: number; n: number }[]>`
+        SELECT state, attempts, count(*)::int AS n FROM webhook_jobs WHERE account_id = ${tenant}
+        GROUP BY state, attempts ORDER BY state, attempts`;
+      t.comment(`jobs by state and attempts: ${JSON.stringify(attempts)}`);
+      throw err;
+    });
     t.same(
       [...sentIds()].map(Number).sort((a, b) => a - b),
       stageIds,
