@@ -1,8 +1,7 @@
 import { Writable } from 'node:stream';
-import { outbox } from '@svc/db';
+import { openDatabase, outbox } from '@svc/db';
 import { createLogger } from '@svc/gateway';
 import pino from 'pino';
-import postgres from 'postgres';
 import t from 'tap';
 import type { LogEvent } from '../../gateway/src/log/log.ts';
 import { createConversationRecord, markRead } from '../../gateway/src/services/conversations.ts';
@@ -114,10 +113,10 @@ for (const backend of backends()) {
       async (t) => {
         // The relay on a pool of its own, sweeping every 20 ms, while another session holds
         // the outbox table: every sweep waits on the lock for 800 ms.
-        const pool = postgres(svc.config.DATABASE_URL as string, { max: 10, onnotice: () => {} });
-        t.teardown(() => pool.end({ timeout: 1 }));
+        const pool = await openDatabase({ url: svc.config.DATABASE_URL as string, dataDir: svc.dataDir, max: 10 });
+        t.teardown(() => pool.close());
         const relay = new OutboxRelay(
-          { sql: pool as never, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: false },
+          { sql: pool.sql, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: false },
           { intervalMs: 20, batch: 100 },
         );
         const waiting = async () =>

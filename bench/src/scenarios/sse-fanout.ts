@@ -123,9 +123,12 @@ async function compareFanout(
       }
     }
   }
+  /** A system's runs at rate `i`: its first, and its second when there is one. */
+  const runsOf = (s: System, i: number) =>
+    [byRate[i]?.[s], againByRate[i]?.[s]].filter((r): r is FanoutResult => r !== undefined);
   /** A CPU figure of a system at a rate: the mean of its runs there. */
   const cpuMean = (s: System, i: number, f: (r: FanoutResult) => number): number | undefined => {
-    const runs = [byRate[i]?.[s], againByRate[i]?.[s]].filter((r): r is FanoutResult => r !== undefined);
+    const runs = runsOf(s, i);
     return runs.length ? runs.reduce((a, r) => a + f(r), 0) / runs.length : undefined;
   };
   const results = byRate[0] as Partial<Record<System, FanoutResult>>;
@@ -148,7 +151,7 @@ async function compareFanout(
   };
   const both = decide ? ' (mean of two runs each, in the order ours, Nchan, floor, Nchan, ours)' : '';
   const cpuTarget = (i: number, atMost: number): Target => {
-    const runs = [byRate[i]?.ours, againByRate[i]?.ours].filter((r): r is FanoutResult => r !== undefined);
+    const runs = runsOf('ours', i);
     const t = ratioTarget(
       `CPU s per 1,000 deliveries at ${deliveries(rates[i] as number)}/s, ours with Redis and Postgres (Nchan with its publisher)${both}`,
       's',
