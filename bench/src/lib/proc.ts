@@ -10,11 +10,12 @@ export function rssOf(pid: number): number {
 }
 
 /** CPU seconds (user + system) a process has used so far, from /proc (Linux). */
-export function cpuSecondsOf(pid: number): number {
+export function cpuSecondsOf(pid: number, only?: 'kernel'): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  // Fields after the command name (which may hold spaces) start at index 2 of what follows ')'.
+  // Fields after the command name (which may hold spaces) start at index 2 of what follows ')':
+  // utime, then stime (the kernel's time on the process's behalf: its system calls).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const ticks = Number(fields[11]) + Number(fields[12]);
+  const ticks = (only === 'kernel' ? 0 : Number(fields[11])) + Number(fields[12]);
   return ticks / clockTicks();
 }
 
@@ -45,7 +46,8 @@ export function treeOf(pid: number): number[] {
 }
 
 export const rssOfTree = (pid: number) => treeOf(pid).reduce((a, p) => a + safe(() => rssOf(p)), 0);
-export const cpuOfTree = (pid: number) => treeOf(pid).reduce((a, p) => a + safe(() => cpuSecondsOf(p)), 0);
+export const cpuOfTree = (pid: number, only?: 'kernel') =>
+  treeOf(pid).reduce((a, p) => a + safe(() => cpuSecondsOf(p, only)), 0);
 const safe = (fn: () => number) => {
   try {
     return fn();

@@ -24,7 +24,8 @@ uWS
     res.onData((chunk, last) => {
       body += Buffer.from(chunk).toString();
       if (!last) return;
-      const frame = `data: ${body}\n\n`;
+      // Encoded once, as ours does (a string would be encoded again on every write).
+      const frame = Buffer.from(`data: ${body}\n\n`);
       for (const s of subscribers ?? []) s.cork(() => s.write(frame));
       res.cork(() => res.end('ok'));
     });

@@ -76,7 +76,7 @@ const CPU_TARGET_HIGH = 0.8;
 
 const fmtParts = (r: FanoutResult) =>
   `${Object.entries(r.sideCpu.parts)
-    .map(([k, v]) => `${k} ${v} s`)
+    .map(([k, v]) => `${k} ${v} s (kernel ${r.sideCpu.kernel[k]} s)`)
     .join(' + ')}${r.sideCpu.missing.length ? ` (not counted: ${r.sideCpu.missing.join(', ')})` : ''}`;
 
 /**

@@ -63,6 +63,8 @@ export interface FanoutPlan {
 export interface SideCpu {
   /** Component name to CPU seconds, e.g. {server: 2.1, Redis: 0.4, Postgres: 0.2}. */
   parts: Record<string, number>;
+  /** Of each part, the kernel's share (stime): its system calls, the socket writes among them. */
+  kernel: Record<string, number>;
   total: number;
   /** What could not be counted (a Redis given by --redis, say). */
   missing: string[];
@@ -337,6 +339,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     await gcPauses?.start();
     const cpuBefore = cpuOfTree(pid);
     const sideBefore = side.map(({ pid: p }) => cpuOfTree(p));
+    const kernelBefore = side.map(({ pid: p }) => cpuOfTree(p, 'kernel'));
     const start = now();
     fleet.measure(start);
     const publishing = publish(plan.seconds);
@@ -357,8 +360,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     rssPeak = Math.max(rssPeak, rssAfter);
     const serverCpuSeconds = cpuOfTree(pid) - cpuBefore;
     const parts: Record<string, number> = {};
+    const kernel: Record<string, number> = {};
     side.forEach(({ name, pid: p }, i) => {
       parts[name] = round(cpuOfTree(p) - (sideBefore[i] as number), 3);
+      kernel[name] = round(cpuOfTree(p, 'kernel') - (kernelBefore[i] as number), 3);
     });
     const sideTotal = Object.values(parts).reduce((a, b) => a + b, 0);
     const gc = await gcPauses?.stop();
@@ -390,7 +395,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       rssAfter,
       rssPeak,
       serverCpuSeconds: round(serverCpuSeconds),
-      sideCpu: { parts, total: round(sideTotal, 3), missing },
+      sideCpu: { parts, kernel, total: round(sideTotal, 3), missing },
       cpuSecondsPerThousand: report.received > 0 ? round((sideTotal * 1000) / report.received, 5) : Number.NaN,
       // The watcher processes, and a peer's publisher over the measured window (which also
       // counts on the peer's side, in sideCpu).
@@ -406,7 +411,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       `${system}: ${result.delivered}/${expected} delivered (${Math.round(result.deliveredPerSecond)}/s), p50 ${result.latency.p50} ms, p99 ${result.latency.p99} ms (per part ${result.p99Windows.join(', ')}), p99.9 ${result.latency['p99.9']} ms, side CPU ${result.sideCpu.total} s (${Object.entries(
         parts,
       )
-        .map(([k, v]) => `${k} ${v}`)
+        .map(([k, v]) => `${k} ${v} (kernel ${kernel[k]})`)
         .join(
           ', ',
         )}), ${result.cpuSecondsPerThousand} s per 1k deliveries, RSS ${mib(rssBefore)} -> peak ${mib(rssPeak)} MiB${gc ? `, GC ${gc.pauses} pauses, ${gc.totalMs} ms, longest ${gc.maxMs} ms` : ''}${plan.slow ? `, slow watchers cut ${result.slowClosed}/${result.slowHeld}` : ''}`,
