@@ -9,7 +9,10 @@ export function rssOf(pid: number): number {
   return m ? Number(m[1]) * 1024 : Number.NaN;
 }
 
-/** CPU seconds (user + system) a process has used so far, from /proc (Linux). */
+/**
+ * CPU seconds a process has used so far, from /proc (Linux): user + system, or with `only` the
+ * system time alone.
+ */
 export function cpuSecondsOf(pid: number, only?: 'kernel'): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   // Fields after the command name (which may hold spaces) start at index 2 of what follows ')':
