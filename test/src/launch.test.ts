@@ -19,7 +19,10 @@ for (const backend of backends()) {
       backend,
       env: {
         RUNNER_HEARTBEAT_MS: '500',
-        RUNNER_GRACE_MS: '1500',
+        // Short, so a killed runner's turn fails within the test; long enough that a local
+        // runner-agent started on a loaded machine connects before its turn counts as adrift
+        // (a turn whose sandbox has no runner yet is ended after twice the grace).
+        RUNNER_GRACE_MS: '4000',
         RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
         SSE_IDLE_CLOSE_MS: '20000',
       },
@@ -203,7 +206,7 @@ for (const backend of backends()) {
         );
         child.kill('SIGKILL');
         let turns: { state: string }[] = [];
-        for (let i = 0; i < 200; i++) {
+        for (let i = 0; i < 600; i++) {
           turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data;
           if (turns[0]?.state !== 'running') break;
           await sleep(50);

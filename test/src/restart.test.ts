@@ -58,9 +58,13 @@ t.test(
 
     const onRunner = await a.http.post('/api/conversations', {
       token,
-      body: { agent_id: remote.id, prompt: 'be slow' },
+      // Slow enough to be running still when the service stops, however loaded the machine.
+      body: { agent_id: remote.id, prompt: 'be very slow' },
     });
-    const onLocal = await a.http.post('/api/conversations', { token, body: { agent_id: local.id, prompt: 'be slow' } });
+    const onLocal = await a.http.post('/api/conversations', {
+      token,
+      body: { agent_id: local.id, prompt: 'be very slow' },
+    });
     t.equal(onRunner.status, 201);
     t.equal(onLocal.status, 201);
     for (const id of [onRunner.body.id, onLocal.body.id]) {
@@ -111,7 +115,7 @@ t.test(
         .join('');
       t.match(
         text,
-        /^You said: be slow\. tick 0 tick 1 tick 2 tick 3 tick 4 tick 5 tick 6 tick 7$/,
+        /^You said: be very slow\. tick 0 tick 1 tick 2 tick 3 tick 4 tick 5 tick 6 tick 7$/,
         'the whole reply, once',
         { stages: seen },
       );
