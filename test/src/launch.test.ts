@@ -19,10 +19,9 @@ for (const backend of backends()) {
       backend,
       env: {
         RUNNER_HEARTBEAT_MS: '500',
-        // Short, so a killed runner's turn fails within the test; long enough that a local
-        // runner-agent started on a loaded machine connects before its turn counts as adrift
-        // (a turn whose sandbox has no runner yet is ended after twice the grace).
-        RUNNER_GRACE_MS: '4000',
+        // Short, so a killed runner's turn fails within the test. A local runner-agent slow to
+        // connect is not hurried by it: its start has its own timeout (turns-adrift.test.ts).
+        RUNNER_GRACE_MS: '1500',
         RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
         SSE_IDLE_CLOSE_MS: '20000',
       },

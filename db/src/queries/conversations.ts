@@ -395,15 +395,27 @@ export async function runningTurnsOnRunner(
 /**
  * Running turns whose sandbox's runner has not been heard from since `heardBefore` (or that
  * has no runner any more), among turns opened before `openedBefore`: after a restart of the
- * service, or a runner that never came back, nothing else would end them.
+ * service, or a runner that never came back, nothing else would end them. `starting`: the
+ * sandbox is provisioning and has no runner yet (its provider may still be starting one).
  */
 export async function runningTurnsAdrift(
   sql: Sql,
   heardBefore: Date,
   openedBefore: Date,
-): Promise<{ account_id: string; turn_id: string; conversation_id: string; sandbox_id: string; provider: string }[]> {
+): Promise<
+  {
+    account_id: string;
+    turn_id: string;
+    conversation_id: string;
+    sandbox_id: string;
+    provider: string;
+    opened_at: Date;
+    starting: boolean;
+  }[]
+> {
   return sql`
-    SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id, s.provider
+    SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id, s.provider,
+      t.created_at AS opened_at, (s.status = 'provisioning' AND r.id IS NULL) AS starting
     FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
     LEFT JOIN runners r ON r.id = s.runner_id
     WHERE t.state = 'running' AND t.created_at < ${openedBefore}

@@ -33,6 +33,7 @@ export class LocalSandboxes implements SandboxProvider {
     error: 'the service restarted and the sandbox’s runner-agent went with it',
     reason: 'service_restarted',
   } as const;
+  readonly startTimeoutMs = CONNECT_TIMEOUT_MS;
   private readonly children = new Map<string, { child: ChildProcess; runnerId: string }>();
 
   constructor(

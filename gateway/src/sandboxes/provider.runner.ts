@@ -23,6 +23,8 @@ export function runnerProvider(deps: {
     name: 'runner',
     suspends: false,
     showsRunner: true,
+    // A sandbox is placed on a connected runner before it is recorded: nothing starts.
+    startTimeoutMs: 0,
     adrift: {
       state: 'failed',
       // The same words as when the grace runs out on the runner's node: it is the same event.

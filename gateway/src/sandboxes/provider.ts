@@ -43,6 +43,12 @@ export interface SandboxProvider {
   readonly showsRunner: boolean;
   /** How a turn ends that its runner left adrift (see `endTurnsAdrift`). */
   readonly adrift: AdriftTurnEnd;
+  /**
+   * How long `create` or `wake` may take to have a machine connected before it gives up
+   * (rejecting, which ends the turn). A turn whose sandbox is still provisioning with no
+   * runner is not counted adrift sooner: its start is under way, and ends it either way.
+   */
+  readonly startTimeoutMs: number;
 
   /**
    * The runner a new sandbox (or a rebuild whose machine is away) is placed on, or null when

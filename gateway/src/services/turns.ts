@@ -333,7 +333,8 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
  * back. How each ends is its sandbox provider's (`adrift`: a local runner-agent went with the
  * service, so its turn is `interrupted`; a self-hosted runner that stayed away fails it). Each
  * says why in the log (stage `reattach` failed); compare-and-set, so a turn that ended
- * meanwhile is left alone.
+ * meanwhile is left alone. A turn whose sandbox's provider may still be starting its machine
+ * is left to that start (`startTimeoutMs`) for a grace period more.
  */
 export async function endTurnsAdrift(
   deps: { sql: Sql; providers: SandboxProviders },
@@ -343,7 +344,9 @@ export async function endTurnsAdrift(
   const now = Date.now();
   let ended = 0;
   for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
-    if (await endTurnAdrift(sql, t, deps.providers.of(t.provider).adrift)) ended++;
+    const provider = deps.providers.of(t.provider);
+    if (t.starting && t.opened_at.getTime() > now - provider.startTimeoutMs - graceMs) continue;
+    if (await endTurnAdrift(sql, t, provider.adrift)) ended++;
   }
   return ended;
 }
