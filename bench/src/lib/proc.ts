@@ -9,17 +9,29 @@ export function rssOf(pid: number): number {
   return m ? Number(m[1]) * 1024 : Number.NaN;
 }
 
+/** CPU seconds a process has used so far, from /proc (Linux): user + system. */
+export function cpuSecondsOf(pid: number): number {
+  return cpuTimesOf(pid).total;
+}
+
 /**
- * CPU seconds a process has used so far, from /proc (Linux): user + system, or with `only` the
- * system time alone.
+ * CPU seconds a process has used so far, from one read of /proc (Linux): `total` (user +
+ * system) and `kernel`, the system time alone (the kernel's time on the process's behalf: its
+ * system calls).
  */
-export function cpuSecondsOf(pid: number, only?: 'kernel'): number {
+export function cpuTimesOf(pid: number): CpuTimes {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   // Fields after the command name (which may hold spaces) start at index 2 of what follows ')':
-  // utime, then stime (the kernel's time on the process's behalf: its system calls).
+  // utime, then stime.
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const ticks = (only === 'kernel' ? 0 : Number(fields[11])) + Number(fields[12]);
-  return ticks / clockTicks();
+  const user = Number(fields[11]);
+  const system = Number(fields[12]);
+  return { total: (user + system) / clockTicks(), kernel: system / clockTicks() };
+}
+
+export interface CpuTimes {
+  total: number;
+  kernel: number;
 }
 
 let ticksPerSecond: number | undefined;
@@ -49,8 +61,21 @@ export function treeOf(pid: number): number[] {
 }
 
 export const rssOfTree = (pid: number) => treeOf(pid).reduce((a, p) => a + safe(() => rssOf(p)), 0);
-export const cpuOfTree = (pid: number, only?: 'kernel') =>
-  treeOf(pid).reduce((a, p) => a + safe(() => cpuSecondsOf(p, only)), 0);
+export const cpuOfTree = (pid: number) => cpuTimesOfTree(pid).total;
+/** `cpuTimesOf` summed over a process and its descendants. */
+export function cpuTimesOfTree(pid: number): CpuTimes {
+  const sum = { total: 0, kernel: 0 };
+  for (const p of treeOf(pid)) {
+    try {
+      const times = cpuTimesOf(p);
+      sum.total += times.total;
+      sum.kernel += times.kernel;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return sum;
+}
 const safe = (fn: () => number) => {
   try {
     return fn();

@@ -3,7 +3,16 @@ import { fileURLToPath } from 'node:url';
 import { type CoreSplit, pinTree } from '../lib/cores.ts';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
-import { cpuOfTree, cpuSecondsOf, rssOfTree, sleep, stopChild, until } from '../lib/proc.ts';
+import {
+  type CpuTimes,
+  cpuOfTree,
+  cpuSecondsOf,
+  cpuTimesOfTree,
+  rssOfTree,
+  sleep,
+  stopChild,
+  until,
+} from '../lib/proc.ts';
 import type { Progress } from '../lib/progress.ts';
 import { startRedis } from '../lib/redis.ts';
 import type { Context } from '../lib/scenario.ts';
@@ -338,8 +347,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     await profile?.start();
     await gcPauses?.start();
     const cpuBefore = cpuOfTree(pid);
-    const sideBefore = side.map(({ pid: p }) => cpuOfTree(p));
-    const kernelBefore = side.map(({ pid: p }) => cpuOfTree(p, 'kernel'));
+    const sideBefore = side.map(({ pid: p }) => cpuTimesOfTree(p));
     const start = now();
     fleet.measure(start);
     const publishing = publish(plan.seconds);
@@ -362,8 +370,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     const parts: Record<string, number> = {};
     const kernel: Record<string, number> = {};
     side.forEach(({ name, pid: p }, i) => {
-      parts[name] = round(cpuOfTree(p) - (sideBefore[i] as number), 3);
-      kernel[name] = round(cpuOfTree(p, 'kernel') - (kernelBefore[i] as number), 3);
+      const after = cpuTimesOfTree(p);
+      const before = sideBefore[i] as CpuTimes;
+      parts[name] = round(after.total - before.total, 3);
+      kernel[name] = round(after.kernel - before.kernel, 3);
     });
     const sideTotal = Object.values(parts).reduce((a, b) => a + b, 0);
     const gc = await gcPauses?.stop();
