@@ -4,7 +4,7 @@ import { autonomousTurnsScenario } from './autonomous-turns-scenario.ts';
 import { backends } from './harness.ts';
 
 // Five services, each with a runner: about 80 s alone, twice that on a loaded machine.
-t.setTimeout(240_000);
+t.setTimeout(300_000);
 
 if (backends().includes('postgres+redis')) autonomousTurnsScenario('postgres+redis');
 else

@@ -6,7 +6,7 @@ import { setUp, suspendScenario } from './suspend-scenario.ts';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 // A whole scenario takes about 45 s alone and twice that on a loaded machine.
-t.setTimeout(240_000);
+t.setTimeout(300_000);
 
 suspendScenario('embedded');
 
