@@ -3,9 +3,6 @@ import t from 'tap';
 import { autonomousTurnsScenario } from './autonomous-turns-scenario.ts';
 import { backends } from './harness.ts';
 
-// Five services, each with a runner: about 80 s alone, twice that on a loaded machine.
-t.setTimeout(300_000);
-
 if (backends().includes('postgres+redis')) autonomousTurnsScenario('postgres+redis');
 else
   t.test(

@@ -3,8 +3,5 @@ import t from 'tap';
 import { billingScenario } from './billing-scenario.ts';
 import { backends } from './harness.ts';
 
-// Payment on starts three services: about 95 s alone, more on a loaded machine.
-t.setTimeout(300_000);
-
 if (backends().includes('postgres+redis')) billingScenario('postgres+redis');
 else t.test('billing on Postgres and Redis', { skip: 'needs TEST_DATABASE_URL (run through npm test)' }, () => {});

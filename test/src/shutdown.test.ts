@@ -16,7 +16,6 @@ import { startRunnerProcess } from './runner-process.ts';
 import { until } from './until.ts';
 
 const root = join(import.meta.dirname, '..', '..');
-t.setTimeout(300_000);
 
 /** Whether a process is gone (a zombie nobody reaped counts as gone: it runs nothing). */
 function gone(pid: number): boolean {

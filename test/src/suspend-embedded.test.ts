@@ -5,9 +5,6 @@ import { setUp, suspendScenario } from './suspend-scenario.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-// A whole scenario takes about 45 s alone and twice that on a loaded machine.
-t.setTimeout(300_000);
-
 suspendScenario('embedded');
 
 t.test('with SANDBOX_IDLE_SUSPEND_MS=0 an idle local sandbox is never suspended', async (t) => {

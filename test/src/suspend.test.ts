@@ -3,8 +3,5 @@ import t from 'tap';
 import { backends } from './harness.ts';
 import { suspendScenario } from './suspend-scenario.ts';
 
-// A whole scenario takes about 45 s alone and twice that on a loaded machine.
-t.setTimeout(300_000);
-
 if (backends().includes('postgres+redis')) suspendScenario('postgres+redis');
 else t.test('suspend on Postgres and Redis', { skip: 'needs TEST_DATABASE_URL (run through npm test)' }, () => {});

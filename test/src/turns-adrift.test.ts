@@ -1,4 +1,4 @@
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { eventually } from './until.ts';
@@ -50,12 +50,16 @@ for (const backend of backends()) {
         .filter((e) => e.stage)
         .map((e) => `${e.stage} ${e.state}`);
 
-    t.test('a runner-agent slow to connect (three graces) runs its turn', async (t) => {
+    /** A conversation launched on a new local sandbox whose runner-agent is stopped before it connects. */
+    const launchStopped = async (t: Test) => {
       const before = new Set(svc.local.held().map((h) => h.pid));
       const started = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'hello' } });
       t.equal(started.status, 201, started.text);
-      const id = started.body.id as string;
-      const held = await stopNextRunnerAgent(svc, before);
+      return { id: started.body.id as string, held: await stopNextRunnerAgent(svc, before) };
+    };
+
+    t.test('a runner-agent slow to connect (three graces) runs its turn', async (t) => {
+      const { id, held } = await launchStopped(t);
       t.teardown(() => {
         process.kill(held.pid as number, 'SIGCONT');
       });
@@ -70,11 +74,7 @@ for (const backend of backends()) {
     });
 
     t.test('a start that outlasted its timeout is ended by the sweep', async (t) => {
-      const before = new Set(svc.local.held().map((h) => h.pid));
-      const started = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'hello' } });
-      t.equal(started.status, 201, started.text);
-      const id = started.body.id as string;
-      const held = await stopNextRunnerAgent(svc, before);
+      const { id, held } = await launchStopped(t);
       // Its start gives up at once when the child is gone.
       t.teardown(() => {
         process.kill(held.pid as number, 'SIGKILL');
