@@ -24,7 +24,7 @@ const producers = Number(values.producers);
 
 async function measure(log: EventLog, batch: number): Promise<number> {
   const redaction = new Redaction();
-  redaction.register('bench', 'c', ['a-secret-value-1234']);
+  await redaction.register('bench', 'c', ['a-secret-value-1234']);
   const append = createAppender(log, redaction);
   const perProducer = Math.floor(total / producers / batch);
   const started = process.hrtime.bigint();

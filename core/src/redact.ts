@@ -59,7 +59,15 @@ export class SecretSet {
 export class StreamRedactor {
   private held = '';
 
-  constructor(private readonly secrets: SecretSet) {}
+  constructor(private secrets: SecretSet) {}
+
+  /**
+   * Redacts with `secrets` from now on: a set that grew (a conversation's next turn brought
+   * values). What is held back stays held until the next chunk decides it.
+   */
+  use(secrets: SecretSet): void {
+    this.secrets = secrets;
+  }
 
   /** The redacted text that is safe to emit now; a possible secret start is held back. */
   push(chunk: string): string {

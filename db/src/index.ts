@@ -7,6 +7,7 @@ export * as audit from './queries/audit.ts';
 export * as authTokens from './queries/auth-tokens.ts';
 export * as billing from './queries/billing.ts';
 export * as consumerMarks from './queries/consumer-marks.ts';
+export * as conversationSecrets from './queries/conversation-secrets.ts';
 export * as conversations from './queries/conversations.ts';
 export * as credentials from './queries/credentials.ts';
 export * as environments from './queries/environments.ts';

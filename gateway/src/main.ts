@@ -46,6 +46,7 @@ import { SandboxProviders } from './sandboxes/provider.ts';
 import { Keyring } from './secrets/keyring.ts';
 import { masterKey } from './secrets/master-key.ts';
 import type { Billing } from './services/billing.ts';
+import { conversationSecretStore } from './services/conversation-secrets.ts';
 import { CredentialCache } from './services/credential-cache.ts';
 import { ExportFiles } from './services/exports.ts';
 import type { LaunchDeps } from './services/launch.ts';
@@ -256,7 +257,7 @@ export async function startService(
       eventLog = memoryEventLog({ loadMark });
     }
     cleanups.push(() => eventLog.close());
-    const redaction = new Redaction();
+    const redaction = new Redaction(conversationSecretStore({ sql: db.sql, keyring }));
     const metrics = new ServiceMetrics({ edgeProcess: overrides.edgeProcess ?? 0 });
     if (overrides.gatherMetrics) metrics.gatherWith(overrides.gatherMetrics);
     // Webhook consumers read each tenant's log through a consumer group; the copier's trim

@@ -559,7 +559,7 @@ t.test('the running service copies what its write path appends, redacted, within
   const svc = await startTestService(t);
   const { accountId } = await signUp(svc);
   await haveConversations(svc.db.sql, accountId, 'conv1');
-  svc.redaction.register(accountId, 'conv1', ['ghp_secretvalue123456']);
+  await svc.redaction.register(accountId, 'conv1', ['ghp_secretvalue123456']);
   const result = await svc.appendEvents({
     tenant: accountId,
     producer: 'runner:x',

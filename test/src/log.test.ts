@@ -94,7 +94,7 @@ t.test('the write path redacts secrets, also split across appends, before anythi
     t.test(name, async (t) => {
       const { log, raw } = await make();
       const redaction = new Redaction();
-      redaction.register('acme', 'c1', [secret, 'short']);
+      await redaction.register('acme', 'c1', [secret, 'short']);
       const appendEvents = createAppender(log, redaction);
       const out = (data: string) => ({ conversationId: 'c1', kind: 'output', stream: 'stdout', data });
       await appendEvents({ tenant: 'acme', producer: 'r', seq: 1, events: [out('export KEY=sk-live-0123')] });
@@ -129,4 +129,96 @@ t.test('the write path redacts secrets, also split across appends, before anythi
       t.notOk(everything.includes('0123456789abcdef'), 'nor its pieces');
     });
   }
+});
+
+t.test('values a later turn registers are redacted by the stream redactors made before them', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const log = memoryEventLog();
+  const redaction = new Redaction();
+  await redaction.register('acme', 'c1', ['svcs_tokenONE_abcdefgh']);
+  const appendEvents = createAppender(log, redaction);
+  let seq = 0;
+  const out = (data: string) =>
+    appendEvents({
+      tenant: 'acme',
+      producer: 'r',
+      seq: ++seq,
+      events: [{ conversationId: 'c1', kind: 'output', stream: 'stdout', data }],
+    });
+  await out('first turn; ');
+  // The next turn's token, printed three characters a chunk on the same stream.
+  await redaction.register('acme', 'c1', ['svcs_tokenTWO_12345678']);
+  for (const piece of 'svcs_tokenTWO_12345678 and svcs_tokenONE_abcdefgh.'.match(/.{1,3}/g) ?? []) await out(piece);
+  const stdout = (await log.read('acme', { after: 0, limit: 100 })).map((e) => e.data).join('');
+  t.equal(stdout, 'first turn; [REDACTED] and [REDACTED].', 'both turns’ tokens, the earlier one still valid');
+});
+
+t.test('a write path that did not register a conversation’s values loads them from the store', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const stored = new Map<string, string[]>();
+  let loads = 0;
+  const store = {
+    load: async (tenant: string, conversationId: string) => {
+      loads++;
+      await new Promise((r) => setTimeout(r, 5));
+      return stored.get(`${tenant}/${conversationId}`) ?? [];
+    },
+    add: async (tenant: string, conversationId: string, values: string[]) => {
+      const k = `${tenant}/${conversationId}`;
+      stored.set(k, [...(stored.get(k) ?? []), ...values]);
+    },
+  };
+  // The launching node registers; another node's write path appends the turn's output.
+  await new Redaction(store).register('acme', 'c1', ['sk-live-first-turn-secret']);
+  const log = memoryEventLog();
+  const appendEvents = createAppender(log, new Redaction(store));
+  let seq = 0;
+  const out = (turnId: string, data: string) =>
+    appendEvents({
+      tenant: 'acme',
+      producer: 'r',
+      seq: ++seq,
+      events: [{ conversationId: 'c1', turnId, kind: 'output', stream: 'stdout', data }],
+    });
+  // Sent without waiting, as frames arrive: each waits for the load, and they keep their order.
+  await Promise.all(['sk-l', 'ive-first', '-turn-secret; ', 'ok; '].map((d) => out('trn_1', d)));
+  t.equal(loads, 1, 'one load for the turn');
+  await new Redaction(store).register('acme', 'c1', ['sk-live-second-turn-secret']);
+  await out('trn_1', 'still the first turn; ');
+  t.equal(loads, 1, 'a turn already loaded does not load again');
+  await out('trn_2', 'sk-live-second-turn-secret.');
+  t.equal(loads, 2, 'a new turn loads what its launch added');
+  const stdout = (await log.read('acme', { after: 0, limit: 100 })).map((e) => e.data).join('');
+  t.equal(stdout, '[REDACTED]; ok; still the first turn; [REDACTED].');
+});
+
+t.test('a write path keeps at most 10,000 conversations loaded, never one holding text back', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const loads = new Map<string, number>();
+  const store = {
+    load: async (_tenant: string, conversationId: string) => {
+      loads.set(conversationId, (loads.get(conversationId) ?? 0) + 1);
+      return conversationId === 'held' ? ['sk-live-held-secret-value'] : [];
+    },
+    add: async () => {},
+  };
+  const log = memoryEventLog();
+  const redaction = new Redaction(store);
+  const appendEvents = createAppender(log, redaction);
+  const out = (conversationId: string, seq: number, data: string) =>
+    appendEvents({
+      tenant: 'acme',
+      producer: conversationId,
+      seq,
+      events: [{ conversationId, kind: 'output', stream: 'stdout', data }],
+    });
+  await out('held', 1, 'value: sk-live-he');
+  await out('quiet', 1, 'nothing secret');
+  for (let i = 0; i < 10_000; i++) await out(`c${i}`, 1, 'x');
+  await out('quiet', 2, 'again');
+  t.equal(loads.get('quiet'), 2, 'the oldest idle conversation was forgotten and loads again');
+  await out('held', 2, 'ld-secret-value.');
+  t.equal(loads.get('held'), 1, 'the one holding text back was kept');
+  const held = (await log.read('acme', { after: 0, limit: 20_000 })).filter((e) => e.conversationId === 'held');
+  t.equal(held.map((e) => e.data).join(''), 'value: [REDACTED].', 'and its value is whole, redacted');
 });

@@ -69,7 +69,7 @@ const SESSION = 'sess_0f3a';
 function writePath(secrets: string[] = [SECRET, 'short']) {
   const log = memoryEventLog();
   const redaction = new Redaction();
-  redaction.register('acme', 'c1', secrets);
+  void redaction.register('acme', 'c1', secrets); // no store: the set is in place at once
   const append = createAppender(log, redaction);
   let next = 1;
   return {

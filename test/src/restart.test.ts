@@ -122,9 +122,9 @@ t.test(
           // A known loss, not fixed yet: the redactor of the stopped process held back the end
           // of a chunk that could start a secret ('s' of 'slow', as of 'sk-ant-...'), and held
           // text lives in that process's memory only, so a stop between that chunk and the next
-          // loses it ('be very low.'). The new process also has no secrets registered for a
-          // turn it did not start, so it redacts nothing of that turn's remaining output.
-          todo: 'held-back text and the secret set do not survive a restart of the service',
+          // loses it ('be very low.'). (The new process does redact the rest of the turn: it
+          // loads the conversation's secrets from the store.)
+          todo: 'held-back text does not survive a restart of the service',
         },
       );
     });

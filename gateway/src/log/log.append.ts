@@ -47,24 +47,140 @@ interface ChunkFeed {
 }
 
 /**
- * The secret values of each conversation's sandbox, registered when the sandbox is built, and
- * the redaction state of each of its output streams and of each ACP text chunk kind. Held by
- * the node whose write path serves the conversation's producer.
+ * Where a conversation's secret values are kept for every node (sealed, in Postgres:
+ * services/conversation-secrets.ts).
+ */
+export interface SecretStore {
+  /** Every value registered for the conversation so far; none when nothing was. */
+  load(tenant: string, conversationId: string): Promise<string[]>;
+  /** Adds values to the conversation's stored ones. */
+  add(tenant: string, conversationId: string, values: string[]): Promise<void>;
+}
+
+/**
+ * Conversations whose values a node keeps loaded at most (with a store; see Redaction#evict):
+ * memory stays bounded however many conversations a long-running node has appended for.
+ */
+const MAX_CONVERSATIONS = 10_000;
+
+/** What this node knows of a conversation's stored values. */
+interface Loaded {
+  /** Turns whose output may be redacted with the values in memory: loaded since they launched. */
+  turns: Set<string>;
+  /** A load under way: everything of the conversation waits for it, in the order it came. */
+  loading?: Promise<void> | undefined;
+}
+
+/**
+ * The secret values of each conversation's sandbox, and the redaction state of each of its
+ * output streams and of each ACP text chunk kind.
+ *
+ * A turn's launch registers its values on the launching node and adds them to the store before
+ * the runtime starts. The node whose write path appends the turn's output may be another one
+ * (it holds the runner; the launch was made elsewhere, or by a process that has stopped since):
+ * with a store, the write path first has every value stored for the conversation loaded, once
+ * per turn it sees (`ready`). A conversation's values only grow, as do its redactors' sets: a
+ * token of an earlier turn is valid until the conversation ends.
  */
 export class Redaction {
+  private readonly values = new Map<string, Set<string>>();
   private readonly sets = new Map<string, SecretSet>();
   private readonly streams = new Map<string, StreamRedactor>();
   private readonly chunks = new Map<string, ChunkFeed>();
+  private readonly loaded = new Map<string, Loaded>();
 
-  register(tenant: string, conversationId: string, values: Iterable<string>): void {
-    this.sets.set(`${tenant}\0${conversationId}`, new SecretSet(values));
+  constructor(private readonly store?: SecretStore) {}
+
+  /** Adds values to the conversation's set here and in the store (awaited before a runtime may print them). */
+  async register(tenant: string, conversationId: string, values: Iterable<string>): Promise<void> {
+    const list = [...values];
+    this.adopt(tenant, conversationId, list);
+    await this.store?.add(tenant, conversationId, list);
+  }
+
+  /**
+   * Undefined when the values in memory serve an event of the conversation from `turnId`; else
+   * a promise that loads the stored ones first. Calls made while a load is under way get that
+   * load, so what waits for it is redacted in the order it came.
+   */
+  ready(tenant: string, conversationId: string, turnId: string | null): Promise<void> | undefined {
+    if (!this.store) return undefined;
+    const key = `${tenant}\0${conversationId}`;
+    let l = this.loaded.get(key);
+    if (l?.loading) return l.loading;
+    if (l && (turnId === null || l.turns.has(turnId))) return undefined;
+    if (!l) {
+      l = { turns: new Set() };
+      this.loaded.set(key, l);
+      if (this.loaded.size > MAX_CONVERSATIONS) this.evict();
+    }
+    const entry = l;
+    entry.loading = this.store
+      .load(tenant, conversationId)
+      .then((values) => {
+        this.adopt(tenant, conversationId, values);
+        if (turnId !== null) entry.turns.add(turnId);
+      })
+      .finally(() => {
+        entry.loading = undefined;
+      });
+    return entry.loading;
+  }
+
+  /** The conversation's set once its stored values are loaded (see `ready`). */
+  async secretsOf(tenant: string, conversationId: string): Promise<SecretSet | undefined> {
+    await this.ready(tenant, conversationId, null);
+    return this.setFor(tenant, conversationId);
+  }
+
+  /** The values joined into the conversation's set; its redactors redact with the new set from now on. */
+  private adopt(tenant: string, conversationId: string, list: string[]): void {
+    const key = `${tenant}\0${conversationId}`;
+    let values = this.values.get(key);
+    if (!values) {
+      values = new Set();
+      this.values.set(key, values);
+    }
+    const before = values.size;
+    for (const v of list) values.add(v);
+    if (values.size === before && this.sets.has(key)) return;
+    const set = new SecretSet(values);
+    this.sets.set(key, set);
+    for (const [k, r] of this.streams) if (k.startsWith(`${key}\0`)) r.use(set);
+    for (const [k, f] of this.chunks) if (k.startsWith(`${key}\0`)) f.redactor.use(set);
+  }
+
+  /**
+   * Forgets the conversations loaded longest ago (a tenth of the bound) that hold no text back
+   * and load nothing now: their values are in the store, and an event of theirs loads them again.
+   */
+  private evict(): void {
+    const conversationOf = (k: string) => k.slice(0, k.lastIndexOf('\0'));
+    const holding = new Set<string>();
+    for (const [k, r] of this.streams) if (r.holding) holding.add(conversationOf(k));
+    for (const [k, f] of this.chunks) if (f.redactor.holding) holding.add(conversationOf(k));
+    const going = new Set<string>();
+    for (const [key, l] of this.loaded) {
+      if (going.size >= MAX_CONVERSATIONS / 10) break;
+      if (!l.loading && !holding.has(key)) going.add(key);
+    }
+    this.drop(going);
   }
 
   forget(tenant: string, conversationId: string): void {
-    const key = `${tenant}\0${conversationId}`;
-    this.sets.delete(key);
-    for (const k of this.streams.keys()) if (k.startsWith(`${key}\0`)) this.streams.delete(k);
-    for (const k of this.chunks.keys()) if (k.startsWith(`${key}\0`)) this.chunks.delete(k);
+    this.drop(new Set([`${tenant}\0${conversationId}`]));
+  }
+
+  /** Forgets everything of these conversations (keys `tenant\0conversation`). */
+  private drop(keys: Set<string>): void {
+    for (const key of keys) {
+      this.values.delete(key);
+      this.sets.delete(key);
+      this.loaded.delete(key);
+    }
+    const mine = (k: string) => keys.has(k.slice(0, k.lastIndexOf('\0')));
+    for (const k of this.streams.keys()) if (mine(k)) this.streams.delete(k);
+    for (const k of this.chunks.keys()) if (mine(k)) this.chunks.delete(k);
   }
 
   setFor(tenant: string, conversationId: string): SecretSet | undefined {
@@ -183,6 +299,12 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
   }
 
   return async function appendEvents(input: AppendInput): Promise<AppendResult> {
+    // The conversation's values are loaded before anything of it is redacted (Redaction#ready).
+    for (const e of input.events) {
+      if (e.conversationId === null) continue;
+      const loading = redaction.ready(input.tenant, e.conversationId, e.turnId ?? null);
+      if (loading) await loading;
+    }
     const markKey = `${input.tenant}\0${input.producer}`;
     const known = marks.get(markKey) ?? Number.NEGATIVE_INFINITY;
     const seqs = seqsOf(input);

@@ -27,7 +27,7 @@ export function runnerEventHandlers(deps: {
   log: EventLog;
   logger: Logger;
   /** This node's write path's redaction: a turn's error is stored redacted like its log. */
-  redaction: Pick<Redaction, 'setFor'>;
+  redaction: Pick<Redaction, 'secretsOf'>;
   /** Turn charges at turn end; null while payment is off. */
   billing: Billing | null;
 }): RunnerEventHandlers {

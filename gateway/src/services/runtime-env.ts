@@ -121,7 +121,7 @@ export async function runtimeEnvironment(
   // What is secret or the tenant's own (DECISIONS: environment, vault, credential, token);
   // the service's address, the conversation's id, the model name and the instance's provider
   // endpoint are not.
-  deps.redaction.register(accountId, conversationId, [
+  await deps.redaction.register(accountId, conversationId, [
     ...Object.values(env),
     token.key,
     ...(credential ? [credential.value] : []),

@@ -146,7 +146,7 @@ const RUNNER_TURN_ID = /^trn_[0-9a-z]{26}$/;
  * when no autonomous turn runs.
  */
 export async function endAutonomousTurnForPrompt(
-  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'>; billing?: Billing | null },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'secretsOf'>; billing?: Billing | null },
   accountId: string,
   conversationId: string,
 ): Promise<boolean> {
@@ -226,7 +226,7 @@ export async function failTurnStart(
  * False when the turn had already ended (a turn ends once).
  */
 export async function finishTurn(
-  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'setFor'>; billing?: Billing | null },
+  deps: { sql: Sql; log: EventLog; redaction: Pick<Redaction, 'secretsOf'>; billing?: Billing | null },
   accountId: string,
   turnId: string,
   state: 'done' | 'failed' | 'interrupted' | 'timeout',
@@ -237,7 +237,7 @@ export async function finishTurn(
   if (turn?.state !== 'running') return false;
   const reply = await replyOf(deps, accountId, turn.conversation_id, turnId);
   // The runner's words are stored as they reach the log: redacted (the reply is read from it).
-  const secrets = deps.redaction.setFor(accountId, turn.conversation_id);
+  const secrets = await deps.redaction.secretsOf(accountId, turn.conversation_id);
   const why = error && secrets ? { ...error, message: secrets.redact(error.message) } : error;
   const ended = await endTurnResolvingRequests(
     deps.sql,

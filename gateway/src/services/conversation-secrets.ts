@@ -1,0 +1,39 @@
+import { accounts, conversationSecrets, type Sql, transaction } from '@svc/db';
+import type { SecretStore } from '../log/log.append.ts';
+import type { Keyring } from '../secrets/keyring.ts';
+
+const purpose = (conversationId: string) => `redaction:${conversationId}`;
+
+/**
+ * Where the write path finds a conversation's secret values when this node did not launch
+ * the turn whose output it appends (the runner is held here, the launch was made elsewhere, or
+ * by a process that has stopped since): Postgres, sealed under the account's data key, like
+ * every other secret at rest.
+ */
+export function conversationSecretStore(deps: { sql: Sql; keyring: Keyring }): SecretStore {
+  const open = (accountId: string, conversationId: string, row: { sealed: Uint8Array; data_key: Uint8Array }) =>
+    JSON.parse(deps.keyring.decrypt(accountId, row.data_key, purpose(conversationId), row.sealed)) as string[];
+  return {
+    async load(accountId, conversationId) {
+      const row = await conversationSecrets.sealedSecrets(deps.sql, accountId, conversationId);
+      return row ? open(accountId, conversationId, row) : [];
+    },
+
+    async add(accountId, conversationId, values) {
+      if (values.length === 0) return;
+      // One launch of a conversation at a time adds to its values; the row lock keeps even two
+      // from losing either's.
+      await transaction(deps.sql, async (tx) => {
+        const row = await conversationSecrets.sealedSecrets(tx, accountId, conversationId, true);
+        const all = new Set(row ? open(accountId, conversationId, row) : []);
+        const before = all.size;
+        for (const v of values) all.add(v);
+        if (row && all.size === before) return;
+        const dataKey = row?.data_key ?? (await accounts.findAccountById(tx, accountId))?.data_key;
+        if (!dataKey) return; // the account is gone: nothing of it runs any more
+        const sealed = deps.keyring.encrypt(accountId, dataKey, purpose(conversationId), JSON.stringify([...all]));
+        await conversationSecrets.storeSealedSecrets(tx, accountId, conversationId, sealed);
+      });
+    },
+  };
+}
