@@ -88,4 +88,14 @@ export class StreamRedactor {
   get holding(): boolean {
     return this.held.length > 0;
   }
+
+  /** What is held back now, unredacted (to carry it to another process: `hold`). */
+  get heldText(): string {
+    return this.held;
+  }
+
+  /** Holds `text` back from now on, in place of what was held (another process's `heldText`). */
+  hold(text: string): void {
+    this.held = text;
+  }
 }

@@ -276,6 +276,16 @@ export async function startService(
     );
     await copier.start();
     cleanups.push(() => copier.stop());
+    // Runs before the copy's last pass and after everything that appends has stopped (the
+    // edge, the fabric, the outbox relay): what the redactors still hold back is kept for the
+    // process that takes the conversations over, instead of going with this one.
+    cleanups.push(async () => {
+      const n = await redaction.saveHeld().catch((err: Error) => {
+        log.warn({ err: { message: err.message } }, 'held-back output not saved');
+        return 0;
+      });
+      if (n > 0) log.info({ conversations: n }, 'held-back output saved for the next process');
+    });
     const append = createAppender(eventLog, redaction);
     const appendEvents: AppendEvents = async (input) => {
       const result = await append(input);

@@ -153,21 +153,41 @@ t.test('values a later turn registers are redacted by the stream redactors made 
   t.equal(stdout, 'first turn; [REDACTED] and [REDACTED].', 'both turns’ tokens, the earlier one still valid');
 });
 
-t.test('a write path that did not register a conversation’s values loads them from the store', async (t) => {
-  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
-  const stored = new Map<string, string[]>();
-  let loads = 0;
-  const store = {
-    load: async (tenant: string, conversationId: string) => {
-      loads++;
-      await new Promise((r) => setTimeout(r, 5));
-      return stored.get(`${tenant}/${conversationId}`) ?? [];
-    },
-    add: async (tenant: string, conversationId: string, values: string[]) => {
-      const k = `${tenant}/${conversationId}`;
-      stored.set(k, [...(stored.get(k) ?? []), ...values]);
+/**
+ * A SecretStore in memory, as services/conversation-secrets.ts keeps one in Postgres: values
+ * added per conversation, held-back text taken by the load that finds it; `loads` counts
+ * loads per conversation. Each load takes a few milliseconds, as a query does.
+ */
+function memorySecretStore() {
+  type HeldText = import('../../gateway/src/log/log.append.ts').HeldText;
+  const values = new Map<string, string[]>();
+  const held = new Map<string, HeldText>();
+  const loads = new Map<string, number>();
+  return {
+    loads,
+    store: {
+      load: async (tenant: string, conversationId: string) => {
+        loads.set(conversationId, (loads.get(conversationId) ?? 0) + 1);
+        await new Promise((r) => setTimeout(r, 2));
+        const k = `${tenant}/${conversationId}`;
+        const taken = held.get(k);
+        held.delete(k);
+        return { values: values.get(k) ?? [], held: taken };
+      },
+      add: async (tenant: string, conversationId: string, more: string[]) => {
+        const k = `${tenant}/${conversationId}`;
+        values.set(k, [...(values.get(k) ?? []), ...more]);
+      },
+      saveHeld: async (tenant: string, conversationId: string, h: HeldText) => {
+        held.set(`${tenant}/${conversationId}`, h);
+      },
     },
   };
+}
+
+t.test('a write path that did not register a conversation’s values loads them from the store', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const { store, loads } = memorySecretStore();
   // The launching node registers; another node's write path appends the turn's output.
   await new Redaction(store).register('acme', 'c1', ['sk-live-first-turn-secret']);
   const log = memoryEventLog();
@@ -182,26 +202,20 @@ t.test('a write path that did not register a conversation’s values loads them 
     });
   // Sent without waiting, as frames arrive: each waits for the load, and they keep their order.
   await Promise.all(['sk-l', 'ive-first', '-turn-secret; ', 'ok; '].map((d) => out('trn_1', d)));
-  t.equal(loads, 1, 'one load for the turn');
+  t.equal(loads.get('c1'), 1, 'one load for the turn');
   await new Redaction(store).register('acme', 'c1', ['sk-live-second-turn-secret']);
   await out('trn_1', 'still the first turn; ');
-  t.equal(loads, 1, 'a turn already loaded does not load again');
+  t.equal(loads.get('c1'), 1, 'a turn already loaded does not load again');
   await out('trn_2', 'sk-live-second-turn-secret.');
-  t.equal(loads, 2, 'a new turn loads what its launch added');
+  t.equal(loads.get('c1'), 2, 'a new turn loads what its launch added');
   const stdout = (await log.read('acme', { after: 0, limit: 100 })).map((e) => e.data).join('');
   t.equal(stdout, '[REDACTED]; ok; still the first turn; [REDACTED].');
 });
 
 t.test('a write path keeps at most 10,000 conversations loaded, never one holding text back', async (t) => {
   const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
-  const loads = new Map<string, number>();
-  const store = {
-    load: async (_tenant: string, conversationId: string) => {
-      loads.set(conversationId, (loads.get(conversationId) ?? 0) + 1);
-      return conversationId === 'held' ? ['sk-live-held-secret-value'] : [];
-    },
-    add: async () => {},
-  };
+  const { store, loads } = memorySecretStore();
+  await store.add('acme', 'held', ['sk-live-held-secret-value']);
   const log = memoryEventLog();
   const redaction = new Redaction(store);
   const appendEvents = createAppender(log, redaction);
@@ -221,4 +235,61 @@ t.test('a write path keeps at most 10,000 conversations loaded, never one holdin
   t.equal(loads.get('held'), 1, 'the one holding text back was kept');
   const held = (await log.read('acme', { after: 0, limit: 20_000 })).filter((e) => e.conversationId === 'held');
   t.equal(held.map((e) => e.data).join(''), 'value: [REDACTED].', 'and its value is whole, redacted');
+});
+
+t.test('text a stopped process held back is taken by the next one, neither lost nor written twice', async (t) => {
+  const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+  const { store, loads } = memorySecretStore();
+  const log = memoryEventLog();
+  const chunk = (text: string) =>
+    JSON.stringify({
+      sessionId: 's1',
+      update: { sessionUpdate: 'agent_message_chunk', content: { type: 'text', text } },
+    });
+  // Two events an append, numbered seq and seq + 1.
+  const send = (appendEvents: ReturnType<typeof createAppender>, seq: number, stdout: string, acp: string) =>
+    appendEvents({
+      tenant: 'acme',
+      producer: 'r',
+      seq,
+      events: [
+        { conversationId: 'c1', turnId: 'trn_1', kind: 'output', stream: 'stdout', data: stdout },
+        { conversationId: 'c1', turnId: 'trn_1', kind: 'output', stream: 'acp', data: chunk(acp) },
+      ],
+    });
+  // The process that launched the turn: both streams end on the start of the credential.
+  const first = new Redaction(store);
+  await first.register('acme', 'c1', ['sk-ant-credential-123456']);
+  await send(createAppender(log, first), 1, 'key sk-an', 'be very s');
+  t.equal(await first.saveHeld(), 1, 'it stops holding text of one conversation, and saves it');
+  // The next process (another node, or this one restarted) gets the rest of each stream.
+  const next = new Redaction(store);
+  await send(createAppender(log, next), 3, 't-credential-123456 ok', 'low.');
+  t.equal(loads.get('c1'), 2, 'it loaded the values and the held text at once (the first process loaded once too)');
+  const events = await log.read('acme', { after: 0, limit: 100 });
+  t.equal(
+    events
+      .filter((e) => e.stream === 'stdout')
+      .map((e) => e.data)
+      .join(''),
+    'key [REDACTED] ok',
+    'stdout is whole, the value redacted across the two processes',
+  );
+  t.equal(
+    events
+      .filter((e) => e.stream === 'acp')
+      .map((e) => JSON.parse(e.data ?? '{}').update.content.text)
+      .join(''),
+    'be very slow.',
+    'the reply is whole: the held "s" came with the next chunk, once',
+  );
+  await send(createAppender(log, new Redaction(store)), 5, 'x', 'y');
+  t.equal(
+    (await log.read('acme', { after: 0, limit: 100 }))
+      .filter((e) => e.stream === 'stdout')
+      .map((e) => e.data)
+      .join(''),
+    'key [REDACTED] okx',
+    'a third process finds nothing held any more',
+  );
 });

@@ -51,10 +51,24 @@ interface ChunkFeed {
  * services/conversation-secrets.ts).
  */
 export interface SecretStore {
-  /** Every value registered for the conversation so far; none when nothing was. */
-  load(tenant: string, conversationId: string): Promise<string[]>;
+  /**
+   * Every value registered for the conversation so far (none when nothing was), and what a
+   * stopped process's redactors of it held back, taken: the next load finds it no more.
+   */
+  load(tenant: string, conversationId: string): Promise<{ values: string[]; held?: HeldText | undefined }>;
   /** Adds values to the conversation's stored ones. */
   add(tenant: string, conversationId: string, values: string[]): Promise<void>;
+  /** Keeps what the conversation's redactors hold back, for the next load. */
+  saveHeld(tenant: string, conversationId: string, held: HeldText): Promise<void>;
+}
+
+/**
+ * What a conversation's redactors hold back, unredacted: per output stream its text, per ACP
+ * chunk kind its text and the chunk (and turn) it is released as.
+ */
+export interface HeldText {
+  streams: Record<string, string>;
+  chunks: Record<string, { text: string; last: TextChunk; turnId: string | null }>;
 }
 
 /**
@@ -117,14 +131,66 @@ export class Redaction {
     const entry = l;
     entry.loading = this.store
       .load(tenant, conversationId)
-      .then((values) => {
+      .then(({ values, held }) => {
         this.adopt(tenant, conversationId, values);
+        if (held) this.restore(tenant, conversationId, held);
         if (turnId !== null) entry.turns.add(turnId);
       })
       .finally(() => {
         entry.loading = undefined;
       });
     return entry.loading;
+  }
+
+  /**
+   * Held-back text another process saved: it is held here from now on (in place of what this
+   * node held for those streams, which that process's output came after).
+   */
+  private restore(tenant: string, conversationId: string, held: HeldText): void {
+    const set = this.setFor(tenant, conversationId);
+    if (!set) return;
+    for (const [stream, text] of Object.entries(held.streams)) {
+      this.streamFor(tenant, conversationId, stream, set).hold(text);
+    }
+    for (const [kind, c] of Object.entries(held.chunks)) {
+      const key = `${tenant}\0${conversationId}\0${kind}`;
+      const redactor = new StreamRedactor(set);
+      redactor.hold(c.text);
+      this.chunks.set(key, { redactor, last: c.last, turnId: c.turnId });
+    }
+  }
+
+  /**
+   * Saves, for the next process, what every conversation's redactors hold back: called when
+   * this one stops, once nothing more is appended through it. Returns how many conversations.
+   */
+  async saveHeld(): Promise<number> {
+    if (!this.store) return 0;
+    const held = new Map<string, HeldText>();
+    const of = (k: string) => {
+      const key = k.slice(0, k.lastIndexOf('\0'));
+      let h = held.get(key);
+      if (!h) {
+        h = { streams: {}, chunks: {} };
+        held.set(key, h);
+      }
+      return { h, name: k.slice(key.length + 1) };
+    };
+    for (const [k, r] of this.streams) {
+      if (!r.holding) continue;
+      const { h, name } = of(k);
+      h.streams[name] = r.heldText;
+    }
+    for (const [k, f] of this.chunks) {
+      if (!f.redactor.holding) continue;
+      const { h, name } = of(k);
+      h.chunks[name] = { text: f.redactor.heldText, last: f.last, turnId: f.turnId };
+    }
+    for (const [key, h] of held) {
+      const [tenant, conversationId] = key.split('\0') as [string, string];
+      await this.store.saveHeld(tenant, conversationId, h);
+    }
+    return held.size;
   }
 
   /** The conversation's set once its stored values are loaded (see `ready`). */
