@@ -123,6 +123,13 @@ async function compareFanout(
       }
     }
   }
+  // What the Redis round trip of every append costs: ours once more at the first rate, on its
+  // in-memory log (no Redis; Postgres still copies the log). Reported, not decided.
+  let memoryLog: FanoutResult | undefined;
+  if (!opts.smoke) {
+    progress.say(`ours on its in-memory log (no Redis): ${rates[0]} events/s`);
+    memoryLog = await runFanout('ours', { ...plan, rate: rates[0] as number, cores, memoryLog: true }, progress);
+  }
   /** A system's runs at rate `i`: its first, and its second when there is one. */
   const runsOf = (s: System, i: number) =>
     [byRate[i]?.[s], againByRate[i]?.[s]].filter((r): r is FanoutResult => r !== undefined);
@@ -207,6 +214,20 @@ async function compareFanout(
         'reported',
       ),
     ),
+    ...(memoryLog
+      ? [
+          reported(
+            ratioTarget(
+              `CPU s per 1,000 deliveries at ${deliveries(rates[0] as number)}/s, ours on its in-memory log (no Redis; its Postgres copying the log), against Nchan with its publisher (Nchan's mean)`,
+              's',
+              memoryLog.cpuSecondsPerThousand,
+              nchanMean(0, perThousand),
+              { atMost: 1 },
+            ),
+            'reported (what the Redis append costs)',
+          ),
+        ]
+      : []),
     reported(
       ratioTarget(
         `append-to-receipt p99 at ${deliveries(rates[1] as number)} deliveries/s (median of ${P99_WINDOWS} parts)`,
@@ -262,17 +283,22 @@ async function compareFanout(
     who: who(s),
     r,
   }));
-  const allRuns = byRate.flatMap((at, i) =>
-    [at, againByRate[i] ?? {}].flatMap((runsAt, k) =>
-      (Object.entries(runsAt) as [System, FanoutResult][]).map(([s, r]) => ({
-        name: `${label(s)} at ${deliveries(rates[i] as number)}/s${k === 1 ? ', second run' : ''}`,
-        who: who(s),
-        r,
-      })),
+  const allRuns = [
+    ...byRate.flatMap((at, i) =>
+      [at, againByRate[i] ?? {}].flatMap((runsAt, k) =>
+        (Object.entries(runsAt) as [System, FanoutResult][]).map(([s, r]) => ({
+          name: `${label(s)} at ${deliveries(rates[i] as number)}/s${k === 1 ? ', second run' : ''}`,
+          who: who(s),
+          r,
+        })),
+      ),
     ),
-  );
+    ...(memoryLog
+      ? [{ name: `ours on its in-memory log at ${deliveries(rates[0] as number)}/s`, who: 'ours', r: memoryLog }]
+      : []),
+  ];
   return {
-    figures: { plan, rates, cores, ...results, high, second: againByRate, errors },
+    figures: { plan, rates, cores, ...results, high, second: againByRate, memoryLog, errors },
     targets,
     charts: [
       {

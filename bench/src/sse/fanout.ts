@@ -48,6 +48,11 @@ export interface FanoutPlan {
   config?: Record<string, string>;
   /** An existing Redis for ours (--redis, or one a scenario shares between runs). */
   redis?: string;
+  /**
+   * Ours on its in-memory event log, with no Redis at all (the embedded default's log, with
+   * Postgres copying it as with Redis): what the Redis round trip of every append costs.
+   */
+  memoryLog?: boolean;
   /** An existing Postgres for ours (one a scenario shares between runs). */
   postgres?: string;
   /** Node flags for our service (`--cpu-prof`). */
@@ -190,8 +195,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     let profile: { start(): Promise<unknown>; stop(): Promise<string> } | undefined;
     let gcPauses: { start(): Promise<unknown>; stop(): Promise<GcSummary> } | undefined;
     if (system === 'ours') {
-      let redisUrl = plan.redis;
-      if (!redisUrl) {
+      let redisUrl = plan.memoryLog ? '' : plan.redis;
+      if (plan.memoryLog) {
+        // No Redis: the service keeps its log in memory (REDIS_URL empty is unset).
+      } else if (!redisUrl) {
         const redis = await startRedis();
         stops.push(() => redis.stop());
         redisUrl = redis.url;
@@ -210,7 +217,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         {
           SSE_HEARTBEAT_MS: '15000',
           SSE_IDLE_CLOSE_MS: '0',
-          REDIS_URL: redisUrl,
+          REDIS_URL: redisUrl ?? '',
           DATABASE_URL: postgresUrl,
           REDIS_KEY_PREFIX: `bench${Date.now()}:`,
           ...plan.config,
