@@ -77,13 +77,23 @@ export interface HeldText {
  */
 const MAX_CONVERSATIONS = 10_000;
 
-/** What this node knows of a conversation's stored values. */
-interface Loaded {
+/** A conversation's values and the redaction state of its streams, on this node. */
+interface Conversation {
+  values: Set<string>;
+  set: SecretSet;
+  /** Per output stream (stdout, stderr). */
+  streams: Map<string, StreamRedactor>;
+  /** Per ACP text chunk kind. */
+  chunks: Map<string, ChunkFeed>;
+  /** With a store: whether its stored values were loaded since this entry was made. */
+  loaded: boolean;
   /** Turns whose output may be redacted with the values in memory: loaded since they launched. */
   turns: Set<string>;
   /** A load under way: everything of the conversation waits for it, in the order it came. */
   loading?: Promise<void> | undefined;
 }
+
+const EMPTY = new SecretSet([]);
 
 /**
  * The secret values of each conversation's sandbox, and the redaction state of each of its
@@ -97,18 +107,25 @@ interface Loaded {
  * token of an earlier turn is valid until the conversation ends.
  */
 export class Redaction {
-  private readonly values = new Map<string, Set<string>>();
-  private readonly sets = new Map<string, SecretSet>();
-  private readonly streams = new Map<string, StreamRedactor>();
-  private readonly chunks = new Map<string, ChunkFeed>();
-  private readonly loaded = new Map<string, Loaded>();
+  private readonly conversations = new Map<string, Conversation>();
 
   constructor(private readonly store?: SecretStore) {}
+
+  private entry(tenant: string, conversationId: string): Conversation {
+    const key = `${tenant}\0${conversationId}`;
+    let c = this.conversations.get(key);
+    if (!c) {
+      c = { values: new Set(), set: EMPTY, streams: new Map(), chunks: new Map(), loaded: false, turns: new Set() };
+      this.conversations.set(key, c);
+      if (this.store && this.conversations.size > MAX_CONVERSATIONS) this.evict();
+    }
+    return c;
+  }
 
   /** Adds values to the conversation's set here and in the store (awaited before a runtime may print them). */
   async register(tenant: string, conversationId: string, values: Iterable<string>): Promise<void> {
     const list = [...values];
-    this.adopt(tenant, conversationId, list);
+    this.adopt(this.entry(tenant, conversationId), list);
     await this.store?.add(tenant, conversationId, list);
   }
 
@@ -118,79 +135,23 @@ export class Redaction {
    * load, so what waits for it is redacted in the order it came.
    */
   ready(tenant: string, conversationId: string, turnId: string | null): Promise<void> | undefined {
-    if (!this.store) return undefined;
-    const key = `${tenant}\0${conversationId}`;
-    let l = this.loaded.get(key);
-    if (l?.loading) return l.loading;
-    if (l && (turnId === null || l.turns.has(turnId))) return undefined;
-    if (!l) {
-      l = { turns: new Set() };
-      this.loaded.set(key, l);
-      if (this.loaded.size > MAX_CONVERSATIONS) this.evict();
-    }
-    const entry = l;
-    entry.loading = this.store
+    const { store } = this;
+    if (!store) return undefined;
+    const c = this.entry(tenant, conversationId);
+    if (c.loading) return c.loading;
+    if (c.loaded && (turnId === null || c.turns.has(turnId))) return undefined;
+    c.loading = store
       .load(tenant, conversationId)
       .then(({ values, held }) => {
-        this.adopt(tenant, conversationId, values);
-        if (held) this.restore(tenant, conversationId, held);
-        if (turnId !== null) entry.turns.add(turnId);
+        this.adopt(c, values);
+        if (held) this.restore(c, held);
+        c.loaded = true;
+        if (turnId !== null) c.turns.add(turnId);
       })
       .finally(() => {
-        entry.loading = undefined;
+        c.loading = undefined;
       });
-    return entry.loading;
-  }
-
-  /**
-   * Held-back text another process saved: it is held here from now on (in place of what this
-   * node held for those streams, which that process's output came after).
-   */
-  private restore(tenant: string, conversationId: string, held: HeldText): void {
-    const set = this.setFor(tenant, conversationId);
-    if (!set) return;
-    for (const [stream, text] of Object.entries(held.streams)) {
-      this.streamFor(tenant, conversationId, stream, set).hold(text);
-    }
-    for (const [kind, c] of Object.entries(held.chunks)) {
-      const key = `${tenant}\0${conversationId}\0${kind}`;
-      const redactor = new StreamRedactor(set);
-      redactor.hold(c.text);
-      this.chunks.set(key, { redactor, last: c.last, turnId: c.turnId });
-    }
-  }
-
-  /**
-   * Saves, for the next process, what every conversation's redactors hold back: called when
-   * this one stops, once nothing more is appended through it. Returns how many conversations.
-   */
-  async saveHeld(): Promise<number> {
-    if (!this.store) return 0;
-    const held = new Map<string, HeldText>();
-    const of = (k: string) => {
-      const key = k.slice(0, k.lastIndexOf('\0'));
-      let h = held.get(key);
-      if (!h) {
-        h = { streams: {}, chunks: {} };
-        held.set(key, h);
-      }
-      return { h, name: k.slice(key.length + 1) };
-    };
-    for (const [k, r] of this.streams) {
-      if (!r.holding) continue;
-      const { h, name } = of(k);
-      h.streams[name] = r.heldText;
-    }
-    for (const [k, f] of this.chunks) {
-      if (!f.redactor.holding) continue;
-      const { h, name } = of(k);
-      h.chunks[name] = { text: f.redactor.heldText, last: f.last, turnId: f.turnId };
-    }
-    for (const [key, h] of held) {
-      const [tenant, conversationId] = key.split('\0') as [string, string];
-      await this.store.saveHeld(tenant, conversationId, h);
-    }
-    return held.size;
+    return c.loading;
   }
 
   /** The conversation's set once its stored values are loaded (see `ready`). */
@@ -200,20 +161,61 @@ export class Redaction {
   }
 
   /** The values joined into the conversation's set; its redactors redact with the new set from now on. */
-  private adopt(tenant: string, conversationId: string, list: string[]): void {
-    const key = `${tenant}\0${conversationId}`;
-    let values = this.values.get(key);
-    if (!values) {
-      values = new Set();
-      this.values.set(key, values);
+  private adopt(c: Conversation, list: string[]): void {
+    const before = c.values.size;
+    for (const v of list) c.values.add(v);
+    if (c.values.size === before) return;
+    c.set = new SecretSet(c.values);
+    for (const r of c.streams.values()) r.use(c.set);
+    for (const f of c.chunks.values()) f.redactor.use(c.set);
+  }
+
+  /**
+   * Held-back text another process saved: it is held here from now on (in place of what this
+   * node held for those streams, which that process's output came after).
+   */
+  private restore(c: Conversation, held: HeldText): void {
+    for (const [stream, text] of Object.entries(held.streams)) {
+      let r = c.streams.get(stream);
+      if (!r) {
+        r = new StreamRedactor(c.set);
+        c.streams.set(stream, r);
+      }
+      r.hold(text);
     }
-    const before = values.size;
-    for (const v of list) values.add(v);
-    if (values.size === before && this.sets.has(key)) return;
-    const set = new SecretSet(values);
-    this.sets.set(key, set);
-    for (const [k, r] of this.streams) if (k.startsWith(`${key}\0`)) r.use(set);
-    for (const [k, f] of this.chunks) if (k.startsWith(`${key}\0`)) f.redactor.use(set);
+    for (const [kind, h] of Object.entries(held.chunks)) {
+      const redactor = new StreamRedactor(c.set);
+      redactor.hold(h.text);
+      c.chunks.set(kind, { redactor, last: h.last, turnId: h.turnId });
+    }
+  }
+
+  /** Whether any redactor of the conversation holds text back. */
+  private static holding(c: Conversation): boolean {
+    for (const r of c.streams.values()) if (r.holding) return true;
+    for (const f of c.chunks.values()) if (f.redactor.holding) return true;
+    return false;
+  }
+
+  /**
+   * Saves, for the next process, what every conversation's redactors hold back: called when
+   * this one stops, once nothing more is appended through it. Returns how many conversations.
+   */
+  async saveHeld(): Promise<number> {
+    if (!this.store) return 0;
+    let saved = 0;
+    for (const [key, c] of this.conversations) {
+      if (!Redaction.holding(c)) continue;
+      const held: HeldText = { streams: {}, chunks: {} };
+      for (const [stream, r] of c.streams) if (r.holding) held.streams[stream] = r.heldText;
+      for (const [kind, f] of c.chunks) {
+        if (f.redactor.holding) held.chunks[kind] = { text: f.redactor.heldText, last: f.last, turnId: f.turnId };
+      }
+      const [tenant, conversationId] = key.split('\0') as [string, string];
+      await this.store.saveHeld(tenant, conversationId, held);
+      saved++;
+    }
+    return saved;
   }
 
   /**
@@ -221,44 +223,29 @@ export class Redaction {
    * and load nothing now: their values are in the store, and an event of theirs loads them again.
    */
   private evict(): void {
-    const conversationOf = (k: string) => k.slice(0, k.lastIndexOf('\0'));
-    const holding = new Set<string>();
-    for (const [k, r] of this.streams) if (r.holding) holding.add(conversationOf(k));
-    for (const [k, f] of this.chunks) if (f.redactor.holding) holding.add(conversationOf(k));
-    const going = new Set<string>();
-    for (const [key, l] of this.loaded) {
-      if (going.size >= MAX_CONVERSATIONS / 10) break;
-      if (!l.loading && !holding.has(key)) going.add(key);
+    let n = Math.ceil(MAX_CONVERSATIONS / 10);
+    for (const [key, c] of this.conversations) {
+      if (n === 0) break;
+      if (c.loading || Redaction.holding(c)) continue;
+      this.conversations.delete(key);
+      n--;
     }
-    this.drop(going);
   }
 
   forget(tenant: string, conversationId: string): void {
-    this.drop(new Set([`${tenant}\0${conversationId}`]));
-  }
-
-  /** Forgets everything of these conversations (keys `tenant\0conversation`). */
-  private drop(keys: Set<string>): void {
-    for (const key of keys) {
-      this.values.delete(key);
-      this.sets.delete(key);
-      this.loaded.delete(key);
-    }
-    const mine = (k: string) => keys.has(k.slice(0, k.lastIndexOf('\0')));
-    for (const k of this.streams.keys()) if (mine(k)) this.streams.delete(k);
-    for (const k of this.chunks.keys()) if (mine(k)) this.chunks.delete(k);
+    this.conversations.delete(`${tenant}\0${conversationId}`);
   }
 
   setFor(tenant: string, conversationId: string): SecretSet | undefined {
-    return this.sets.get(`${tenant}\0${conversationId}`);
+    return this.conversations.get(`${tenant}\0${conversationId}`)?.set;
   }
 
-  streamFor(tenant: string, conversationId: string, stream: string, set: SecretSet): StreamRedactor {
-    const key = `${tenant}\0${conversationId}\0${stream}`;
-    let r = this.streams.get(key);
+  streamFor(tenant: string, conversationId: string, stream: string): StreamRedactor {
+    const c = this.entry(tenant, conversationId);
+    let r = c.streams.get(stream);
     if (!r) {
-      r = new StreamRedactor(set);
-      this.streams.set(key, r);
+      r = new StreamRedactor(c.set);
+      c.streams.set(stream, r);
     }
     return r;
   }
@@ -269,33 +256,35 @@ export class Redaction {
    * whole. A chunk whose text is all held back keeps its place with an empty text, so every
    * event the producer numbered is still appended.
    */
-  chunk(tenant: string, conversationId: string, set: SecretSet, chunk: TextChunk, turnId: string | null): string {
-    const key = `${tenant}\0${conversationId}\0${chunk.update.sessionUpdate}`;
-    let feed = this.chunks.get(key);
+  chunk(tenant: string, conversationId: string, chunk: TextChunk, turnId: string | null): string {
+    const c = this.entry(tenant, conversationId);
+    const kind = chunk.update.sessionUpdate;
+    let feed = c.chunks.get(kind);
     if (!feed) {
-      feed = { redactor: new StreamRedactor(set), last: chunk, turnId };
-      this.chunks.set(key, feed);
+      feed = { redactor: new StreamRedactor(c.set), last: chunk, turnId };
+      c.chunks.set(kind, feed);
     }
     feed.last = chunk;
     feed.turnId = turnId;
-    return set.redact(JSON.stringify(withText(chunk, feed.redactor.push(chunk.update.content.text))));
+    return c.set.redact(JSON.stringify(withText(chunk, feed.redactor.push(chunk.update.content.text))));
   }
 
   /**
    * What the conversation's ACP chunk kinds hold back, redacted and released as chunk events
    * shaped like the last chunk of their kind (same session, same turn), now.
    */
-  releaseChunks(tenant: string, conversationId: string, set: SecretSet): NewEvent[] {
-    const prefix = `${tenant}\0${conversationId}\0`;
+  releaseChunks(tenant: string, conversationId: string): NewEvent[] {
+    const c = this.conversations.get(`${tenant}\0${conversationId}`);
     const out: NewEvent[] = [];
-    for (const [k, feed] of this.chunks) {
-      if (!k.startsWith(prefix) || !feed.redactor.holding) continue;
+    if (!c) return out;
+    for (const feed of c.chunks.values()) {
+      if (!feed.redactor.holding) continue;
       out.push({
         conversationId,
         turnId: feed.turnId,
         kind: 'output',
         stream: 'acp',
-        data: set.redact(JSON.stringify(withText(feed.last, feed.redactor.flush()))),
+        data: c.set.redact(JSON.stringify(withText(feed.last, feed.redactor.flush()))),
       });
     }
     return out;
@@ -305,14 +294,14 @@ export class Redaction {
    * What every output stream and ACP chunk kind of the conversation holds back, redacted and
    * released as events, now. Output takes the turn of the event it is released before.
    */
-  release(tenant: string, conversationId: string, set: SecretSet, turnId: string | null): NewEvent[] {
-    const prefix = `${tenant}\0${conversationId}\0`;
+  release(tenant: string, conversationId: string, turnId: string | null): NewEvent[] {
+    const c = this.conversations.get(`${tenant}\0${conversationId}`);
     const out: NewEvent[] = [];
-    for (const [k, r] of this.streams) {
-      if (!k.startsWith(prefix) || !r.holding) continue;
-      out.push({ conversationId, turnId, kind: 'output', stream: k.slice(prefix.length), data: r.flush() });
+    if (!c) return out;
+    for (const [stream, r] of c.streams) {
+      if (r.holding) out.push({ conversationId, turnId, kind: 'output', stream, data: r.flush() });
     }
-    out.push(...this.releaseChunks(tenant, conversationId, set));
+    out.push(...this.releaseChunks(tenant, conversationId));
     return out;
   }
 }
@@ -355,13 +344,13 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
     if (known) return [whole];
     if (e.kind === 'output' && typeof e.data === 'string') {
       if (e.stream !== 'acp') {
-        return [{ ...e, data: redaction.streamFor(tenant, conversationId, e.stream, set).push(e.data) }];
+        return [{ ...e, data: redaction.streamFor(tenant, conversationId, e.stream).push(e.data) }];
       }
       const chunk = textChunkOf(e.data);
-      if (chunk) return [{ ...e, data: redaction.chunk(tenant, conversationId, set, chunk, e.turnId ?? null) }];
-      return [...redaction.releaseChunks(tenant, conversationId, set), whole];
+      if (chunk) return [{ ...e, data: redaction.chunk(tenant, conversationId, chunk, e.turnId ?? null) }];
+      return [...redaction.releaseChunks(tenant, conversationId), whole];
     }
-    return [...redaction.release(tenant, conversationId, set, e.turnId ?? null), whole];
+    return [...redaction.release(tenant, conversationId, e.turnId ?? null), whole];
   }
 
   return async function appendEvents(input: AppendInput): Promise<AppendResult> {
