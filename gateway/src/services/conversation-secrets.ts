@@ -27,8 +27,8 @@ export function conversationSecretStore(deps: { sql: Sql; keyring: Keyring }): S
 
     async add(accountId, conversationId, values) {
       if (values.length === 0) return;
-      // One launch of a conversation at a time adds to its values; the row lock keeps even two
-      // from losing either's.
+      // A conversation launches one turn at a time, so adds do not overlap; should two, the
+      // row's lock keeps either from losing the other's values once the row exists.
       await transaction(deps.sql, async (tx) => {
         const row = await conversationSecrets.sealedSecrets(tx, accountId, conversationId, true);
         const all = new Set(row ? open(accountId, conversationId, row) : []);
