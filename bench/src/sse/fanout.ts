@@ -195,10 +195,10 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
     let profile: { start(): Promise<unknown>; stop(): Promise<string> } | undefined;
     let gcPauses: { start(): Promise<unknown>; stop(): Promise<GcSummary> } | undefined;
     if (system === 'ours') {
-      let redisUrl = plan.memoryLog ? '' : plan.redis;
-      if (plan.memoryLog) {
-        // No Redis: the service keeps its log in memory (REDIS_URL empty is unset).
-      } else if (!redisUrl) {
+      let redisUrl = plan.redis;
+      // No Redis at all: the service keeps its log in memory (REDIS_URL empty is unset).
+      if (plan.memoryLog) redisUrl = '';
+      else if (!redisUrl) {
         const redis = await startRedis();
         stops.push(() => redis.stop());
         redisUrl = redis.url;
@@ -217,7 +217,7 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         {
           SSE_HEARTBEAT_MS: '15000',
           SSE_IDLE_CLOSE_MS: '0',
-          REDIS_URL: redisUrl ?? '',
+          REDIS_URL: redisUrl,
           DATABASE_URL: postgresUrl,
           REDIS_KEY_PREFIX: `bench${Date.now()}:`,
           ...plan.config,
