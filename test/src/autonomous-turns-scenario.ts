@@ -7,7 +7,7 @@
 import t, { type Test } from 'tap';
 import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
 import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
-import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
+import { blockText, frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -67,13 +67,7 @@ function client(svc: TestService, token: string, runner: { output: string }) {
 }
 
 /** The text the agent said under `turnId`, from events with blocks. */
-const textOf = (events: WireEvent[], turnId: string) =>
-  events
-    .filter((e) => e.turn_id === turnId)
-    .flatMap((e) => e.blocks ?? [])
-    .filter((b) => b.kind === 'text')
-    .map((b) => b.body)
-    .join('');
+const textOf = (events: WireEvent[], turnId: string) => blockText(events, 'text', turnId);
 
 const streamEvents = (raw: string) =>
   frames(raw)

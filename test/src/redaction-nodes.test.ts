@@ -1,16 +1,10 @@
 import t from 'tap';
 import { signUp, twoNodes } from './harness.ts';
 import { claudeOnRunner, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
+import { blockText, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const CREDENTIAL = 'sk-ant-test-credential-123456';
-
-interface WireEvent {
-  kind: string;
-  stream: string;
-  data: string | null;
-  blocks?: { kind: string; body?: string }[];
-}
 
 /**
  * A turn's output is appended by the node that holds its runner, which need not be the node
@@ -53,12 +47,7 @@ t.test(
     t.equal(conv.status, 201, JSON.stringify(conv.body));
     const id = conv.body.id as string;
     t.equal((await settled(id, 1)).state, 'done', 'launched through node A, run by the runner on node B');
-    const blocks = async (kind: string) =>
-      (await events(id))
-        .flatMap((e) => e.blocks ?? [])
-        .filter((x) => x.kind === kind)
-        .map((x) => x.body)
-        .join('');
+    const blocks = async (kind: string) => blockText(await events(id), kind);
     t.notOk(JSON.stringify(await events(id)).includes(CREDENTIAL), 'the credential is nowhere in the log');
     t.equal(
       await blocks('text'),

@@ -2,7 +2,7 @@ import { type AddressInfo, connect, createServer } from 'node:net';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
+import { blockText, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -108,11 +108,7 @@ t.test(
         'a reattach stage event',
         { stages: seen, runner: runner.output },
       );
-      const text = events
-        .flatMap((e) => e.blocks ?? [])
-        .filter((b) => b.kind === 'text')
-        .map((b) => b.body)
-        .join('');
+      const text = blockText(events);
       // Whole even when the stop fell while the redactor held text back (the 's' of 'slow' could
       // start the credential 'sk-ant-...'): the stopped process saved it, the new one took it.
       t.match(

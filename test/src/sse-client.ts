@@ -80,6 +80,19 @@ export function parseFrame(frame: string): SseEvent {
   return out;
 }
 
+/**
+ * The bodies of the events' blocks of one kind, joined (`text`: what the agent said, as a
+ * client shows it), of one turn when `turnId` is given. Events read with `blocks=true`.
+ */
+export function blockText(events: WireEvent[], kind = 'text', turnId?: string): string {
+  return events
+    .filter((e) => turnId === undefined || e.turn_id === turnId)
+    .flatMap((e) => e.blocks ?? [])
+    .filter((b) => b.kind === kind)
+    .map((b) => b.body)
+    .join('');
+}
+
 /** An event of a conversation's stream as the API sends it (SPEC: the event object), as tests read it. */
 export interface WireEvent {
   id: number;

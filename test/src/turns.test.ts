@@ -2,7 +2,7 @@ import { RUNNER_CLOSE } from '@svc/core';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
+import { blockText, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const PNG = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==';
@@ -46,13 +46,7 @@ for (const backend of backends()) {
       }
       throw new Error(`turn ${number} still running: ${JSON.stringify(turns)}\n${runner.output}`);
     };
-    const replyOf = (events: WireEvent[], turnId: string) =>
-      events
-        .filter((e) => e.turn_id === turnId)
-        .flatMap((e) => e.blocks ?? [])
-        .filter((b) => b.kind === 'text')
-        .map((b) => b.body)
-        .join('');
+    const replyOf = (events: WireEvent[], turnId: string) => blockText(events, 'text', turnId);
     /** Waits until the turn's runtime has sent something (it is under way). */
     const underWay = async (id: string) => {
       for (let i = 0; i < 300; i++) {
