@@ -52,6 +52,29 @@ async function ledgerRows(svc: TestService, accountId: string) {
 }
 
 /**
+ * An account with no credit launches a conversation and prompts it again: both turns run to
+ * `done`, and the ledger holds no row (payment off, or a comped account).
+ */
+async function twoTurnsUncharged(t: Test, svc: TestService, me: { key: string; accountId: string }) {
+  const { agent } = await claudeAgent(t, svc.http, me.key);
+  const started = await svc.http.post('/api/conversations', {
+    token: me.key,
+    body: { agent_id: agent.id, prompt: 'hello' },
+  });
+  t.equal(started.status, 201, `a launch with no credit runs: ${started.text}`);
+  await until('the turn ends', async () => (await turnsOf(svc, me.key, started.body.id))[0]?.state === 'done');
+  const again = await svc.http.post(`/api/conversations/${started.body.id}/prompts`, {
+    token: me.key,
+    body: { prompt: 'again' },
+  });
+  t.equal(again.status, 201, again.text);
+  await until('the second turn ends', async () =>
+    (await turnsOf(svc, me.key, started.body.id)).every((x) => x.state === 'done'),
+  );
+  t.same(await ledgerRows(svc, me.accountId), [], 'no charge: the ledger holds nothing');
+}
+
+/**
  * Billing with payment off and on, on one backend: billing.test.ts runs it on Postgres and
  * Redis, billing-embedded.test.ts on the embedded backend, so each runs in parallel within its
  * own time limit. Payment on starts three services (the main one, a monthly cap, a wrong key).
@@ -92,22 +115,7 @@ export function billingScenario(backend: Backend): void {
     });
 
     t.test('nothing is gated and no turn is charged', async (t) => {
-      const { agent } = await claudeAgent(t, svc.http, me.key);
-      const started = await svc.http.post('/api/conversations', {
-        token: me.key,
-        body: { agent_id: agent.id, prompt: 'hello' },
-      });
-      t.equal(started.status, 201, `a launch with no credit runs: ${started.text}`);
-      await until('the turn ends', async () => (await turnsOf(svc, me.key, started.body.id))[0]?.state === 'done');
-      const prompt = await svc.http.post(`/api/conversations/${started.body.id}/prompts`, {
-        token: me.key,
-        body: { prompt: 'again' },
-      });
-      t.equal(prompt.status, 201, prompt.text);
-      await until('the second turn ends', async () =>
-        (await turnsOf(svc, me.key, started.body.id)).every((x) => x.state === 'done'),
-      );
-      t.same(await ledgerRows(svc, me.accountId), [], 'the ledger holds nothing');
+      await twoTurnsUncharged(t, svc, me);
     });
   });
 
@@ -233,22 +241,7 @@ export function billingScenario(backend: Backend): void {
         body: { comped: true },
       });
       t.match(comp.body, { id: me.accountId, comped: true }, comp.text);
-      const { agent } = await claudeAgent(t, svc.http, me.key);
-      const started = await svc.http.post('/api/conversations', {
-        token: me.key,
-        body: { agent_id: agent.id, prompt: 'hello' },
-      });
-      t.equal(started.status, 201, `launched with no credit: ${started.text}`);
-      await until('the turn ends', async () => (await turnsOf(svc, me.key, started.body.id))[0]?.state === 'done');
-      const again = await svc.http.post(`/api/conversations/${started.body.id}/prompts`, {
-        token: me.key,
-        body: { prompt: 'again' },
-      });
-      t.equal(again.status, 201, again.text);
-      await until('the second turn ends', async () =>
-        (await turnsOf(svc, me.key, started.body.id)).every((x) => x.state === 'done'),
-      );
-      t.same(await ledgerRows(svc, me.accountId), [], 'no charge');
+      await twoTurnsUncharged(t, svc, me);
       const state = await svc.http.get('/api/account/billing', { token: me.key });
       t.equal(state.body.comped, true);
       t.equal(state.body.balance_cents, 0);
