@@ -66,14 +66,19 @@ export async function findAgentByName(sql: Sql, accountId: string, name: string)
   return rows[0];
 }
 
-/** Inserts; undefined when the account already has an agent of that name. */
+/**
+ * Inserts; undefined when the account already has an agent of that name. The new row is
+ * returned as inserted (no avatar, no conversations yet), not read back: a read by id in the
+ * same request cost a second round trip, and on a table too new to have statistics Postgres
+ * may keep a plan for that read which scans every agent of the account.
+ */
 export async function insertAgent(
   sql: Sql,
   accountId: string,
   id: string,
   v: AgentValues,
 ): Promise<AgentRow | undefined> {
-  const rows = await sql`
+  const rows = await sql<Omit<AgentRow, 'avatar_media_type' | 'conversation_count'>[]>`
     INSERT INTO agents (id, account_id, name, description, system, runtime, model, environment_id, skills,
                         mcp_servers, sandbox_provider, sandbox_mode, allowed_vault_ids, allowed_environment_ids,
                         permission_policy)
@@ -81,8 +86,9 @@ export async function insertAgent(
             ${json(sql, v.skills)}, ${json(sql, v.mcp_servers)}, ${v.sandbox_provider}, ${v.sandbox_mode},
             ${v.allowed_vault_ids}, ${v.allowed_environment_ids}, ${json(sql, v.permission_policy)})
     ON CONFLICT (account_id, name) DO NOTHING
-    RETURNING id`;
-  return rows.length ? getAgent(sql, accountId, id) : undefined;
+    RETURNING *`;
+  const row = rows[0];
+  return row && { ...row, avatar_media_type: null, conversation_count: 0 };
 }
 
 /** Replaces every field; 'conflict' when the new name belongs to another agent of the account. */
