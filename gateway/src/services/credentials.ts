@@ -1,6 +1,6 @@
 import { ApiError, newId, orNotFound } from '@svc/core';
 import { credentials, type Sql, sessions } from '@svc/db';
-import { hashSecret, newSecret } from '../secrets/tokens.ts';
+import { hashOfText, hashSecret, hashSecretText, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { CachedCredential, CredentialCache } from './credential-cache.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
@@ -127,12 +127,12 @@ async function throughCache(
   load: (hash: Buffer) => Promise<CachedCredential | Principal | undefined>,
 ): Promise<CachedCredential | Principal | undefined> {
   if (secret.length > 200) return undefined;
-  const hash = hashSecret(secret);
-  const key = `${kind}:${hash.toString('base64')}`;
+  const digest = hashSecretText(secret);
+  const key = `${kind}:${digest}`;
   const hit = deps.credentialCache.get(key);
   if (hit) return hit;
   const ticket = deps.credentialCache.begin();
-  const found = await load(hash);
+  const found = await load(hashOfText(digest));
   if (found && isCacheable(found)) deps.credentialCache.put(key, found, ticket);
   return found;
 }
