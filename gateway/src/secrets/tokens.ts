@@ -24,15 +24,10 @@ export function hashSecret(secret: string): Buffer {
 /**
  * The same hash as base64 text, for the credential cache every authenticated request looks
  * in: one call, no Hash object and no Buffer (a Buffer from crypto is an ArrayBuffer of its
- * own, which costs allocation and the garbage collector's tracking). `hashOfText` gives the
- * bytes back for the rare lookup in Postgres.
+ * own, which costs allocation and the garbage collector's tracking).
  */
 export function hashSecretText(secret: string): string {
   return hash('sha256', secret, 'base64');
-}
-
-export function hashOfText(text: string): Buffer {
-  return Buffer.from(text, 'base64');
 }
 
 // scrypt with N=2^15, r=8: 32 MiB and roughly 50-100 ms per hash on this class of machine.

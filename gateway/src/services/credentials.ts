@@ -1,6 +1,6 @@
 import { ApiError, newId, orNotFound } from '@svc/core';
 import { credentials, type Sql, sessions } from '@svc/db';
-import { hashOfText, hashSecret, hashSecretText, newSecret } from '../secrets/tokens.ts';
+import { hashSecret, hashSecretText, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { CachedCredential, CredentialCache } from './credential-cache.ts';
 import { type ActorRef, actorOf, type Principal } from './principal.ts';
@@ -132,7 +132,8 @@ async function throughCache(
   const hit = deps.credentialCache.get(key);
   if (hit) return hit;
   const ticket = deps.credentialCache.begin();
-  const found = await load(hashOfText(digest));
+  // The bytes again, for the lookup in Postgres (a miss).
+  const found = await load(Buffer.from(digest, 'base64'));
   if (found && isCacheable(found)) deps.credentialCache.put(key, found, ticket);
   return found;
 }
