@@ -175,14 +175,7 @@ export class Redaction {
    * node held for those streams, which that process's output came after).
    */
   private restore(c: Conversation, held: HeldText): void {
-    for (const [stream, text] of Object.entries(held.streams)) {
-      let r = c.streams.get(stream);
-      if (!r) {
-        r = new StreamRedactor(c.set);
-        c.streams.set(stream, r);
-      }
-      r.hold(text);
-    }
+    for (const [stream, text] of Object.entries(held.streams)) Redaction.streamOf(c, stream).hold(text);
     for (const [kind, h] of Object.entries(held.chunks)) {
       const redactor = new StreamRedactor(c.set);
       redactor.hold(h.text);
@@ -241,7 +234,11 @@ export class Redaction {
   }
 
   streamFor(tenant: string, conversationId: string, stream: string): StreamRedactor {
-    const c = this.entry(tenant, conversationId);
+    return Redaction.streamOf(this.entry(tenant, conversationId), stream);
+  }
+
+  /** The conversation's redactor of an output stream, made on its first use. */
+  private static streamOf(c: Conversation, stream: string): StreamRedactor {
     let r = c.streams.get(stream);
     if (!r) {
       r = new StreamRedactor(c.set);
@@ -275,8 +272,11 @@ export class Redaction {
    */
   releaseChunks(tenant: string, conversationId: string): NewEvent[] {
     const c = this.conversations.get(`${tenant}\0${conversationId}`);
+    return c ? Redaction.releaseChunksOf(c, conversationId) : [];
+  }
+
+  private static releaseChunksOf(c: Conversation, conversationId: string): NewEvent[] {
     const out: NewEvent[] = [];
-    if (!c) return out;
     for (const feed of c.chunks.values()) {
       if (!feed.redactor.holding) continue;
       out.push({
@@ -301,7 +301,7 @@ export class Redaction {
     for (const [stream, r] of c.streams) {
       if (r.holding) out.push({ conversationId, turnId, kind: 'output', stream, data: r.flush() });
     }
-    out.push(...this.releaseChunks(tenant, conversationId));
+    out.push(...Redaction.releaseChunksOf(c, conversationId));
     return out;
   }
 }
