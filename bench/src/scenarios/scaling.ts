@@ -228,7 +228,9 @@ export const scaling: Scenario = {
       ],
       notes: [
         `Each node: ${conversations * perConversation} watchers of /api/conversations/:id/stream (${perConversation} per conversation, ${conversations} conversations of ${tenants} accounts) and ${opts.rate} appends/s of its own, ${opts.duration} s. With two nodes each node's watchers follow the other node's conversations, so every delivery crosses the Redis Cluster (sharded pub/sub, keys by tenant hash tag).`,
-        `Each run first gets ${warmupSeconds} s of the same appending, not counted, as sse-fanout does: the steady state is measured.`,
+        warmupSeconds > 0
+          ? `Each run first gets ${warmupSeconds} s of the same appending, not counted, as sse-fanout does: the steady state is measured.`
+          : 'A smoke run has no warm-up: it measures from the first append.',
         `The p99 target is the median of the p99s of ${P99_WINDOWS} equal parts of each run, as in sse-fanout: one stall of the shared machine moves one part, not the figure; the p99 over each whole run is reported beside it.`,
         'Everything shares this machine: the nodes, the three Redis masters, Postgres and the load clients. The CPU figures say how much of it each used; on a machine with few cores a second node competes with the first for the same cores, so a ratio below 1 here measures the machine as much as the design.',
       ],
