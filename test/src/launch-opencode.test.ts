@@ -72,9 +72,20 @@ async function opencodeConversation(t: Test, runnerArgs: string[]) {
   t.equal(calls.length, 1, "one Responses API call with the agent's model");
   const call = calls[0];
   t.match(inputText(call?.body, 'user'), PROMPT, 'the prompt');
-  const system = inputText(call?.body, 'developer') + inputText(call?.body, 'system');
-  t.match(system, 'You are OpenCode', 'opencode keeps its own prompt');
-  t.match(system, SYSTEM, "the agent's system prompt, as instructions after it");
+  // As developer (or system) messages with an API key; opencode moves the same text into
+  // `instructions` when it is signed in to OpenAI by OAuth.
+  const system = [
+    inputText(call?.body, 'developer'),
+    inputText(call?.body, 'system'),
+    call?.body?.instructions ?? '',
+  ].join('\n');
+  // What the call held, shown should either fail.
+  const held = {
+    keys: Object.keys(call?.body ?? {}),
+    input: Array.isArray(call?.body?.input) ? call.body.input.map((i) => `${i.type ?? 'message'}:${i.role ?? ''}`) : [],
+  };
+  t.match(system, 'You are OpenCode', 'opencode keeps its own prompt', held);
+  t.match(system, SYSTEM, "the agent's system prompt, as instructions after it", held);
   t.ok(
     fake.responses().every((c) => c.headers.authorization === `Bearer ${KEY}`),
     'the account’s credential as the bearer token',

@@ -18,7 +18,7 @@ import t from 'tap';
 import { SchedulerWorker } from '../../gateway/src/workers/scheduler.ts';
 import { backends, signUp, startTestService } from './harness.ts';
 import { claudeAgent, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
-import { until } from './until.ts';
+import { eventually, until } from './until.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..', '..');
@@ -129,9 +129,13 @@ t.test('a scheduler worker process killed with SIGKILL mid-fire: another complet
   ).catch((err) => {
     throw new Error(`${err.message}\n${output}`);
   });
-  const [waiting] = await svc.db.sql<{ n: number }[]>`
-    SELECT count(*)::int AS n FROM pg_locks WHERE relation = 'audit_events'::regclass AND NOT granted`;
-  t.ok((waiting?.n ?? 0) > 0, 'a write waits on the held audit table');
+  // The audit write comes after the launch's commit: on a busy machine it may not have queued yet.
+  const waiting = await eventually(async () => {
+    const [row] = await svc.db.sql<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM pg_locks WHERE relation = 'audit_events'::regclass AND NOT granted`;
+    return (row?.n ?? 0) > 0;
+  }, 30_000);
+  t.ok(waiting, 'a write waits on the held audit table');
   t.same(await conversationsOf(), [launched], 'the child launched the run under its claim');
 
   child.kill('SIGKILL');
