@@ -111,8 +111,18 @@ export class Redaction {
 
   constructor(private readonly store?: SecretStore) {}
 
+  /** The key of a tenant's conversation in `conversations`. */
+  private static keyOf(tenant: string, conversationId: string): string {
+    return `${tenant}\0${conversationId}`;
+  }
+
+  /** The conversation's state, if it has any here. */
+  private existing(tenant: string, conversationId: string): Conversation | undefined {
+    return this.conversations.get(Redaction.keyOf(tenant, conversationId));
+  }
+
   private entry(tenant: string, conversationId: string): Conversation {
-    const key = `${tenant}\0${conversationId}`;
+    const key = Redaction.keyOf(tenant, conversationId);
     let c = this.conversations.get(key);
     if (!c) {
       c = { values: new Set(), set: EMPTY, streams: new Map(), chunks: new Map(), loaded: false, turns: new Set() };
@@ -226,11 +236,11 @@ export class Redaction {
   }
 
   forget(tenant: string, conversationId: string): void {
-    this.conversations.delete(`${tenant}\0${conversationId}`);
+    this.conversations.delete(Redaction.keyOf(tenant, conversationId));
   }
 
   setFor(tenant: string, conversationId: string): SecretSet | undefined {
-    return this.conversations.get(`${tenant}\0${conversationId}`)?.set;
+    return this.existing(tenant, conversationId)?.set;
   }
 
   streamFor(tenant: string, conversationId: string, stream: string): StreamRedactor {
@@ -271,7 +281,7 @@ export class Redaction {
    * shaped like the last chunk of their kind (same session, same turn), now.
    */
   releaseChunks(tenant: string, conversationId: string): NewEvent[] {
-    const c = this.conversations.get(`${tenant}\0${conversationId}`);
+    const c = this.existing(tenant, conversationId);
     return c ? Redaction.releaseChunksOf(c, conversationId) : [];
   }
 
@@ -295,7 +305,7 @@ export class Redaction {
    * released as events, now. Output takes the turn of the event it is released before.
    */
   release(tenant: string, conversationId: string, turnId: string | null): NewEvent[] {
-    const c = this.conversations.get(`${tenant}\0${conversationId}`);
+    const c = this.existing(tenant, conversationId);
     const out: NewEvent[] = [];
     if (!c) return out;
     for (const [stream, r] of c.streams) {
