@@ -79,7 +79,7 @@ async function opencodeConversation(t: Test, runnerArgs: string[]) {
     inputText(call?.body, 'system'),
     call?.body?.instructions ?? '',
   ].join('\n');
-  // What the call held, shown should either fail.
+  // What the call held, shown if either check fails.
   const held = {
     keys: Object.keys(call?.body ?? {}),
     input: Array.isArray(call?.body?.input) ? call.body.input.map((i) => `${i.type ?? 'message'}:${i.role ?? ''}`) : [],
