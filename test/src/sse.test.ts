@@ -122,15 +122,23 @@ for (const { backend, edge } of transportSetups()) {
         await sleep(350);
         t.match(c.text(), /: heartbeat/, 'beats while nothing happens');
         const before = c.text().length;
-        // An event every 20 ms for 600 ms: six heartbeat intervals, never 100 ms of silence.
+        // An event every 20 ms for 600 ms: six heartbeat intervals, never 100 ms of silence
+        // unless this shared machine stalls; each gap of 100 ms or more between two appends is
+        // a real silence, and may hold a beat.
+        let stalls = 0;
+        let last = Date.now();
         for (let i = 0; i < 30; i++) {
           await append([{ data: `busy-${i}` }]);
+          const now = Date.now();
+          if (now - last >= 100) stalls++;
+          last = now;
           await sleep(20);
         }
         const during = c.text().slice(before);
         t.match(during, /busy-29/, 'every event arrived');
-        // One beat at most: a stall of this shared machine may make one real silence.
-        t.ok((during.match(/: heartbeat/g) ?? []).length <= 1, 'no heartbeat while events keep the stream warm');
+        // One beat beyond those: a stall may also come between an append and its delivery.
+        const beats = (during.match(/: heartbeat/g) ?? []).length;
+        t.ok(beats <= 1 + stalls, 'no heartbeat while events keep the stream warm', { beats, stalls });
         await sleep(350);
         t.match(c.text().slice(before + during.length), /: heartbeat/, 'beats again once the events stop');
         c.sock.destroy();
