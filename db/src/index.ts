@@ -1,4 +1,5 @@
 export * from './connect.ts';
+export * from './embedded.ts';
 export * from './migrate.ts';
 export * as accounts from './queries/accounts.ts';
 export * as admin from './queries/admin.ts';

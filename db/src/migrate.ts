@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import type { Sql } from './connect.ts';
@@ -54,4 +55,13 @@ export async function pendingMigrations(sql: Sql): Promise<string[]> {
   if (!table?.exists) return files;
   const done = new Set((await sql<{ name: string }[]>`SELECT name FROM schema_migrations`).map((r) => r.name));
   return files.filter((f) => !done.has(f));
+}
+
+/** A digest of every migration's name and text: what a database migrated from them holds. */
+export async function migrationsDigest(): Promise<string> {
+  const hash = createHash('sha256');
+  for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f.endsWith('.sql')).sort()) {
+    hash.update(`${file}\0${await readFile(MIGRATIONS_DIR + file, 'utf8')}\0`);
+  }
+  return hash.digest('hex');
 }

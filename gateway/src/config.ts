@@ -244,7 +244,10 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
       throw why('REDIS_URL', 'required (the in-memory log, bus and rate limits cannot be shared between processes)');
     }
     if (!config.DATABASE_URL || config.DATABASE_URL === 'memory') {
-      throw why('DATABASE_URL', 'must name a Postgres server (embedded PGlite cannot be shared between processes)');
+      throw why(
+        'DATABASE_URL',
+        'must name a Postgres server (the embedded database serves the one process that holds DATA_DIR)',
+      );
     }
     // uWebSockets.js listens with SO_REUSEPORT; Node's own listener gains `reusePort` only in
     // Node 22.12, and this service runs on Node 20.

@@ -165,7 +165,7 @@ function teamOps(deps: TeamDeps): TeamOps {
 }
 
 /**
- * The composition root: chooses adapters from configuration (Postgres or PGlite, Redis or
+ * The composition root: chooses adapters from configuration (Postgres or the embedded one, Redis or
  * memory, SMTP or file mail), builds the api role, and puts the edge in front of it. Every
  * role runs in this one process.
  */
@@ -297,7 +297,7 @@ export async function startService(
     };
     // Events the service emits reach the log through the outbox, written with the state change.
     const relay = new OutboxRelay(
-      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }), listen: db.notifications },
+      { sql: db.sql, appendEvents, logger: log.child({ role: 'worker' }), listen: true },
       { intervalMs: config.LOG_COPY_INTERVAL_MS, batch: 500 },
     );
     copier.onDurable((tenant, marks) => {

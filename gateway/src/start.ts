@@ -5,7 +5,11 @@ import { EXIT_IN_USE, InUseError } from './processes/in-use.ts';
 
 /** What `npm start` prints once the service listens: where it is, what it stores in, what to do next. */
 export function startBanner(config: Config, service: Service): string {
-  const storage = config.DATABASE_URL ? 'Postgres' : `embedded PGlite in ${resolve(config.DATA_DIR, 'pglite')}`;
+  const storage = !config.DATABASE_URL
+    ? `embedded PostgreSQL ${service.db.embedded?.version ?? ''} in ${resolve(config.DATA_DIR, 'postgres')}`
+    : config.DATABASE_URL === 'memory'
+      ? `embedded PostgreSQL ${service.db.embedded?.version ?? ''}, throwaway (DATABASE_URL=memory)`
+      : 'Postgres';
   return [
     '',
     `  svc is listening on ${service.url}`,

@@ -162,7 +162,7 @@ t.test(
       [],
       'no process of the demo is left',
     );
-    t.ok(existsSync(join(dataDir, 'pglite')), 'the data stayed in the data directory it was given');
+    t.ok(existsSync(join(dataDir, 'postgres', 'PG_VERSION')), 'the data stayed in the data directory it was given');
   },
 );
 

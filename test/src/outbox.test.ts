@@ -1,7 +1,8 @@
 import { Writable } from 'node:stream';
-import { openDatabase, outbox } from '@svc/db';
+import { connectionOptions, openDatabase, outbox } from '@svc/db';
 import { createLogger } from '@svc/gateway';
 import pino from 'pino';
+import postgres from 'postgres';
 import t from 'tap';
 import type { LogEvent } from '../../gateway/src/log/log.ts';
 import { createConversationRecord, markRead } from '../../gateway/src/services/conversations.ts';
@@ -86,7 +87,7 @@ for (const backend of backends()) {
       const who = { accountId: me.accountId, actor: 'api' as const, ip: null };
       // A second relay, as another node (or this one after a restart) would run.
       const other = new OutboxRelay(
-        { sql, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: svc.db.notifications },
+        { sql, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: true },
         { intervalMs: 20, batch: 3 },
       );
       await other.start();
@@ -107,45 +108,43 @@ for (const backend of backends()) {
       );
     });
 
-    t.test(
-      'a database slower than the sweep interval gets one sweep at a time',
-      { skip: backend !== 'postgres+redis' && 'needs Postgres locks and sessions' },
-      async (t) => {
-        // The relay on a pool of its own, sweeping every 20 ms, while another session holds
-        // the outbox table: every sweep waits on the lock for 800 ms.
-        const pool = await openDatabase({ url: svc.config.DATABASE_URL as string, dataDir: svc.dataDir, max: 10 });
-        t.teardown(() => pool.close());
-        const relay = new OutboxRelay(
-          { sql: pool.sql, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: false },
-          { intervalMs: 20, batch: 100 },
-        );
-        const waiting = async () =>
-          Number(
-            (
-              await sql<{ n: string }[]>`
+    t.test('a database slower than the sweep interval gets one sweep at a time', async (t) => {
+      // The relay on a pool of its own, sweeping every 20 ms, while another session holds
+      // the outbox table: every sweep waits on the lock for 800 ms.
+      const pool = svc.db.embedded
+        ? postgres({ ...connectionOptions(svc.db.embedded.socketDir), max: 10, onnotice: () => {} })
+        : (await openDatabase({ url: svc.config.DATABASE_URL as string, dataDir: svc.dataDir, max: 10 })).sql;
+      t.teardown(() => pool.end({ timeout: 5 }));
+      const relay = new OutboxRelay(
+        { sql: pool, appendEvents: svc.appendEvents, logger: createLogger('silent'), listen: false },
+        { intervalMs: 20, batch: 100 },
+      );
+      const waiting = async () =>
+        Number(
+          (
+            await sql<{ n: string }[]>`
                 SELECT count(*) AS n FROM pg_stat_activity
                 WHERE datname = current_database() AND wait_event_type = 'Lock'
                   AND query LIKE 'SELECT DISTINCT account_id FROM log_outbox%'`
-            )[0]?.n,
-          );
-        let held = 0;
-        let started: Promise<void> | undefined;
-        await sql.begin(async (tx) => {
-          await tx`LOCK TABLE log_outbox IN ACCESS EXCLUSIVE MODE`;
-          // Not awaited here: start() awaits its first sweep, which waits for this lock.
-          started = relay.start();
-          await sleep(400);
-          held = await waiting();
-          await sleep(400);
-        });
-        await started;
-        // This service's own relay sweeps too (one at a time as well): two at most.
-        t.ok(held >= 1 && held <= 2, `sweeps waiting on the lock: ${held} (one per relay)`);
-        await relay.stop();
-        for (let i = 0; i < 50 && (await waiting()) > 0; i++) await sleep(20);
-        t.equal(await waiting(), 0, 'none left behind once the lock is gone');
-      },
-    );
+          )[0]?.n,
+        );
+      let held = 0;
+      let started: Promise<void> | undefined;
+      await sql.begin(async (tx) => {
+        await tx`LOCK TABLE log_outbox IN ACCESS EXCLUSIVE MODE`;
+        // Not awaited here: start() awaits its first sweep, which waits for this lock.
+        started = relay.start();
+        await sleep(400);
+        held = await waiting();
+        await sleep(400);
+      });
+      await started;
+      // This service's own relay sweeps too (one at a time as well): two at most.
+      t.ok(held >= 1 && held <= 2, `sweeps waiting on the lock: ${held} (one per relay)`);
+      await relay.stop();
+      for (let i = 0; i < 50 && (await waiting()) > 0; i++) await sleep(20);
+      t.equal(await waiting(), 0, 'none left behind once the lock is gone');
+    });
   });
 }
 
@@ -162,7 +161,7 @@ t.test('an embedded start is quiet: no failed LISTEN, and the outbox is still re
     env: { LOG_COPY_INTERVAL_MS: '50' },
     log: pino({ level: 'trace' }, sink),
   });
-  t.equal(svc.db.kind, 'pglite');
+  t.equal(svc.db.kind, 'embedded');
   t.same(
     lines.filter((l) => l.err || /notification|\bLISTEN\b|EPIPE/.test(l.msg)),
     [],

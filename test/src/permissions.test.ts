@@ -295,7 +295,7 @@ t.test('permission requests answered over the API, with a real svc-runner and AC
   });
 });
 
-// On the embedded PGlite as well: the request's SQL runs on both databases.
+// On the embedded PostgreSQL (18) as well as the run's server (Debian's 15): the request's SQL runs on both.
 t.test('an unanswered request is denied after PERMISSION_TIMEOUT_S and the turn goes on (embedded)', async (t) => {
   const svc = await service(t, { PERMISSION_TIMEOUT_S: '1' }, 'embedded');
   const a = await account(t, svc);

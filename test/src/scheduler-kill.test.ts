@@ -7,7 +7,7 @@
 // statement waiting on that lock, kills the child there, and releases the lock.
 //
 // Postgres backend only: a worker in another process needs a database two processes share;
-// the embedded PGlite lives inside one process and dies with it.
+// the embedded PostgreSQL serves the one process that holds DATA_DIR and stops with it.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';

@@ -6,8 +6,8 @@
  *
  * Redis and Postgres only. The in-memory backend is left out on purpose: its log dies with the
  * process, so there only events acknowledged *durable* (copied to Postgres) could survive, and
- * the embedded database (PGlite) lives in the killed process too; there is nothing for a second
- * node to share.
+ * the embedded database serves the one process that holds DATA_DIR and stops with it; there is
+ * nothing for a second node to share.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { dirname, join } from 'node:path';

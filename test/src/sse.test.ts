@@ -229,7 +229,7 @@ for (const { backend, edge } of transportSetups()) {
         await sleep(3000);
         slow.sock.resume();
         const count = () => (slow.text().match(/"data":"\d+:y/g) ?? []).length;
-        // Patient (12 MB through PGlite on a loaded machine can take many seconds); ends once all arrived.
+        // Patient (12 MB on a loaded machine can take many seconds); ends once all arrived.
         for (let i = 0; i < 1200 && count() < total; i++) await sleep(50);
         t.equal(count(), total, 'every event of the history arrives, in one connection');
         const ids = frames(slow.text())

@@ -267,7 +267,7 @@ for (const backend of backends()) {
   t.test(`a report stored before a restart is forwarded by the restarted service, on ${backend}`, async (t) => {
     const github = await startFakeGithub({ token: TOKEN, repositories: [REPO] });
     t.teardown(() => github.close());
-    // Embedded: PGlite on disk under DATA_DIR (an empty DATABASE_URL), so a restart finds it.
+    // Embedded: its PostgreSQL cluster on disk under DATA_DIR (an empty DATABASE_URL), so a restart finds it.
     const a = await startTestService(t, {
       backend,
       env: { SUPPORT_FORWARD_INTERVAL_MS: '0', ...(backend === 'embedded' ? { DATABASE_URL: '' } : {}) },

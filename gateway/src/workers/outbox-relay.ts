@@ -10,8 +10,8 @@ import { workThroughDirty } from './dirty-tenants.ts';
  * the outbox until the Postgres copy holds them durably: if Redis loses what was appended,
  * they are still here to be relayed again.
  *
- * Woken by the Postgres notification the outbox sends on commit (when `listen` says the
- * database delivers them; embedded PGlite does not), by `flush`/`kick` from this process, and by
+ * Woken by the Postgres notification the outbox sends on commit (when `listen` is set), by
+ * `flush`/`kick` from this process, and by
  * a sweep every `intervalMs` that also finds rows a crashed node left.
  */
 export class OutboxRelay {

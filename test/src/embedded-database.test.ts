@@ -1,0 +1,115 @@
+/**
+ * The embedded database: a PostgreSQL server that `npm start` runs as its child when no
+ * DATABASE_URL is set. It stops cleanly with the service, it never outlives it (even when only
+ * the service's node process is killed), a kill -9 of the whole process group loses no write
+ * the API acknowledged, and the service's pool runs queries side by side on it.
+ */
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t, { type Test } from 'tap';
+import { startTestService } from './harness.ts';
+import { argv, descendants, gone, npmStart, signUpAt } from './npm-start.ts';
+import { until } from './until.ts';
+
+/** The embedded server's processes under the service's node process (the postmaster and its workers). */
+function postgresProcesses(node: number): number[] {
+  return descendants(node).filter((p) => /\/postgres$/.test(argv(p)[0] ?? '') || /^postgres:/.test(argv(p)[0] ?? ''));
+}
+
+async function keptDir(t: Test): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'svc-test-embedded-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+async function call(url: string, key: string, method: string, path: string, body?: unknown) {
+  const res = await fetch(`${url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    ...(body ? { body: JSON.stringify(body) } : {}),
+  });
+  return { status: res.status, body: (await res.json()) as Record<string, unknown> };
+}
+
+t.test('npm start runs PostgreSQL under DATA_DIR and SIGTERM stops it cleanly', async (t) => {
+  const svc = await npmStart(t);
+  const pg = postgresProcesses(svc.node);
+  t.ok(pg.length >= 1, `the server runs below the service (${pg.length} processes)`);
+  t.ok(existsSync(join(svc.dataDir, 'postgres', 'PG_VERSION')), 'its cluster is DATA_DIR/postgres');
+  t.match(svc.output(), /storage: embedded PostgreSQL 18\.\d+ in /, 'the banner names it');
+
+  process.kill(svc.node, 'SIGTERM');
+  await until('node to exit', () => gone(svc.node), 30_000);
+  await until('the server to stop', () => pg.every(gone), 30_000).catch(() => undefined);
+  t.same(
+    pg.filter((p) => !gone(p)),
+    [],
+    'no server process is left',
+  );
+  t.notOk(existsSync(join(svc.dataDir, 'postgres', 'postmaster.pid')), 'a clean shutdown: no postmaster.pid');
+});
+
+t.test('kill -9 of the whole process group loses no acknowledged write', async (t) => {
+  const dataDir = await keptDir(t);
+  const first = await npmStart(t, { dataDir, group: true });
+  const pg = postgresProcesses(first.node);
+  const key = await signUpAt(first.url, dataDir);
+  const made: string[] = [];
+  for (let i = 0; i < 20; i++) {
+    const res = await call(first.url, key, 'POST', '/api/environments', { name: `env-${i}` });
+    t.equal(res.status, 201, `environment ${i} acknowledged`);
+    made.push(res.body.id as string);
+  }
+  process.kill(-(first.npm.pid as number), 'SIGKILL');
+  await until('every process of the group to go', () => [first.node, ...pg].every(gone), 30_000);
+
+  const second = await npmStart(t, { dataDir });
+  const listed = await call(second.url, key, 'GET', '/api/environments?per_page=100');
+  t.equal(listed.status, 200, 'the key made before the kill still works');
+  const ids = (listed.body.data as { id: string }[]).map((e) => e.id);
+  t.same(
+    made.filter((id) => !ids.includes(id)),
+    [],
+    'every acknowledged environment is there after the restart',
+  );
+});
+
+t.test("kill -9 of the service's node process alone: its server stops and the next start takes over", async (t) => {
+  const dataDir = await keptDir(t);
+  const first = await npmStart(t, { dataDir });
+  const pg = postgresProcesses(first.node);
+  const key = await signUpAt(first.url, dataDir);
+  const before = await call(first.url, key, 'GET', '/api/auth/me');
+  process.kill(first.node, 'SIGKILL');
+  await until('the orphaned server to stop', () => pg.every(gone), 30_000).catch(() => undefined);
+  t.same(
+    pg.filter((p) => !gone(p)),
+    [],
+    'the server does not outlive the service',
+  );
+  const second = await npmStart(t, { dataDir });
+  const me = await call(second.url, key, 'GET', '/api/auth/me');
+  t.equal(me.status, 200);
+  t.equal(me.body.email, before.body.email, 'the account is there after the restart');
+  t.equal(me.body.email_verified, true);
+});
+
+t.test('the service pool runs queries side by side on the embedded server', async (t) => {
+  const svc = await startTestService(t, { backend: 'embedded' });
+  t.equal(svc.db.kind, 'embedded');
+  // Eight sleeps at once (a query runs once awaited), and a look at the server's sessions meanwhile.
+  const sleeps = Promise.all(Array.from({ length: 8 }, () => svc.db.sql`SELECT pg_sleep(1.5)`));
+  const active = await until(
+    'several sessions to run the sleep',
+    async () => {
+      const [row] = await svc.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM pg_stat_activity WHERE state = 'active' AND query = 'SELECT pg_sleep(1.5)'`;
+      return (row?.n ?? 0) >= 2 ? row?.n : undefined;
+    },
+    10_000,
+  ).catch(() => 0);
+  await sleeps;
+  t.ok((active ?? 0) >= 2, `${active} sessions ran the sleep at once (the pool is not one queued connection)`);
+});
