@@ -11,6 +11,9 @@ if (!existsSync(join(root, 'node_modules', 'tsx')) || !existsSync(join(root, 'no
   execSync('npm ci --no-audit --no-fund', { cwd: root, stdio: 'inherit' });
 }
 process.chdir(root);
+// Local sandboxes' runner-agents start from the compiled bundle when it can be built here.
+const { ensureBundle } = await import('../runner-agent/bundle.mjs');
+ensureBundle();
 const { register } = await import('tsx/esm/api');
 register();
 const { runFromEnv } = await import('./src/start.ts');

@@ -6,19 +6,22 @@
 // JavaScript decoder, so an installed runner holds no native module and runs no install script.
 // The license texts of what was inlined go beside it, in dist/THIRD_PARTY_LICENSES.txt.
 // Run by `npm run build` (here and at the root) and before `npm pack`.
-import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
 
 const here = (path) => fileURLToPath(new URL(path, import.meta.url));
 const packageRoot = here('.');
 
-rmSync(here('./dist'), { recursive: true, force: true });
+// Each file is written beside its place and renamed into it, so a runner starting meanwhile
+// (tests build while others run) finds the old file or the new one, never half of one.
+mkdirSync(here('./dist'), { recursive: true });
+const staged = here(`./dist/svc-runner.js.${process.pid}.tmp`);
 const { metafile } = await build({
   absWorkingDir: packageRoot,
   entryPoints: [here('./src/cli.ts')],
-  outfile: here('./dist/svc-runner.js'),
+  outfile: staged,
   bundle: true,
   platform: 'node',
   target: 'node20',
@@ -41,7 +44,10 @@ const notices = packages.map((dir) => {
   const text = file ? readFileSync(join(dir, file), 'utf8').trim() : `License: ${license}`;
   return `${name}@${version} (${license})\n\n${text}\n`;
 });
+renameSync(staged, here('./dist/svc-runner.js'));
+const licenses = here(`./dist/THIRD_PARTY_LICENSES.txt.${process.pid}.tmp`);
 writeFileSync(
-  join(dirname(here('./dist/svc-runner.js')), 'THIRD_PARTY_LICENSES.txt'),
+  licenses,
   `svc-runner inlines these packages into dist/svc-runner.js.\n\n${notices.join(`\n${'-'.repeat(72)}\n\n`)}`,
 );
+renameSync(licenses, here('./dist/THIRD_PARTY_LICENSES.txt'));

@@ -6,7 +6,17 @@
 // TEST_COMMENTS=1 also prints the tests' own comments (t.comment).
 // Plain JavaScript: it must run before dependencies exist.
 import { execFileSync, execSync, spawn } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -169,13 +179,45 @@ function stopAll() {
   for (const d of scratch) rmSync(d, { recursive: true, force: true });
 }
 
-async function runTap(env) {
-  const { Parser } = await import('tap-parser');
-  let passed = 0;
-  let failed = 0;
-  const failures = [];
+// ---------------------------------------------------------------------------------------------
+// The scheduler: every test file in a node process of its own (as tap's runner spawns them),
+// TEST_JOBS at a time (default 3), longest first by the times recorded in test/durations.json
+// (files not listed there first of all: a new file may be long), so the longest files do not
+// start last and leave the run waiting on them. Each file's time is written to
+// .tap/durations.json after a run; copy it over test/durations.json to keep the order current.
+
+const durationsFile = join(root, 'test', 'durations.json');
+const recordedFile = join(root, '.tap', 'durations.json');
+/** The per-file limit, in seconds: a file that runs longer is killed and fails. */
+const FILE_TIMEOUT_S = Number(process.env.TEST_FILE_TIMEOUT_S || 180);
+
+function testFiles(args) {
+  if (args.length) return args;
+  const found = [];
+  const walk = (dir) => {
+    for (const entry of readdirSync(dir, { withFileTypes: true })) {
+      const path = join(dir, entry.name);
+      if (entry.isDirectory()) walk(path);
+      else if (entry.name.endsWith('.test.ts')) found.push(path.slice(root.length + 1));
+    }
+  };
+  walk(join(root, 'test', 'src'));
+  return found.sort();
+}
+
+function readDurations(file) {
+  try {
+    return JSON.parse(readFileSync(file, 'utf8'));
+  } catch {
+    return {};
+  }
+}
+
+async function runFile(file, env, Parser, counts, failures) {
+  const began = Date.now();
   // Count leaf test points: an assert that is not the summary of a subtest.
   const parser = new Parser({ bail: false }, () => {});
+  let seen = 0;
   const watch = (p, path) => {
     const parents = new Set();
     p.on('child', (child) => {
@@ -189,33 +231,74 @@ async function runTap(env) {
       });
     }
     p.on('assert', (res) => {
-      if (res.skip || res.todo || parents.has(res.name)) return;
-      if (res.ok) passed++;
+      if (parents.has(res.name)) return;
+      seen++;
+      if (res.todo) counts.todo++;
+      else if (res.skip) counts.skipped++;
+      else if (res.ok) counts.passed++;
       else {
-        failed++;
-        failures.push({ ...res, fullname: [...path, res.name].join(' > ') });
+        counts.failed++;
+        failures.push({ ...res, fullname: [file, ...path, res.name].join(' > ') });
       }
     });
   };
   watch(parser, []);
-  const tapArgs = process.argv.slice(2);
-  const child = spawn(
-    process.execPath,
-    [join(root, 'node_modules', 'tap', 'dist', 'esm', 'run.mjs'), '--reporter=tap', ...tapArgs],
-    {
-      cwd: root,
-      env,
-      stdio: ['ignore', 'pipe', 'inherit'],
-    },
-  );
-  child.stdout.on('data', (chunk) => {
-    parser.write(chunk);
-    for (const line of chunk.toString().split('\n')) {
-      if (/^(not )?ok \d+ - /.test(line)) process.stdout.write(`${line}\n`);
-    }
+  // The file times itself out (TAP_TIMEOUT, or its own t.setTimeout, which tap reports over IPC
+  // as it does to its own runner) and says so; this kill, 30 s later, is for a file that hangs.
+  const GRACE_MS = 30_000;
+  let limitMs = FILE_TIMEOUT_S * 1000 + GRACE_MS;
+  const child = spawn(process.execPath, ['--import=tsx', '--conditions=svc-workspace', file], {
+    cwd: root,
+    env: { ...env, TAP: '1', TAP_TIMEOUT: String(FILE_TIMEOUT_S), TAP_CHILD_ID: String(counts.files + 1) },
+    stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
   });
-  const code = await new Promise((resolve) => child.on('close', resolve));
+  child.on('message', (m) => {
+    if (m && typeof m.setTimeout === 'number') limitMs = m.setTimeout + GRACE_MS;
+  });
+  counts.files++;
+  child.stdout.on('data', (chunk) => parser.write(chunk));
+  let timedOut = false;
+  const check = setInterval(() => {
+    if (Date.now() - began > limitMs && !timedOut) {
+      timedOut = true;
+      child.kill('SIGKILL');
+    }
+  }, 1000);
+  const code = await new Promise((resolve) => child.on('close', (c, signal) => resolve(c ?? signal)));
+  clearInterval(check);
   parser.end();
+  const ms = Date.now() - began;
+  const ok = code === 0 && parser.ok !== false && !timedOut;
+  if (!ok) {
+    counts.failedFiles++;
+    const why = timedOut ? `timed out after ${Math.round(limitMs / 1000)} s` : `exit ${code}`;
+    failures.push({ fullname: `${file} (${why}, ${seen} test points seen)`, diag: {} });
+  }
+  counts.ended++;
+  process.stdout.write(`${ok ? 'ok' : 'not ok'} ${counts.ended} - ${file} # time=${ms}ms\n`);
+  return ms;
+}
+
+async function runTests(env) {
+  const { Parser } = await import('tap-parser');
+  const args = process.argv.slice(2);
+  const files = testFiles(args);
+  const known = { ...readDurations(durationsFile), ...readDurations(recordedFile) };
+  const order = [...files].sort(
+    (a, b) => (known[b] ?? Number.POSITIVE_INFINITY) - (known[a] ?? Number.POSITIVE_INFINITY),
+  );
+  const jobs = Math.max(1, Number(process.env.TEST_JOBS || 3));
+  const counts = { passed: 0, failed: 0, skipped: 0, todo: 0, files: 0, ended: 0, failedFiles: 0 };
+  const failures = [];
+  const times = {};
+  const queue = [...order];
+  await Promise.all(
+    Array.from({ length: Math.min(jobs, queue.length) }, async () => {
+      for (let file = queue.shift(); file; file = queue.shift()) {
+        times[file] = await runFile(file, env, Parser, counts, failures);
+      }
+    }),
+  );
   for (const f of failures) {
     const { source: _source, ...diag } = f.diag ?? {};
     const text = Object.keys(diag).length ? JSON.stringify(diag, null, 2) : '';
@@ -223,13 +306,34 @@ async function runTap(env) {
       `\nFAILED: ${f.fullname ?? f.name}\n${text.length > 3000 ? `${text.slice(0, 3000)}...` : text}\n`,
     );
   }
-  return { passed, failed, code };
+  if (!args.length) {
+    mkdirSync(dirname(recordedFile), { recursive: true });
+    const sorted = Object.fromEntries(Object.entries(times).sort(([, a], [, b]) => b - a));
+    writeFileSync(recordedFile, `${JSON.stringify(sorted, null, 2)}\n`);
+  }
+  log(`${counts.files} files, ${counts.skipped} skipped, ${counts.todo} todo`);
+  return { passed: counts.passed, failed: counts.failed + counts.failedFiles, code: counts.failedFiles ? 1 : 0 };
 }
 
 const started = Date.now();
 let result = { passed: 0, failed: 1, code: 1 };
 try {
   ensureDependencies();
+  // Runner-agents start from their compiled bundle (a third of a second, against two through tsx).
+  const { ensureBundle } = await import('../runner-agent/bundle.mjs');
+  if (!ensureBundle()) log('the runner-agent bundle could not be built: runners run their source through tsx');
+  // So does the scripted ACP agent that stands in for the runtimes (test/src/runner-process.ts).
+  const { build } = await import('esbuild');
+  await build({
+    entryPoints: [join(root, 'test', 'src', 'fixtures', 'scripted-acp-agent.ts')],
+    outfile: join(root, '.tap', 'fixtures', 'scripted-acp-agent.mjs'),
+    bundle: true,
+    packages: 'external',
+    platform: 'node',
+    target: 'node20',
+    format: 'esm',
+    logLevel: 'warning',
+  });
   // The runner's build clones repositories with git (tests clone local bare repositories).
   if (!haveCommand('git')) aptInstall(['git']);
   // Uploads are tested with curl itself (it sends Expect: 100-continue for large bodies).
@@ -239,7 +343,7 @@ try {
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());
   delete env.REDIS_URL;
   delete env.DATABASE_URL;
-  result = await runTap(env);
+  result = await runTests(env);
 } catch (err) {
   process.stdout.write(`\n[test] ${err.stack ?? err}\n`);
 } finally {

@@ -1,14 +1,11 @@
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { type Block, blocksOf } from '@svc/core';
 import { AcpRuntime, type PermissionAnswer } from 'svc-runner';
 import t, { type Test } from 'tap';
+import { SCRIPTED_AGENT_ARGV } from './runner-process.ts';
 
-const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
-// By URL: the agent gets no NODE_OPTIONS and runs in a scratch directory where `tsx` would not resolve.
-const TSX = import.meta.resolve('tsx');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 type Update = { sessionId: string; update: { sessionUpdate: string; content?: { type: string; text?: string } } };
@@ -23,8 +20,8 @@ async function startAgent(t: Test, env: Record<string, string> = {}) {
     answer: async (_request: unknown): Promise<PermissionAnswer> => ({ outcome: 'selected', optionId: 'allow' }),
   };
   const runtime = await AcpRuntime.start({
-    command: process.execPath,
-    args: ['--import', TSX, AGENT],
+    command: SCRIPTED_AGENT_ARGV[0] as string,
+    args: SCRIPTED_AGENT_ARGV.slice(1),
     cwd,
     env,
     onUpdate: (u) => seen.updates.push(u as Update),

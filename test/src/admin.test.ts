@@ -1,4 +1,3 @@
-import { fileURLToPath } from 'node:url';
 import { admin as adminRows } from '@svc/db';
 import t, { type Test } from 'tap';
 import WebSocket from 'ws';
@@ -12,11 +11,10 @@ import {
   type TestService,
   uniqueEmail,
 } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { rawGet } from './sse-client.ts';
 import { eventually } from './until.ts';
 
-const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
-const TSX = import.meta.resolve('tsx');
 const until = (check: () => boolean | Promise<boolean>, ms = 20_000) => eventually(check, ms, 50);
 /** Prompt text no admin answer may ever carry. */
 const SECRET_PROMPT = 'the-tenant-private-prompt-7f3a91';
@@ -96,7 +94,7 @@ async function adminRoutes(t: Test, backend: Backend) {
       ADMIN_EMAILS: `${adminEmail},${secondAdminEmail}`,
       RUNNER_HEARTBEAT_MS: '500',
       RUNNER_GRACE_MS: '3000',
-      RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     },
   });
   const { http } = svc;

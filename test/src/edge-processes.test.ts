@@ -116,7 +116,7 @@ t.test('loadConfig refuses EDGE_PROCESSES > 1 where processes could not share st
   t.match(refusal({ ...base, EDGE_PROCESSES: '2', REDIS_URL: '' }), /REDIS_URL: required .*EDGE_PROCESSES > 1/);
   t.match(
     refusal({ ...base, EDGE_PROCESSES: '2', DATABASE_URL: '' }),
-    /DATABASE_URL: must name a Postgres server \(embedded PGlite cannot be shared.*EDGE_PROCESSES > 1/,
+    /DATABASE_URL: must name a Postgres server \(the embedded database serves the one process that holds DATA_DIR\).*EDGE_PROCESSES > 1/,
   );
   t.match(refusal({ ...base, EDGE_PROCESSES: '2', DATABASE_URL: 'memory' }), /DATABASE_URL: must name a Postgres/);
   t.match(refusal({ ...base, EDGE_PROCESSES: '2', EDGE: 'false' }), /EDGE: must be true .*Node 20/);

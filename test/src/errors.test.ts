@@ -13,14 +13,22 @@ const fixture = readFileSync(new URL('../fixtures/error-codes.txt', import.meta.
 
 t.test('every error code of the contract is in the catalogue', async (t) => {
   for (const code of fixture) t.ok(code in errorCatalogue, `${code} is catalogued`);
-  const spec = new URL('../../../shared/SPEC.md', import.meta.url);
-  if (existsSync(spec)) {
+});
+
+// The fixture is the project's own copy of SPEC's error codes; where the team's SPEC.md sits
+// beside the clone, it is checked against it, and elsewhere (a user's clone) this says it skipped.
+const spec = new URL('../../../shared/SPEC.md', import.meta.url);
+t.test(
+  "every error code SPEC.md's Errors section names is in the fixture",
+  { skip: !existsSync(spec) && 'no SPEC.md beside this clone: the fixture is not cross-checked' },
+  async (t) => {
     const section = /## Errors\n([\s\S]*?)\n## /.exec(readFileSync(spec, 'utf8'))?.[1] ?? '';
     const fields = new Set(['channel', 'code', 'provider_status', 'upgrade_url', 'subscription_required']);
     const named = [...section.matchAll(/`([a-z_]+)`/g)].map((m) => m[1] as string).filter((c) => !fields.has(c));
+    t.ok(named.length > 0, 'the section names codes');
     for (const code of new Set(named)) t.ok(fixture.includes(code), `${code} from SPEC.md is in the fixture`);
-  }
-});
+  },
+);
 
 t.test('an ApiError carries its catalogue status and Retry-After for 429 and 503', async (t) => {
   for (const [code, [status]] of Object.entries(errorCatalogue)) {

@@ -5,13 +5,12 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
-const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
 // The runtime starts in the sandbox's directory: tsx is named by its absolute location.
-const TSX = import.meta.resolve('tsx');
 
 for (const backend of backends()) {
   t.test(`a conversation launched over HTTP runs on a real svc-runner, watched over SSE (${backend})`, async (t) => {
@@ -22,7 +21,7 @@ for (const backend of backends()) {
         // Short, so a killed runner's turn fails within the test. A local runner-agent slow to
         // connect is not hurried by it: its start has its own timeout (turns-adrift.test.ts).
         RUNNER_GRACE_MS: '1500',
-        RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
+        RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
         SSE_IDLE_CLOSE_MS: '20000',
       },
     });

@@ -6,12 +6,11 @@ import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
-const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
-const TSX = import.meta.resolve('tsx');
 
 const OPTIONS = [
   { optionId: 'allow', name: 'Allow once', kind: 'allow_once' },
@@ -24,7 +23,7 @@ async function service(t: Test, env: Record<string, string> = {}, backend?: Back
     env: {
       RUNNER_HEARTBEAT_MS: '500',
       RUNNER_GRACE_MS: '1500',
-      RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
+      RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
       SSE_IDLE_CLOSE_MS: '20000',
       ...env,
     },

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -8,9 +8,21 @@ import type { TestService } from './harness.ts';
 
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
 const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
+/** Its compiled form, which `npm test` builds before the run (test/run.mjs). */
+const AGENT_BUILT = fileURLToPath(new URL('../../.tap/fixtures/scripted-acp-agent.mjs', import.meta.url));
 
-/** The command line of the scripted ACP agent (tsx named by its absolute location: runtimes start in their sandbox). */
-export const SCRIPTED_AGENT_COMMAND = `${process.execPath} --import ${import.meta.resolve('tsx')} ${AGENT}`;
+/**
+ * The argv of the scripted ACP agent: its build when that is newer than the source (a third of
+ * the start-up), else the source through tsx (named by its absolute location: runtimes start in
+ * their sandbox).
+ */
+export const SCRIPTED_AGENT_ARGV: string[] =
+  (statSync(AGENT_BUILT, { throwIfNoEntry: false })?.mtimeMs ?? 0) >= statSync(AGENT).mtimeMs
+    ? [process.execPath, AGENT_BUILT]
+    : [process.execPath, '--import', import.meta.resolve('tsx'), AGENT];
+
+/** The same as one command line (RUNTIME_<NAME>_COMMAND). */
+export const SCRIPTED_AGENT_COMMAND = SCRIPTED_AGENT_ARGV.join(' ');
 
 /** Whether a process with this pid is running. */
 export function alive(pid: number | undefined): boolean {

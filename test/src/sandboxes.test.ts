@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { conversations, type Sql } from '@svc/db';
 import t, { type Test } from 'tap';
 import { type Backend, backends, signUp, startTestService, type TestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { eventually } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -20,13 +21,11 @@ function latch(): [Promise<void>, () => void] {
   return [p, open];
 }
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
-const AGENT = fileURLToPath(new URL('./fixtures/scripted-acp-agent.ts', import.meta.url));
-const TSX = import.meta.resolve('tsx');
 
 const ENV = {
   RUNNER_HEARTBEAT_MS: '500',
   RUNNER_GRACE_MS: '5000',
-  RUNTIME_CLAUDE_COMMAND: `${process.execPath} --import ${TSX} ${AGENT}`,
+  RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
 };
 
 interface Tenant {

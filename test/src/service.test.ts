@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { migrate, openDatabase } from '@svc/db';
 import { loadConfig } from '@svc/gateway';
@@ -173,29 +173,36 @@ t.test('graceful shutdown lets a request under way finish, then refuses new ones
   await t.rejects(fetch(`${svc.url}/api/openapi.json`), 'new connections are refused');
 });
 
-t.test('a Redis that may evict keys is refused at start, naming the setting', async (t) => {
-  // Its own redis-server, so changing the policy cannot disturb tests running beside this one.
-  const { execFileSync, spawn: spawnChild } = await import('node:child_process');
+const haveRedisServer = (() => {
   try {
     execFileSync('redis-server', ['--version'], { stdio: 'ignore' });
+    return true;
   } catch {
-    t.pass('skipped: no redis-server on this machine');
-    return;
+    return false;
   }
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  const child = spawnChild(
-    'redis-server',
-    ['--port', String(port), '--save', '', '--maxmemory-policy', 'allkeys-lru'],
-    {
-      stdio: 'ignore',
-    },
-  );
-  t.teardown(() => {
-    child.kill();
-  });
-  await new Promise((r) => setTimeout(r, 300));
-  await t.rejects(
-    startTestService(t, { backend: 'embedded', env: { REDIS_URL: `redis://127.0.0.1:${port}` } }),
-    /maxmemory-policy noeviction/,
-  );
-});
+})();
+
+t.test(
+  'a Redis that may evict keys is refused at start, naming the setting',
+  { skip: !haveRedisServer && 'no redis-server on this machine' },
+  async (t) => {
+    // Its own redis-server, so changing the policy cannot disturb tests running beside this one.
+    const { spawn: spawnChild } = await import('node:child_process');
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    const child = spawnChild(
+      'redis-server',
+      ['--port', String(port), '--save', '', '--maxmemory-policy', 'allkeys-lru'],
+      {
+        stdio: 'ignore',
+      },
+    );
+    t.teardown(() => {
+      child.kill();
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    await t.rejects(
+      startTestService(t, { backend: 'embedded', env: { REDIS_URL: `redis://127.0.0.1:${port}` } }),
+      /maxmemory-policy noeviction/,
+    );
+  },
+);

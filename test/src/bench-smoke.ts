@@ -1,7 +1,9 @@
 /**
  * A smoke run of every bench scenario: seconds, small N, through the real CLI as a user runs
  * it. It asserts only that each produces its report with figures (timings are never asserted
- * in tests: these machines are shared and noisy), not that targets are met.
+ * in tests: these machines are shared and noisy), not that targets are met. The scenarios run
+ * in four files (bench-smoke-<group>.test.ts), so the suite runs them side by side; the
+ * scripts' file checks that the groups hold every scenario.
  */
 import { execFile } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
@@ -10,13 +12,26 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import t, { type Test } from 'tap';
 import type { ResultFile } from '../../bench/src/lib/report.ts';
+import type { Scenario } from '../../bench/src/lib/scenario.ts';
 import { scenarios } from '../../bench/src/scenarios/index.ts';
 
 const run = promisify(execFile);
-// Each scenario has its own timeout below; together they outlast the default file timeout.
-t.setTimeout((scenarios.length + 3) * 240_000);
 
-for (const scenario of scenarios) {
+/** The scenarios of each bench-smoke file, by name. */
+export const GROUPS: Record<string, string[]> = {
+  sse: ['sse-idle', 'sse-fanout', 'sse-tenant', 'sse-ceiling'],
+  log: ['ingest', 'replay', 'slow-watcher', 'scaling'],
+  api: ['crud', 'runners', 'metrics', 'webhook-consume'],
+};
+
+/** Smoke runs of the group's scenarios, each with its own timeout. */
+export function smokeScenarios(group: string): void {
+  const names = GROUPS[group] ?? [];
+  t.setTimeout((names.length + 1) * 240_000);
+  for (const scenario of scenarios.filter((s) => names.includes(s.name))) smokeScenario(scenario);
+}
+
+function smokeScenario(scenario: Scenario): void {
   t.test(`bench ${scenario.name} --smoke produces figures`, { timeout: 240_000 }, async (t) => {
     const out = mkdtempSync(join(tmpdir(), `bench-smoke-${scenario.name}-`));
     const res = await run(
@@ -107,7 +122,17 @@ const scripts: { script: string; prefix: string; check: (t: Test, json: Record<s
   },
 ];
 
-for (const { script, prefix, check } of scripts) {
+/** Smoke runs of the stand-alone scripts, and the check that the groups cover every scenario. */
+export function smokeScripts(): void {
+  t.setTimeout((scripts.length + 1) * 240_000);
+  t.test('every bench scenario is in one bench-smoke group', async (t) => {
+    const grouped = Object.values(GROUPS).flat();
+    t.same([...grouped].sort(), scenarios.map((s) => s.name).sort(), 'each scenario once');
+  });
+  for (const entry of scripts) smokeScript(entry);
+}
+
+function smokeScript({ script, prefix, check }: (typeof scripts)[number]): void {
   t.test(`npm run ${script} -- --smoke produces figures`, { timeout: 240_000 }, async (t) => {
     const out = mkdtempSync(join(tmpdir(), `bench-smoke-${script.replace(':', '-')}-`));
     const res = await run('npm', ['run', '-s', script, '--', '--smoke', '--out', out], {
