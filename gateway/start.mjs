@@ -12,9 +12,15 @@ if (!existsSync(join(root, 'node_modules', 'tsx')) || !existsSync(join(root, 'no
 }
 process.chdir(root);
 // Local sandboxes' runner-agents start from the compiled bundle when it can be built here.
-const { ensureBundle } = await import('../runner-agent/bundle.mjs');
-ensureBundle();
-const { register } = await import('tsx/esm/api');
-register();
-const { runFromEnv } = await import('./src/start.ts');
+const runner = await import('../runner-agent/bundle.mjs');
+runner.ensureBundle();
+// So does the service itself (gateway/bundle.mjs); the source through tsx where it cannot be built.
+const service = await import('./bundle.mjs');
+let entry = './dist/start.mjs';
+if (!(await service.ensureBundle())) {
+  const { register } = await import('tsx/esm/api');
+  register();
+  entry = './src/start.ts';
+}
+const { runFromEnv } = await import(entry);
 await runFromEnv();

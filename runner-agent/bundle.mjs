@@ -18,7 +18,8 @@ const SOURCES = [
   here('../package-lock.json'),
 ];
 
-function newest(path) {
+/** The newest modification time of `path` and everything under it (0 when absent). */
+export function newest(path) {
   const stat = statSync(path, { throwIfNoEntry: false });
   if (!stat) return 0;
   if (!stat.isDirectory()) return stat.mtimeMs;

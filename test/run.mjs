@@ -322,6 +322,10 @@ try {
   // Runner-agents start from their compiled bundle (a third of a second, against two through tsx).
   const { ensureBundle } = await import('../runner-agent/bundle.mjs');
   if (!ensureBundle()) log('the runner-agent bundle could not be built: runners run their source through tsx');
+  // And `npm start`, which tests run as a user does, from the service's (gateway/bundle.mjs).
+  const service = await import('../gateway/bundle.mjs');
+  if (!(await service.ensureBundle()))
+    log('the service bundle could not be built: npm start runs the source through tsx');
   // So does the scripted ACP agent that stands in for the runtimes (test/src/runner-process.ts).
   const { build } = await import('esbuild');
   await build({

@@ -4,6 +4,9 @@ import { connectionOptions, type EmbeddedServer, startEmbedded } from './embedde
 
 export type Sql = postgres.Sql;
 
+/** Seconds after which an idle connection to the embedded server is closed. */
+const EMBEDDED_IDLE_TIMEOUT_S = 30;
+
 export interface Database {
   sql: Sql;
   /** `postgres` for a server named by URL, `embedded` for the one this process runs. */
@@ -41,7 +44,9 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
     return { sql, kind: 'postgres', close: () => sql.end({ timeout: 5 }) };
   }
   const embedded = await startEmbedded(options.url === 'memory' ? {} : { dir: join(options.dataDir, 'postgres') });
-  const sql = postgres({ ...common, ...connectionOptions(embedded.socketDir) });
+  // Each backend of the embedded server holds about 14 MB of its own: connections idle for a
+  // while are closed, so an idle service goes back to its small footprint.
+  const sql = postgres({ ...common, ...connectionOptions(embedded.socketDir), idle_timeout: EMBEDDED_IDLE_TIMEOUT_S });
   return {
     sql,
     kind: 'embedded',

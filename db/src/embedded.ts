@@ -62,6 +62,12 @@ const BASE_SETTINGS: Record<string, string> = {
   logging_collector: 'off',
   dynamic_shared_memory_type: 'posix',
   huge_pages: 'off',
+  // Fewer processes than PostgreSQL 18's defaults: reads in the backends themselves (no I/O
+  // workers), and no replication, logical or physical, so no launcher and no WAL senders.
+  io_method: 'sync',
+  max_logical_replication_workers: '0',
+  max_wal_senders: '0',
+  wal_level: 'minimal',
 };
 
 /** A throwaway cluster's data is gone with it: nothing is worth a flush. */

@@ -2,7 +2,7 @@
  * A smoke run of every bench scenario: seconds, small N, through the real CLI as a user runs
  * it. It asserts only that each produces its report with figures (timings are never asserted
  * in tests: these machines are shared and noisy), not that targets are met. The scenarios run
- * in four files (bench-smoke-<group>.test.ts), so the suite runs them side by side; the
+ * in five files (bench-smoke-<group>.test.ts), so the suite runs them side by side; the
  * scripts' file checks that the groups hold every scenario.
  */
 import { execFile } from 'node:child_process';
@@ -19,9 +19,10 @@ const run = promisify(execFile);
 
 /** The scenarios of each bench-smoke file, by name. */
 export const GROUPS: Record<string, string[]> = {
-  sse: ['sse-idle', 'sse-fanout', 'sse-tenant', 'sse-ceiling'],
+  sse: ['sse-idle', 'sse-fanout'],
+  'sse-tenant': ['sse-tenant', 'sse-ceiling'],
   log: ['ingest', 'replay', 'slow-watcher', 'scaling'],
-  api: ['crud', 'runners', 'metrics', 'webhook-consume'],
+  api: ['crud', 'runners', 'metrics', 'webhook-consume', 'embedded'],
 };
 
 /** Smoke runs of the group's scenarios, each with its own timeout. */

@@ -6,8 +6,8 @@ import { type Outcome, ratioTarget, reported, type Scenario, type Target } from 
 import { mean, round } from '../lib/stats.ts';
 import type { Bar } from '../lib/svg.ts';
 
-/** Where a load ran: our service through its edge, the same app with Fastify listening, a bench twin, or PGlite. */
-type Where = 'edge' | 'direct' | 'auth' | 'open' | 'pglite';
+/** Where a load ran: our service through its edge, the same app with Fastify listening, or a bench twin. */
+type Where = 'edge' | 'direct' | 'auth' | 'open';
 
 interface Case {
   name: string;
@@ -63,8 +63,8 @@ const ROUNDS = 4;
  * `GET /api/health`, `GET /api/agents` and `POST /api/agents` through the uWebSockets.js edge
  * against the same Fastify app listening directly; `GET /api/agents` on bench twins of the
  * agent routes with and without the service's authentication hook (ops/crud.ts); the server's
- * CPU per request beside each req/s; and, reported, the embedded default (PGlite) through the
- * edge. The two sides of each comparison run side by side, idle but for the load, and are
+ * CPU per request beside each req/s (the embedded database against a server: the `embedded`
+ * scenario). The two sides of each comparison run side by side, idle but for the load, and are
  * measured in short turns (ROUNDS each, the first alternating), so what the shared machine does
  * meanwhile falls on both alike.
  */
@@ -160,18 +160,6 @@ export const crud: Scenario = {
     }
     await edge.stop();
     await direct.stop();
-    // The embedded default: PGlite inside the service process, through the edge.
-    const embedded = await startOurs({ EDGE: 'true' });
-    try {
-      const s = await seed(embedded);
-      for (const c of CASES.filter((x) => x.name !== 'GET /api/health')) {
-        const load = loadOf(embedded.url, c, s);
-        await warm(`PGlite edge ${c.name}`, load);
-        add(c.name, 'pglite', await measure(embedded, `PGlite edge ${c.name}`, load, undefined));
-      }
-    } finally {
-      await embedded.stop();
-    }
 
     const decide = !opts.smoke;
     const of = (c: string, w: Where) => results[c]?.[w] ?? [];
@@ -247,24 +235,6 @@ export const crud: Scenario = {
         ),
       ),
     );
-    for (const c of CASES.filter((x) => x.name !== 'GET /api/health')) {
-      targets.push(
-        failed(
-          reported(
-            ratioTarget(
-              `${c.name} requests/s through the edge on embedded PGlite (the default)`,
-              'req/s',
-              rps(c.name, 'pglite'),
-              { name: 'on Postgres', value: rps(c.name, 'edge') },
-              { atLeast: 1 },
-            ),
-          ),
-          c.name,
-          ['pglite'],
-        ),
-      );
-    }
-
     const figures: Record<string, unknown> = { rounds, connections: opts.connections, seconds: opts.duration };
     const bars: Bar[] = [];
     const names: Record<Where, string> = {
@@ -272,9 +242,8 @@ export const crud: Scenario = {
       direct: 'Fastify direct',
       auth: 'twin with auth',
       open: 'twin without auth',
-      pglite: 'edge on PGlite',
     };
-    const who: Record<Where, string> = { edge: 'ours', direct: 'floor', auth: 'ours', open: 'floor', pglite: 'ours' };
+    const who: Record<Where, string> = { edge: 'ours', direct: 'floor', auth: 'ours', open: 'floor' };
     for (const c of CASES) {
       const per: Record<string, unknown> = {};
       for (const w of Object.keys(names) as Where[]) {
@@ -290,7 +259,7 @@ export const crud: Scenario = {
     }
     const line = (c: string, w: Where) =>
       of(c, w).length
-        ? `${names[w]} ${Math.round(rps(c, w))} req/s, ${round(micros(c, w), 1)} µs server CPU${w === 'pglite' ? '' : ` + ${round(mean(of(c, w).map((x) => x.postgresCpuMicros)), 1)} µs Postgres`} per request`
+        ? `${names[w]} ${Math.round(rps(c, w))} req/s, ${round(micros(c, w), 1)} µs server CPU + ${round(mean(of(c, w).map((x) => x.postgresCpuMicros)), 1)} µs Postgres per request`
         : undefined;
     return {
       figures,
@@ -303,12 +272,11 @@ export const crud: Scenario = {
         'Server CPU per request: utime + stime of the service process (edge and api role together) from /proc/<pid>/stat before and after each load, over the responses; the Postgres cluster likewise (every backend).',
         ...CASES.map(
           (c) =>
-            `${c.name}: ${(['edge', 'direct', 'auth', 'open', 'pglite'] as Where[])
+            `${c.name}: ${(['edge', 'direct', 'auth', 'open'] as Where[])
               .map((w) => line(c.name, w))
               .filter(Boolean)
               .join('; ')}.`,
         ),
-        'PGlite (the embedded default) runs the database in the service process as WASM, so its server CPU includes the database: reported, not a target.',
       ],
       clientCpuSeconds: clientCpu,
     };

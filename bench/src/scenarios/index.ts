@@ -1,5 +1,6 @@
 import type { Scenario } from '../lib/scenario.ts';
 import { crud } from './crud.ts';
+import { embedded } from './embedded.ts';
 import { ingest } from './ingest.ts';
 import { metrics } from './metrics.ts';
 import { replay } from './replay.ts';
@@ -25,4 +26,5 @@ export const scenarios: Scenario[] = [
   sseCeiling,
   metrics,
   webhookConsume,
+  embedded,
 ];

@@ -1,0 +1,72 @@
+// The service compiled for `npm start`: gateway/src/start.ts and everything of `@svc/core` and
+// `@svc/db` it imports, in one ES module, dist/start.mjs; npm packages stay imports. Started
+// from it, the service loads in a fraction of the time and memory it takes through tsx (no
+// transform at load, no esbuild service process, no source maps held). Each inlined file's
+// `import.meta.url` is rewritten to that file's own URL, so the paths it computes from it
+// (migrations, the runner's bin) are what they are in the source. Rebuilt when older than
+// anything it is built from; where it cannot be built (esbuild, a development dependency, is
+// absent), `npm start` runs the source through tsx.
+import { mkdirSync, readFileSync, renameSync } from 'node:fs';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { newest } from '../runner-agent/bundle.mjs';
+
+const here = (path) => fileURLToPath(new URL(path, import.meta.url));
+export const BUNDLE = here('./dist/start.mjs');
+const SOURCES = [
+  here('./src'),
+  here('../core/src'),
+  here('../db/src'),
+  here('./bundle.mjs'),
+  here('../package-lock.json'),
+];
+
+/** True when the bundle exists and nothing it is built from changed after it. */
+export function bundleIsFresh() {
+  const built = newest(BUNDLE);
+  return built > 0 && SOURCES.every((s) => newest(s) <= built);
+}
+
+/** Builds the bundle unless it is fresh; false when it cannot be built here. */
+export async function ensureBundle() {
+  if (bundleIsFresh()) return true;
+  let esbuild;
+  try {
+    esbuild = await import('esbuild');
+  } catch {
+    return false;
+  }
+  mkdirSync(here('./dist'), { recursive: true });
+  const staged = `${BUNDLE}.${process.pid}.tmp`;
+  await esbuild.build({
+    entryPoints: [here('./src/start.ts')],
+    outfile: staged,
+    bundle: true,
+    platform: 'node',
+    target: 'node20',
+    format: 'esm',
+    conditions: ['svc-workspace'],
+    logLevel: 'error',
+    plugins: [
+      {
+        name: 'svc-workspace',
+        setup(build) {
+          // npm packages stay imports; the workspace's own (@svc/*, TypeScript) are inlined.
+          build.onResolve({ filter: /^[^./]/ }, (args) =>
+            args.path.startsWith('@svc/') || args.path.startsWith('node:')
+              ? undefined
+              : { path: args.path, external: true },
+          );
+          build.onLoad({ filter: /\.ts$/ }, (args) => ({
+            contents: readFileSync(args.path, 'utf8').replaceAll(
+              'import.meta.url',
+              JSON.stringify(pathToFileURL(args.path).href),
+            ),
+            loader: 'ts',
+          }));
+        },
+      },
+    ],
+  });
+  renameSync(staged, BUNDLE);
+  return true;
+}
