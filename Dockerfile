@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The svc image: every role in one process (`npm start`'s program), run by `node` as an
-# unprivileged user. Sources run through tsx (a runtime dependency), so there is no compile
-# step; the build stage only installs production dependencies.
+# unprivileged user. The service runs from gateway/dist/start.mjs, bundled when the image is
+# made (gateway/bundle.mjs, with tsx's esbuild); the build stage installs production dependencies.
 
 FROM node:20-bookworm-slim AS deps
 WORKDIR /app
@@ -33,6 +33,8 @@ COPY db db
 COPY gateway gateway
 # The `local` sandbox provider starts runner-agent processes from this copy.
 COPY runner-agent runner-agent
+RUN node -e "import('./gateway/bundle.mjs').then(async (m) => { if (!(await m.ensureBundle())) process.exit(1); })" \
+ && node -e "import('./runner-agent/bundle.mjs').then((m) => m.ensureBundle())"
 # The embedded database, generated master key and local sandboxes live under DATA_DIR.
 RUN mkdir -p /data && chown node:node /data
 VOLUME /data

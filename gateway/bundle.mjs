@@ -26,15 +26,21 @@ export function bundleIsFresh() {
   return built > 0 && SOURCES.every((s) => newest(s) <= built);
 }
 
-/** Builds the bundle unless it is fresh; false when it cannot be built here. */
+/**
+ * Builds the bundle unless it is fresh; false when it cannot be built here (no esbuild, or a
+ * checkout this user may not write to, as in the image, which builds it when it is made).
+ */
 export async function ensureBundle() {
   if (bundleIsFresh()) return true;
-  let esbuild;
   try {
-    esbuild = await import('esbuild');
+    await build(await import('esbuild'));
+    return true;
   } catch {
     return false;
   }
+}
+
+async function build(esbuild) {
   mkdirSync(here('./dist'), { recursive: true });
   const staged = `${BUNDLE}.${process.pid}.tmp`;
   await esbuild.build({
@@ -68,5 +74,4 @@ export async function ensureBundle() {
     ],
   });
   renameSync(staged, BUNDLE);
-  return true;
 }
