@@ -1,4 +1,5 @@
-import { join } from 'node:path';
+import { existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import {
   accounts,
@@ -200,6 +201,16 @@ export async function startService(
     }
     const key = await masterKey(config, log);
     const keyring = new Keyring(key);
+    if (
+      !config.DATABASE_URL &&
+      existsSync(join(config.DATA_DIR, 'pglite')) &&
+      !existsSync(join(config.DATA_DIR, 'postgres'))
+    ) {
+      log.warn(
+        { dir: resolve(config.DATA_DIR, 'pglite') },
+        'the embedded database is PostgreSQL now (DATA_DIR/postgres); what an earlier version stored with PGlite in DATA_DIR/pglite is not carried over',
+      );
+    }
     const db = await openDatabase({
       url: config.DATABASE_URL,
       dataDir: config.DATA_DIR,

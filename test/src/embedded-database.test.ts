@@ -5,9 +5,12 @@
  * the API acknowledged, and the service's pool runs queries side by side on it.
  */
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Writable } from 'node:stream';
+import { loadConfig, startService } from '@svc/gateway';
+import pino from 'pino';
 import t, { type Test } from 'tap';
 import { startTestService } from './harness.ts';
 import { argv, descendants, gone, npmStart, signUpAt } from './npm-start.ts';
@@ -112,4 +115,22 @@ t.test('the service pool runs queries side by side on the embedded server', asyn
   ).catch(() => 0);
   await sleeps;
   t.ok((active ?? 0) >= 2, `${active} sessions ran the sleep at once (the pool is not one queued connection)`);
+});
+
+t.test('data an earlier version kept with PGlite is named at start, not silently dropped', async (t) => {
+  const dataDir = await keptDir(t);
+  await mkdir(join(dataDir, 'pglite'));
+  let logged = '';
+  const sink = new Writable({
+    write(chunk, _enc, done) {
+      logged += chunk.toString();
+      done();
+    },
+  });
+  const config = loadConfig({ PORT: '0', DATA_DIR: dataDir, MASTER_KEY: 'd'.repeat(64), RATE_LIMIT_PER_MINUTE: '0' });
+  const svc = await startService(config, pino({ level: 'warn' }, sink));
+  t.teardown(() => svc.close());
+  t.match(logged, /what an earlier version stored with PGlite in DATA_DIR\/pglite is not carried over/);
+  t.ok(existsSync(join(dataDir, 'postgres', 'PG_VERSION')), 'the PostgreSQL cluster is made beside it');
+  t.ok(existsSync(join(dataDir, 'pglite')), 'the old directory is left as it was');
 });
