@@ -4,6 +4,7 @@ export * from './errors.ts';
 export * from './ids.ts';
 export * from './log-event.ts';
 export * from './presence.ts';
+export * from './processes.ts';
 export * from './redact.ts';
 export * from './runner-protocol.ts';
 export * from './schemas/account.ts';

@@ -1,9 +1,10 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { chmod, mkdir, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, readdir, readFile, readlink, realpath, rename, rm, stat } from 'node:fs/promises';
 import { tmpdir, userInfo } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
+import { processRunning } from '@svc/core';
 import postgres from 'postgres';
 import { migrate, migrationsDigest } from './migrate.ts';
 
@@ -151,31 +152,78 @@ async function initCluster(bin: Binaries, dir: string, as: RunAs | undefined, sy
   await rename(staging, dir);
 }
 
-/** True while a process with this pid exists. */
-function alive(pid: number): boolean {
+/**
+ * The processes of a server on `dir`: PostgreSQL's processes run in their data directory, so
+ * those of the postgres binary whose working directory is `dir` (Linux /proc; none elsewhere).
+ */
+async function clusterProcesses(dir: string, binary: string): Promise<number[]> {
+  const [home, exe] = await Promise.all([realpath(dir).catch(() => dir), realpath(binary).catch(() => binary)]);
+  const pids: number[] = [];
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+    const [cwd, image] = await Promise.all([
+      readlink(`/proc/${name}/cwd`).catch(() => ''),
+      readlink(`/proc/${name}/exe`).catch(() => ''),
+    ]);
+    if (cwd === home && image === exe) pids.push(Number(name));
+  }
+  return pids;
+}
+
+async function waitGone(pids: number[], ms: number): Promise<number[]> {
+  const deadline = Date.now() + ms;
+  let left = pids.filter(processRunning);
+  while (left.length && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 50));
+    left = left.filter(processRunning);
+  }
+  return left;
+}
+
+/**
+ * What is left running on `dir` by a service that died while its shell did not (the shell
+ * stops the server when the service goes; this covers what slipped past it): a postmaster,
+ * asked to stop, and backends whose postmaster was killed with them and which are still
+ * exiting (a kill -9 of the whole process group; one in the middle of a disk flush takes its
+ * time), killed. PostgreSQL refuses to start while they hold the old server's shared memory.
+ * The caller holds DATA_DIR's lock, so no live service owns them.
+ */
+async function stopLeftover(dir: string, bin: Binaries): Promise<void> {
+  const pidOf = async (file: string) =>
+    Number.parseInt((await readFile(join(dir, file), 'utf8').catch(() => '')).split('\n')[0] ?? '', 10);
+  const pid = await pidOf('postmaster.pid');
+  const isServer = async (p: number) =>
+    processRunning(p) && (await readFile(`/proc/${p}/cmdline`, 'utf8').catch(() => 'postgres')).includes('postgres');
+  if (pid > 0 && (await isServer(pid))) {
+    process.kill(pid, 'SIGINT');
+    if ((await waitGone([pid], STOP_TIMEOUT_MS)).length) process.kill(pid, 'SIGQUIT');
+  }
+  const stragglers = await clusterProcesses(dir, bin.postgres);
+  for (const p of stragglers) process.kill(p, 'SIGKILL');
+  const left = await waitGone(stragglers, STOP_TIMEOUT_MS);
+  if (left.length) {
+    throw new Error(
+      `processes of an earlier embedded PostgreSQL on ${dir} did not exit within ${STOP_TIMEOUT_MS / 1000} s after SIGKILL (pids ${left.join(', ')})`,
+    );
+  }
+  // PostgreSQL takes a lock file naming a pid that exists for a live server; a zombie (exited,
+  // not yet collected by init) or another program that has the pid since would keep it from
+  // starting. Nothing of the old server runs now, so such files are stale.
+  if (pid > 0 && pidExists(pid) && !(await isServer(pid))) {
+    for (const file of ['postmaster.pid', `${SOCKET_NAME}.lock`]) {
+      if ((await pidOf(file)) === pid) await rm(join(dir, file), { force: true });
+    }
+  }
+}
+
+/** True while the pid exists, zombie or not (what PostgreSQL's own lock-file check asks). */
+function pidExists(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
-}
-
-/**
- * A postmaster left running on `dir` by a service that died while its shell did not (the shell
- * stops the server when the service goes; this covers what slipped past it). The caller holds
- * DATA_DIR's lock, so no live service owns it: stop it, then start ours.
- */
-async function stopLeftover(dir: string): Promise<void> {
-  const text = await readFile(join(dir, 'postmaster.pid'), 'utf8').catch(() => '');
-  const pid = Number.parseInt(text.split('\n')[0] ?? '', 10);
-  if (!Number.isInteger(pid) || pid <= 0 || !alive(pid)) return;
-  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => undefined);
-  if (cmdline !== undefined && !cmdline.includes('postgres')) return; // a reused pid: postgres sees it is not a postmaster
-  process.kill(pid, 'SIGINT');
-  const deadline = Date.now() + STOP_TIMEOUT_MS;
-  while (alive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-  if (alive(pid)) process.kill(pid, 'SIGQUIT');
 }
 
 /**
@@ -324,7 +372,8 @@ async function exists(path: string): Promise<boolean> {
 async function sweepMemoryClusters(): Promise<void> {
   for (const name of await readdir(tmpdir()).catch(() => [] as string[])) {
     const m = /^svc-pg-mem-(\d+)-/.exec(name);
-    if (m && !alive(Number(m[1]))) await rm(join(tmpdir(), name), { recursive: true, force: true }).catch(() => {});
+    if (m && !processRunning(Number(m[1])))
+      await rm(join(tmpdir(), name), { recursive: true, force: true }).catch(() => {});
   }
 }
 
@@ -333,7 +382,7 @@ function stopChild(child: ChildProcess, pid: number): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
   return new Promise((resolvePromise) => {
     const timer = setTimeout(() => {
-      for (const p of [pid, child.pid]) if (p && alive(p)) process.kill(p, 'SIGKILL');
+      for (const p of [pid, child.pid]) if (p && processRunning(p)) process.kill(p, 'SIGKILL');
     }, STOP_TIMEOUT_MS);
     child.once('exit', () => {
       clearTimeout(timer);
@@ -370,7 +419,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     // The server's user must be able to pass through DATA_DIR (list it, it may not).
     if (as) await chmod(parent, ((await stat(parent)).mode & 0o777) | 0o011);
     if (!(await exists(join(dir, 'PG_VERSION')))) await initCluster(bin, dir, as, true);
-    await stopLeftover(dir);
+    await stopLeftover(dir, bin);
   } else {
     await sweepMemoryClusters();
     const template = await memoryTemplate(bin, as);

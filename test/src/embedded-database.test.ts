@@ -5,15 +5,17 @@
  * the API acknowledged, and the service's pool runs queries side by side on it.
  */
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
+import { connectionOptions, startEmbedded } from '@svc/db';
 import { loadConfig, startService } from '@svc/gateway';
 import pino from 'pino';
+import postgres from 'postgres';
 import t, { type Test } from 'tap';
 import { startTestService } from './harness.ts';
-import { argv, descendants, gone, npmStart, signUpAt } from './npm-start.ts';
+import { argv, descendants, gone, npmStart, signUpAt, zombie } from './npm-start.ts';
 import { until } from './until.ts';
 
 /** The embedded server's processes under the service's node process (the postmaster and its workers). */
@@ -98,6 +100,53 @@ t.test("kill -9 of the service's node process alone: its server stops and the ne
   t.equal(me.body.email, before.body.email, 'the account is there after the restart');
   t.equal(me.body.email_verified, true);
 });
+
+t.test('a backend left running by a killed server is stopped before the next start on its data', async (t) => {
+  const dir = join(await keptDir(t), 'postgres');
+  const first = await startEmbedded({ dir });
+  const sql = postgres({ ...connectionOptions(first.socketDir), max: 1, onnotice: () => {} });
+  const [row] = await sql<{ pid: number }[]>`SELECT pg_backend_pid() AS pid`;
+  const backend = row?.pid as number;
+  // A backend that cannot exit yet, as one in the middle of a disk flush when the group is killed.
+  process.kill(backend, 'SIGSTOP');
+  t.teardown(() => {
+    if (!gone(backend)) process.kill(backend, 'SIGKILL');
+  });
+  process.kill(first.pid, 'SIGKILL');
+  await until('the postmaster to go', () => gone(first.pid), 30_000);
+  t.notOk(gone(backend), 'the backend outlives its postmaster (it holds the old shared memory)');
+
+  const second = await startEmbedded({ dir });
+  t.teardown(() => second.stop());
+  t.ok(gone(backend), 'the leftover backend was stopped');
+  const again = postgres({ ...connectionOptions(second.socketDir), max: 1, onnotice: () => {} });
+  t.teardown(() => again.end({ timeout: 1 }));
+  t.same(await again`SELECT 1 AS one`, [{ one: 1 }], 'the new server answers');
+  sql.end({ timeout: 0 }).catch(() => {});
+});
+
+t.test(
+  'a lock file naming a zombie (the killed postmaster, not collected yet) does not keep PostgreSQL from starting',
+  async (t) => {
+    const dir = join(await keptDir(t), 'postgres');
+    const first = await startEmbedded({ dir });
+    process.kill(first.pid, 'SIGKILL');
+    await until('the postmaster to go', () => gone(first.pid), 30_000);
+    // PostgreSQL itself asks only whether the pid exists, which a zombie does.
+    const pid = await zombie(t);
+    const lockFile = join(dir, 'postmaster.pid');
+    const [, ...rest] = (await readFile(lockFile, 'utf8')).split('\n');
+    await writeFile(lockFile, [String(pid), ...rest].join('\n'));
+
+    const second = await startEmbedded({ dir });
+    t.teardown(() => second.stop());
+    t.equal(
+      (await readFile(lockFile, 'utf8')).split('\n')[0],
+      String(second.pid),
+      'the new server holds the lock file',
+    );
+  },
+);
 
 t.test('the service pool runs queries side by side on the embedded server', async (t) => {
   const svc = await startTestService(t, { backend: 'embedded' });

@@ -3,11 +3,12 @@
  * processes from outside: their tree in /proc, whether one is gone, whether the port accepts.
  */
 import { spawn } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { processRunning } from '@svc/core';
 import type { Test } from 'tap';
 import { collectOutput } from './child-output.ts';
 import { PASSWORD, tokenFrom, uniqueEmail, waitForMail } from './harness.ts';
@@ -17,12 +18,23 @@ const root = join(import.meta.dirname, '..', '..');
 
 /** Whether a process is gone (a zombie nobody reaped counts as gone: it runs nothing). */
 export function gone(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return /^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return true;
-  }
+  return !processRunning(pid);
+}
+
+/**
+ * The pid of a zombie: a child that ends a second after its shell became `sleep`, which never
+ * collects it, for the test's length. What a killed process is until init gets to it.
+ */
+export async function zombie(t: Test): Promise<number> {
+  const parent = spawn('/bin/sh', ['-c', 'sleep 1 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  t.teardown(() => parent.kill('SIGKILL'));
+  let out = '';
+  parent.stdout?.on('data', (d: Buffer) => {
+    out += d.toString();
+  });
+  const pid = await until('the shell to name its child', () => Number(/^(\d+)\n/.exec(out)?.[1]) || undefined, 10_000);
+  await until('the child to be a zombie', () => gone(pid) && existsSync(`/proc/${pid}`), 10_000);
+  return pid;
 }
 
 /** Every process below `pid`, read from /proc. */
@@ -97,11 +109,27 @@ export async function npmStart(t: Test, options: NpmStartOptions = {}) {
     detached: options.group ?? false,
   });
   const { both: output } = collectOutput(npm);
-  const url = await until('the banner', () => /listening on (\S+)/.exec(output())?.[1], 60_000);
+  let exited: string | undefined;
+  npm.once('exit', (code, signal) => {
+    exited = signal ?? `code ${code}`;
+  });
+  const url = await until(
+    'the banner',
+    () => {
+      if (exited) throw new Error(`npm start exited (${exited}) before it listened`);
+      return /listening on (\S+)/.exec(output())?.[1];
+    },
+    60_000,
+  ).catch((err: Error) => {
+    throw new Error(`${err.message}; it printed:\n${output().slice(-4000)}`);
+  });
   // `node gateway/start.mjs`, not a shell that runs it.
   const node = descendants(npm.pid as number).find((p) => argv(p)[1] === 'gateway/start.mjs') as number;
-  t.teardown(() => {
+  // The embedded server stops once its service is gone; the data directory is removed after.
+  t.teardown(async () => {
+    const below = descendants(npm.pid as number);
     for (const pid of [node, npm.pid as number]) if (!gone(pid)) process.kill(pid, 'SIGKILL');
+    await until('the processes of npm start to go', () => below.every(gone), 30_000);
   });
   return { npm, node, url, port: Number(new URL(url).port), dataDir, output };
 }

@@ -18,6 +18,7 @@ import { createForwarder } from '../../gateway/src/edge/forward.ts';
 import { freePort } from '../../gateway/src/processes/supervisor.ts';
 import { collectOutput } from './child-output.ts';
 import { createDatabase, startTestService } from './harness.ts';
+import { zombie } from './npm-start.ts';
 
 const root = join(import.meta.dirname, '..', '..');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -100,6 +101,16 @@ t.test('a lock left by a process that is gone is taken over, and the takeover is
     ),
   );
   t.equal(await readFile(join(dataDir, 'svc.lock'), 'utf8'), `${process.pid}\n`, 'the refused start left it alone');
+});
+
+t.test('a lock naming a zombie (a killed instance init has not collected yet) is taken over', async (t) => {
+  const dataDir = await tempDir(t);
+  const pid = await zombie(t);
+  await writeFile(join(dataDir, 'svc.lock'), `${pid}\n`);
+  const config = loadConfig({ PORT: '0', DATA_DIR: dataDir, MASTER_KEY: 'c'.repeat(64), RATE_LIMIT_PER_MINUTE: '0' });
+  const svc = await startService(config, pino({ level: 'silent' }));
+  t.teardown(() => svc.close());
+  t.equal(await readFile(join(dataDir, 'svc.lock'), 'utf8'), `${process.pid}\n`, "the lock is this process's now");
 });
 
 t.test('a second npm start on a port an instance listens on is refused, naming its pid', async (t) => {

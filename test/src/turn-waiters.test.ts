@@ -8,7 +8,7 @@ import { changed } from '../../gateway/src/services/tenant-events.ts';
 import { TurnWaiters } from '../../gateway/src/services/turn-waiters.ts';
 import { turnEndEvent } from '../../gateway/src/services/turns.ts';
 import { backends, signUp, startTestService } from './harness.ts';
-import { until } from './until.ts';
+import { eventually, until } from './until.ts';
 
 /*
  * The process's registry of waits for turns to end (what wait_for_teammate blocks on): waiters
@@ -23,8 +23,7 @@ const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeo
 
 /**
  * Counts the timers created (kept alive or not) while it is enabled, except the test's own
- * polling (until.ts): the embedded database answers the waiters' reads one at a time, so the
- * test polls for longer there.
+ * polling (until.ts), which runs for as long as the 1000 reads take on a busy machine.
  */
 function timerCreations() {
   const counter = { created: 0 };
@@ -80,8 +79,8 @@ for (const backend of backends()) {
       const results = [
         // Ten waiters on each turn: those on the turns that end wait long, the others time out.
         ...ending.flatMap((turn) => Array.from({ length: 10 }, () => waiters.wait(me.accountId, turn.id, 60_000))),
-        // Their deadline is well after the last of them registered, even on the embedded
-        // database, which reads the 1000 records one at a time (seconds on a busy machine).
+        // Their deadline is well after the last of them registered, even when the 1000 reads
+        // take seconds on a busy machine.
         ...lasting.flatMap((turn) => Array.from({ length: 10 }, () => waiters.wait(me.accountId, turn.id, LASTING_MS))),
       ];
       await until(
@@ -110,11 +109,7 @@ for (const backend of backends()) {
         }
         t.same(busy, [], 'no database connection is busy or in a transaction for them');
       }
-      t.equal(
-        (await sql<{ one: number }[]>`SELECT 1 AS one`)[0]?.one,
-        1,
-        'the database answers while they wait (the embedded one has a single connection)',
-      );
+      t.equal((await sql<{ one: number }[]>`SELECT 1 AS one`)[0]?.one, 1, 'the database answers while they wait');
 
       for (const turn of ending) await endTurn(turn);
       await svc.relay.flush(me.accountId);
@@ -130,7 +125,11 @@ for (const backend of backends()) {
         'the 500 others wake at their deadline, their turn still running',
       );
       t.equal(waiters.pending, 0, 'nothing is left registered');
-      t.ok(timers() <= before, 'and the timer is gone with them');
+      // A pool connection may be between states at any one moment (the embedded pool closes
+      // idle ones and opens them again, a connect timer running meanwhile), so the count is
+      // given a few seconds to settle; a timer the waiters left behind would not go.
+      const settledTimers = await eventually(() => timers() <= before, 5_000).then(() => timers());
+      t.ok(settledTimers <= before, `and the timer is gone with them (${before} before, ${settledTimers} after)`);
     });
 
     t.test('a turn that ended before the wait answers at once', async (t) => {

@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { autocannon, type LoadResult } from '../lib/autocannon.ts';
@@ -88,8 +88,10 @@ async function signUp(url: string, dataDir: string): Promise<string> {
   await post('/api/auth/register', { email, password });
   const mailDir = join(dataDir, 'mail');
   let token: string | undefined;
-  for (let i = 0; i < 200 && !token; i++) {
-    for (const f of readdirSync(mailDir, { withFileTypes: true }).filter((e) => e.isFile())) {
+  // The mail is sent after the answer; its folder is made with the first one.
+  for (const deadline = Date.now() + 30_000; !token && Date.now() < deadline; ) {
+    const entries = existsSync(mailDir) ? readdirSync(mailDir, { withFileTypes: true }) : [];
+    for (const f of entries.filter((e) => e.isFile())) {
       const text = readFileSync(join(mailDir, f.name), 'utf8');
       if (text.includes(email)) token = /token=([A-Za-z0-9_-]+)/.exec(text)?.[1];
     }

@@ -1,6 +1,7 @@
 import { mkdir, readdir, readFile, readlink, unlink, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
+import { processRunning } from '@svc/core';
 import type { Logger } from 'pino';
 
 /**
@@ -17,16 +18,6 @@ export const LOCK_FILE = 'svc.lock';
 export interface DataDirLock {
   /** Removes the lock file, if it still names this process. */
   release(): Promise<void>;
-}
-
-/** True while a process with this pid exists (EPERM: it exists, under another user). */
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /**
@@ -48,7 +39,7 @@ export async function lockDataDir(dataDir: string, log: Logger): Promise<DataDir
     }
     const text = await readFile(file, 'utf8').catch(() => '');
     const holder = Number.parseInt(text, 10);
-    if (Number.isInteger(holder) && holder > 0 && alive(holder)) {
+    if (Number.isInteger(holder) && holder > 0 && processRunning(holder)) {
       throw new InUseError(
         `DATA_DIR ${resolve(dataDir)} is in use by another svc instance (pid ${holder}; lock file ${file}).\n` +
           'Stop that instance first, or give this one its own DATA_DIR.',

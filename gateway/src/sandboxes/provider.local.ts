@@ -3,7 +3,7 @@ import { mkdirSync } from 'node:fs';
 import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ApiError, newId } from '@svc/core';
+import { ApiError, newId, processRunning } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
@@ -164,7 +164,7 @@ export class LocalSandboxes implements SandboxProvider {
     const held = new Set(this.held().map((h) => h.runnerId));
     const lost: string[] = [];
     for (const { runnerId, pid } of await this.pidFiles.list()) {
-      if (held.has(runnerId) || this.deps.fabric.isLive(runnerId) || processExists(pid)) continue;
+      if (held.has(runnerId) || this.deps.fabric.isLive(runnerId) || processRunning(pid)) continue;
       await this.pidFiles.remove(runnerId);
       lost.push(runnerId);
     }
@@ -201,16 +201,6 @@ export class LocalSandboxes implements SandboxProvider {
 
   get running(): number {
     return this.children.size;
-  }
-}
-
-/** Whether a process with this pid exists (signal 0 checks without sending anything). */
-function processExists(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 
