@@ -5,7 +5,7 @@
  * the API acknowledged, and the service's pool runs queries side by side on it.
  */
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
@@ -132,8 +132,10 @@ t.test(
     const first = await startEmbedded({ dir });
     process.kill(first.pid, 'SIGKILL');
     await until('the postmaster to go', () => gone(first.pid), 30_000);
-    // PostgreSQL itself asks only whether the pid exists, which a zombie does.
-    const pid = await zombie(t);
+    // PostgreSQL itself asks only whether the pid exists, which a zombie does; one of another
+    // user's it takes for no server of its own, so the zombie is the server's user's, as the
+    // killed postmaster is.
+    const pid = await zombie(t, await stat(dir));
     const lockFile = join(dir, 'postmaster.pid');
     const [, ...rest] = (await readFile(lockFile, 'utf8')).split('\n');
     await writeFile(lockFile, [String(pid), ...rest].join('\n'));

@@ -23,10 +23,14 @@ export function gone(pid: number): boolean {
 
 /**
  * The pid of a zombie: a child that ends a second after its shell became `sleep`, which never
- * collects it, for the test's length. What a killed process is until init gets to it.
+ * collects it, for the test's length. What a killed process is until init gets to it. Run as
+ * root, `as` names the user it runs as.
  */
-export async function zombie(t: Test): Promise<number> {
-  const parent = spawn('/bin/sh', ['-c', 'sleep 1 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'] });
+export async function zombie(t: Test, as?: { uid: number; gid: number }): Promise<number> {
+  const parent = spawn('/bin/sh', ['-c', 'sleep 1 & echo $!; exec sleep 600'], {
+    stdio: ['ignore', 'pipe', 'ignore'],
+    ...(as && process.getuid?.() === 0 ? { uid: as.uid, gid: as.gid } : {}),
+  });
   t.teardown(() => parent.kill('SIGKILL'));
   let out = '';
   parent.stdout?.on('data', (d: Buffer) => {
