@@ -13,7 +13,7 @@
  * the same log and share the one worker, one mode after the other.
  *
  * Two phases per mode: a burst (every event at once: throughput) and a paced stream (delay when
- * the worker keeps up). Postgres when DATABASE_URL is set, else embedded PGlite. Writes
+ * the worker keeps up). Postgres when DATABASE_URL is set, else a throwaway embedded PostgreSQL. Writes
  * bench/reports/webhook-delivery-<time>.{json,md}. The worker polls every `--interval` ms (the
  * service's WEBHOOK_INTERVAL_MS default) and is woken when jobs are written, as in the service.
  *
@@ -269,7 +269,7 @@ for (const r of redisClients) await r.quit();
 await db.close();
 rmSync(dir, { recursive: true, force: true });
 
-const store = process.env.DATABASE_URL ? 'Postgres' : 'embedded PGlite';
+const store = process.env.DATABASE_URL ? 'Postgres' : 'embedded PostgreSQL';
 const logStore = redisUrl ? 'Redis Streams log and consumer groups' : 'in-memory log and consumer groups';
 const fmt = (x: number | undefined) => (x === undefined ? '-' : round(x, 1));
 /** consumer / direct, two decimals. */

@@ -1,6 +1,6 @@
 /**
  * The test harness: starts the real service in-process on a fresh database (a new database on
- * the run's throwaway Postgres, or embedded PGlite), talks to it over real HTTP through the
+ * the run's throwaway Postgres, or a throwaway embedded PostgreSQL), talks to it over real HTTP through the
  * edge, and validates every response against the route's OpenAPI schema, so the description
  * cannot drift from the wire.
  */

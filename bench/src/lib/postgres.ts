@@ -22,9 +22,9 @@ function postgresBin(): string | undefined {
 
 /**
  * A throwaway PostgreSQL cluster on a free loopback port (for scenarios that need several
- * processes on one database, which embedded PGlite cannot give). Durability is off (fsync,
- * synchronous commit): the bench measures the service, not this machine's disk. PostgreSQL
- * refuses to run as root, so as root it runs as the `postgres` user.
+ * processes on one database, or the database outside the service's process tree). Durability
+ * is off (fsync, synchronous commit): the bench measures the service, not this machine's disk.
+ * PostgreSQL refuses to run as root, so as root it runs as the `postgres` user.
  */
 export async function startPostgres(say: (s: string) => void = () => {}): Promise<ThrowawayPostgres> {
   let bin = postgresBin();

@@ -190,8 +190,8 @@ export const ingest: Scenario = {
     // --- ours
     // BENCH_CPU_PROF=<dir>: a CPU profile of the gateway over the measured window.
     const profDir = process.env.BENCH_CPU_PROF;
-    // Storage on a throwaway PostgreSQL, as a deployment on Redis has: the log copier's
-    // inserts then run in Postgres, not in the gateway's event loop (embedded PGlite would).
+    // Storage on a throwaway PostgreSQL, as a deployment on Redis has, outside the service's
+    // process tree (the embedded server is the service's child).
     progress.update('starting PostgreSQL');
     const pg = await startPostgres((s) => progress.say(s));
     defer(() => pg.stop());

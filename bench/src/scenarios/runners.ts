@@ -217,7 +217,7 @@ export const runners: Scenario = {
       ],
       notes: [
         `${n} runners over ${children} load-client process(es) (the ws library, msgpack frames of core's runner protocol): each says hello, is welcomed, sends a heartbeat every ${heartbeatMs} ms (the service's default RUNNER_HEARTBEAT_MS; each heartbeat is a presence UPDATE in Postgres) and acknowledges every command.`,
-        'The service runs on a throwaway PostgreSQL (not embedded PGlite) so the database is not inside the measured RSS. Memory per runner is (gateway RSS after the round-trip phase - RSS before any runner connected, after the runners were made) / N; the figure right after connecting is in the JSON too.',
+        'The service runs on a throwaway PostgreSQL (not the embedded one, a child of the service) so the database is not inside the measured RSS. Memory per runner is (gateway RSS after the round-trip phase - RSS before any runner connected, after the runners were made) / N; the figure right after connecting is in the JSON too.',
         `Command round trip: the fabric sends turn.interrupt (the smallest command: the runner acknowledges it and, for a turn it does not run, does nothing more) to a random held runner, ${rate} a second for ${opts.duration} s, timed inside the service from the send to the ack (fabric.command resolving). The echo peer: the same clients send ${rate} 16-byte messages a second to random sockets and time each echo in the client.`,
         "The issue sets no bar for the round trip; it is reported beside the echo server's as the floor of a WebSocket round trip on this machine.",
       ],

@@ -124,8 +124,8 @@ export const sseIdle: Scenario = {
       }
     };
 
-    // Ours: one edge process; Postgres outside it, as deployed (and so PGlite's heap is not
-    // counted as watchers' memory).
+    // Ours: one edge process; Postgres outside it, as deployed (and so the database's memory
+    // is not counted as watchers' memory).
     progress.update('starting Postgres');
     const pg = await startPostgres((s) => progress.say(s));
     defer(() => pg.stop());

@@ -204,8 +204,8 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
         redisUrl = redis.url;
         side.push({ name: 'Redis', pid: redis.pid });
       } else missing.push('Redis (not started by this run)');
-      // Postgres outside the process, as deployed: embedded PGlite runs its queries (the log
-      // copier's inserts among them) on the event loop that delivers the events.
+      // Postgres outside the service's process tree, as deployed: the embedded server would
+      // share these cores with the service that delivers the events.
       let postgresUrl = plan.postgres;
       if (!postgresUrl) {
         const pg = await startPostgres();
