@@ -35,7 +35,9 @@ export async function ensureBundle() {
   try {
     await build(await import('esbuild'));
     return true;
-  } catch {
+  } catch (err) {
+    const why = String(err?.message ?? err).split('\n')[0];
+    process.stderr.write(`svc: the service bundle could not be built (${why}); its source runs through tsx\n`);
     return false;
   }
 }

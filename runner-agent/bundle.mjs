@@ -43,7 +43,13 @@ export function ensureBundle() {
   try {
     execFileSync(process.execPath, [here('./build.mjs')], { stdio: 'pipe' });
     return true;
-  } catch {
+  } catch (err) {
+    const why = String(err?.stderr || err?.message || err)
+      .trim()
+      .split('\n')[0];
+    process.stderr.write(
+      `svc: the runner-agent bundle could not be built (${why}); runners run its source through tsx\n`,
+    );
     return false;
   }
 }

@@ -2,7 +2,9 @@
 // (installing Debian's redis-server and postgresql when absent and we are root), runs the
 // whole suite against them and against the embedded defaults, stops them, and ends with the
 // plain line `N passed, N failed` (test points). REDIS_URL / DATABASE_URL, when given, are
-// used instead of starting servers. Arguments are passed to tap (e.g. a file to run alone).
+// used instead of starting servers. Arguments are test files to run (e.g. one alone); without
+// any, every test/src/**/*.test.ts. TEST_JOBS files run at once; TEST_FILE_TIMEOUT_S is a
+// file's limit unless it sets its own.
 // TEST_COMMENTS=1 also prints the tests' own comments (t.comment).
 // Plain JavaScript: it must run before dependencies exist.
 import { execFileSync, execSync, spawn } from 'node:child_process';
@@ -189,7 +191,39 @@ function stopAll() {
 const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
-const FILE_TIMEOUT_S = Number(process.env.TEST_FILE_TIMEOUT_S || 180);
+const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
+/** Files run at once. */
+const JOBS = positiveInteger('TEST_JOBS', 3);
+
+/** A setting from the environment that must be a whole number above 0; a typo stops the run. */
+function positiveInteger(name, fallback) {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1) {
+    process.stderr.write(`[test] ${name} must be a whole number above 0, not ${JSON.stringify(raw)}\n`);
+    process.exit(2);
+  }
+  return n;
+}
+
+/** Every process below `pid` (by parent pid in /proc), deepest last; none where there is no /proc. */
+function descendantsOf(pid) {
+  const parents = new Map();
+  for (const name of existsSync('/proc') ? readdirSync('/proc') : []) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      parents.set(Number(name), ppid);
+    } catch {} // exited meanwhile
+  }
+  const found = [];
+  for (let i = -1, at = pid; i < found.length; at = found[++i]) {
+    for (const [p, pp] of parents) if (pp === at) found.push(p);
+  }
+  return found;
+}
 
 function testFiles(args) {
   if (args.length) return args;
@@ -261,7 +295,13 @@ async function runFile(file, env, Parser, counts, failures) {
   const check = setInterval(() => {
     if (Date.now() - began > limitMs && !timedOut) {
       timedOut = true;
-      child.kill('SIGKILL');
+      // What the file started (services, npm start trees, runner-agents) goes with it, so a
+      // hung file does not leave load on the rest of the run.
+      for (const p of [child.pid, ...descendantsOf(child.pid)]) {
+        try {
+          process.kill(p, 'SIGKILL');
+        } catch {} // gone already
+      }
     }
   }, 1000);
   const code = await new Promise((resolve) => child.on('close', (c, signal) => resolve(c ?? signal)));
@@ -287,7 +327,7 @@ async function runTests(env) {
   const order = [...files].sort(
     (a, b) => (known[b] ?? Number.POSITIVE_INFINITY) - (known[a] ?? Number.POSITIVE_INFINITY),
   );
-  const jobs = Math.max(1, Number(process.env.TEST_JOBS || 3));
+  const jobs = JOBS;
   const counts = { passed: 0, failed: 0, skipped: 0, todo: 0, files: 0, ended: 0, failedFiles: 0 };
   const failures = [];
   const times = {};
@@ -321,11 +361,10 @@ try {
   ensureDependencies();
   // Runner-agents start from their compiled bundle (a third of a second, against two through tsx).
   const { ensureBundle } = await import('../runner-agent/bundle.mjs');
-  if (!ensureBundle()) log('the runner-agent bundle could not be built: runners run their source through tsx');
+  ensureBundle(); // says why when it cannot
   // And `npm start`, which tests run as a user does, from the service's (gateway/bundle.mjs).
   const service = await import('../gateway/bundle.mjs');
-  if (!(await service.ensureBundle()))
-    log('the service bundle could not be built: npm start runs the source through tsx');
+  await service.ensureBundle();
   // So does the scripted ACP agent that stands in for the runtimes (test/src/runner-process.ts).
   const { build } = await import('esbuild');
   await build({

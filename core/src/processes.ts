@@ -19,3 +19,28 @@ export function processRunning(pid: number): boolean {
     return true; // no /proc (not Linux): the signal's answer stands
   }
 }
+
+/**
+ * True while the pid exists, a zombie or not, under any user: what a lock file's check asks
+ * (PostgreSQL's own takes a pid that exists for a live owner).
+ */
+export function pidExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Sends `sig` to `pid`; false when there is no such process (it exited meanwhile) or it is not ours. */
+export function signalProcess(pid: number, sig: NodeJS.Signals): boolean {
+  try {
+    process.kill(pid, sig);
+    return true;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ESRCH' || code === 'EPERM') return false;
+    throw err;
+  }
+}

@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import postgres from 'postgres';
-import { connectionOptions, type EmbeddedServer, startEmbedded } from './embedded.ts';
+import { connectionOptions, type EmbeddedLog, type EmbeddedServer, startEmbedded } from './embedded.ts';
 
 export type Sql = postgres.Sql;
 
@@ -24,6 +24,8 @@ export interface OpenOptions {
   /** Pool size. */
   max?: number;
   onNotice?: (notice: unknown) => void;
+  /** Where the embedded server's warnings, errors and unasked exit are told. */
+  log?: EmbeddedLog;
 }
 
 /**
@@ -43,7 +45,12 @@ export async function openDatabase(options: OpenOptions): Promise<Database> {
     const sql = postgres(options.url, common);
     return { sql, kind: 'postgres', close: () => sql.end({ timeout: 5 }) };
   }
-  const embedded = await startEmbedded(options.url === 'memory' ? {} : { dir: join(options.dataDir, 'postgres') });
+  const embedded = await startEmbedded({
+    ...(options.url === 'memory' ? {} : { dir: join(options.dataDir, 'postgres') }),
+    // Room for the pool, the outbox relay's LISTEN connection and a few sessions of one's own.
+    settings: { max_connections: String(Math.max(60, common.max + 20)) },
+    ...(options.log ? { log: options.log } : {}),
+  });
   // Each backend of the embedded server holds about 14 MB of its own: connections idle for a
   // while are closed, so an idle service goes back to its small footprint.
   const sql = postgres({ ...common, ...connectionOptions(embedded.socketDir), idle_timeout: EMBEDDED_IDLE_TIMEOUT_S });

@@ -1,10 +1,10 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { chmod, mkdir, readdir, readFile, readlink, realpath, rename, rm, stat } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readFile, readlink, realpath, rename, rm, stat } from 'node:fs/promises';
 import { tmpdir, userInfo } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { processRunning } from '@svc/core';
+import { pidExists, processRunning, signalProcess } from '@svc/core';
 import postgres from 'postgres';
 import { migrate, migrationsDigest } from './migrate.ts';
 
@@ -16,7 +16,7 @@ const run = promisify(execFile);
  * socket only (no TCP port), in a directory only its user can enter, with trust authentication
  * on that socket. On disk its cluster is `<DATA_DIR>/postgres`, made by initdb on first start,
  * with PostgreSQL's own durability (fsync, synchronous commit): an acknowledged write survives
- * kill -9 of the whole process group. `memory` is a throwaway cluster in the temp directory,
+ * kill -9 of every process. `memory` is a throwaway cluster in this user's temp directory,
  * copied from a migrated template that is made once per set of migrations, without fsync.
  *
  * The server never outlives the service: it runs under a small shell that holds the read end of
@@ -41,9 +41,27 @@ export interface EmbeddedOptions {
   dir?: string;
   /** Server settings beyond ours (`name=value` pairs passed with -c). */
   settings?: Record<string, string>;
+  /**
+   * What the server says once it runs (its warnings and errors: `log_min_messages`), and its
+   * exit when nobody asked it to stop. Unset: they are dropped.
+   */
+  log?: EmbeddedLog;
 }
 
-const PACKAGE_VERSION = '18.4.0-beta.17';
+/** Where the running server's messages go: the service's logger (pino's shape). */
+export interface EmbeddedLog {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+  error(obj: object, msg: string): void;
+}
+
+/** The level of a server's log line: its own severity; anything said while it stops is news only. */
+function levelOf(line: string, stopping: boolean): keyof EmbeddedLog {
+  if (stopping) return 'info';
+  if (/\b(ERROR|FATAL|PANIC):/.test(line)) return 'error';
+  return /\bWARNING:/.test(line) ? 'warn' : 'info';
+}
+
 const SOCKET_NAME = '.s.PGSQL.5432';
 /** Unix socket paths are limited to about 107 bytes. */
 const MAX_SOCKET_PATH = 100;
@@ -70,6 +88,13 @@ const BASE_SETTINGS: Record<string, string> = {
   max_wal_senders: '0',
   wal_level: 'minimal',
 };
+
+/**
+ * The environment of initdb and the server: nothing of the service's own (its master key, its
+ * providers' keys), which the server's user could read in /proc and a superuser session could
+ * print (`COPY ... FROM PROGRAM 'env'`).
+ */
+const SERVER_ENV: NodeJS.ProcessEnv = { PATH: process.env.PATH || '/usr/bin:/bin', LC_ALL: 'C', TZ: 'UTC' };
 
 /** A throwaway cluster's data is gone with it: nothing is worth a flush. */
 const MEMORY_SETTINGS: Record<string, string> = {
@@ -128,6 +153,25 @@ async function serverUser(): Promise<RunAs | undefined> {
   return user;
 }
 
+/**
+ * Run as root, the server's user must pass through every directory above `path` (a checkout
+ * under /root, 0700, keeps it from its own binaries): said at start, plainly, rather than as
+ * initdb's "Permission denied".
+ */
+async function checkReachable(path: string, as: RunAs, what: string): Promise<void> {
+  for (let dir = dirname(resolve(path)); ; dir = dirname(dir)) {
+    const st = await stat(dir).catch(() => undefined);
+    const passes = !st || st.uid === as.uid || (st.gid === as.gid && st.mode & 0o010) || st.mode & 0o001;
+    if (!passes) {
+      throw new EmbeddedUnavailableError(
+        `running as root, the embedded PostgreSQL runs as the ${as.name} user, which cannot enter ${dir} (mode ${(st.mode & 0o777).toString(8)}) to reach ${what} (${path}): ` +
+          'give others search permission on it (chmod o+x), run the service as another user, or set DATABASE_URL',
+      );
+    }
+    if (dir === dirname(dir)) return;
+  }
+}
+
 async function chownTree(path: string, as: RunAs | undefined): Promise<void> {
   if (!as) return;
   await run('chown', ['-R', `${as.uid}:${as.gid}`, path]);
@@ -142,7 +186,7 @@ async function initCluster(bin: Binaries, dir: string, as: RunAs | undefined, sy
     await run(
       bin.initdb,
       ['-D', staging, '-U', 'svc', '--auth=trust', '-E', 'UTF8', '--locale=C', ...(sync ? [] : ['--no-sync'])],
-      { ...(as ? { uid: as.uid, gid: as.gid } : {}), env: { ...process.env, LC_ALL: 'C' } },
+      { ...(as ? { uid: as.uid, gid: as.gid } : {}), env: SERVER_ENV },
     );
   } catch (err) {
     await rm(staging, { recursive: true, force: true });
@@ -154,10 +198,12 @@ async function initCluster(bin: Binaries, dir: string, as: RunAs | undefined, sy
 
 /**
  * The processes of a server on `dir`: PostgreSQL's processes run in their data directory, so
- * those of the postgres binary whose working directory is `dir` (Linux /proc; none elsewhere).
+ * those of a postgres binary whose working directory is `dir` (Linux /proc; none elsewhere).
+ * The binary is matched by name, not path: one replaced since it started (npm ci) reads
+ * `.../postgres (deleted)`.
  */
-async function clusterProcesses(dir: string, binary: string): Promise<number[]> {
-  const [home, exe] = await Promise.all([realpath(dir).catch(() => dir), realpath(binary).catch(() => binary)]);
+async function clusterProcesses(dir: string): Promise<number[]> {
+  const home = await realpath(dir).catch(() => dir);
   const pids: number[] = [];
   for (const name of await readdir('/proc').catch(() => [] as string[])) {
     if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
@@ -165,7 +211,7 @@ async function clusterProcesses(dir: string, binary: string): Promise<number[]> 
       readlink(`/proc/${name}/cwd`).catch(() => ''),
       readlink(`/proc/${name}/exe`).catch(() => ''),
     ]);
-    if (cwd === home && image === exe) pids.push(Number(name));
+    if (cwd === home && /\/postgres( \(deleted\))?$/.test(image)) pids.push(Number(name));
   }
   return pids;
 }
@@ -184,22 +230,23 @@ async function waitGone(pids: number[], ms: number): Promise<number[]> {
  * What is left running on `dir` by a service that died while its shell did not (the shell
  * stops the server when the service goes; this covers what slipped past it): a postmaster,
  * asked to stop, and backends whose postmaster was killed with them and which are still
- * exiting (a kill -9 of the whole process group; one in the middle of a disk flush takes its
+ * exiting (a kill -9 of every process; one in the middle of a disk flush takes its
  * time), killed. PostgreSQL refuses to start while they hold the old server's shared memory.
  * The caller holds DATA_DIR's lock, so no live service owns them.
  */
-async function stopLeftover(dir: string, bin: Binaries): Promise<void> {
+async function stopLeftover(dir: string): Promise<void> {
+  // Which process is whose is read in /proc; elsewhere PostgreSQL's own lock-file check stands.
+  if (!(await exists('/proc/self/cwd'))) return;
   const pidOf = async (file: string) =>
     Number.parseInt((await readFile(join(dir, file), 'utf8').catch(() => '')).split('\n')[0] ?? '', 10);
   const pid = await pidOf('postmaster.pid');
-  const isServer = async (p: number) =>
-    processRunning(p) && (await readFile(`/proc/${p}/cmdline`, 'utf8').catch(() => 'postgres')).includes('postgres');
-  if (pid > 0 && (await isServer(pid))) {
-    process.kill(pid, 'SIGINT');
-    if ((await waitGone([pid], STOP_TIMEOUT_MS)).length) process.kill(pid, 'SIGQUIT');
+  const servers = async () => (pid > 0 ? (await clusterProcesses(dir)).includes(pid) : false);
+  if (await servers()) {
+    signalProcess(pid, 'SIGINT');
+    if ((await waitGone([pid], STOP_TIMEOUT_MS)).length) signalProcess(pid, 'SIGQUIT');
   }
-  const stragglers = await clusterProcesses(dir, bin.postgres);
-  for (const p of stragglers) process.kill(p, 'SIGKILL');
+  const stragglers = await clusterProcesses(dir);
+  for (const p of stragglers) signalProcess(p, 'SIGKILL');
   const left = await waitGone(stragglers, STOP_TIMEOUT_MS);
   if (left.length) {
     throw new Error(
@@ -209,20 +256,10 @@ async function stopLeftover(dir: string, bin: Binaries): Promise<void> {
   // PostgreSQL takes a lock file naming a pid that exists for a live server; a zombie (exited,
   // not yet collected by init) or another program that has the pid since would keep it from
   // starting. Nothing of the old server runs now, so such files are stale.
-  if (pid > 0 && pidExists(pid) && !(await isServer(pid))) {
+  if (pid > 0 && pidExists(pid) && !(await servers())) {
     for (const file of ['postmaster.pid', `${SOCKET_NAME}.lock`]) {
       if ((await pidOf(file)) === pid) await rm(join(dir, file), { force: true });
     }
-  }
-}
-
-/** True while the pid exists, zombie or not (what PostgreSQL's own lock-file check asks). */
-function pidExists(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 
@@ -251,25 +288,41 @@ async function startServer(
   as: RunAs | undefined,
   settings: Record<string, string>,
   stopSignal: 'INT' | 'QUIT',
-): Promise<{ child: ChildProcess; version: string; pid: number }> {
+  log?: EmbeddedLog,
+): Promise<{ child: ChildProcess; version: string; pid: number; stopping(): void }> {
   const args = ['-D', dir, '-k', socketDir];
   for (const [name, value] of Object.entries(settings)) args.push('-c', `${name}=${value}`);
   const child = spawn('/bin/sh', ['-c', WATCHDOG, 'svc-postgres', stopSignal, bin.postgres, ...args], {
     stdio: ['pipe', 'ignore', 'pipe'],
     ...(as ? { uid: as.uid, gid: as.gid } : {}),
-    env: { ...process.env, LC_ALL: 'C' },
+    env: SERVER_ENV,
+    // A group of its own: a Ctrl-C in the terminal (SIGINT to the foreground group) reaches the
+    // service, which drains its requests and then stops the server, and not the server first.
+    detached: true,
   });
   // The pipe stays open for the server's life; only its end matters.
   child.stdin?.on('error', () => {});
   const lines: string[] = [];
   let ready = false;
+  let stopping = false;
+  let serverPid = 0;
   return new Promise((resolvePromise, reject) => {
-    const timer = setTimeout(() => {
-      child.stdin?.end();
-      reject(
-        new Error(`the embedded PostgreSQL did not start within ${START_TIMEOUT_MS / 1000} s:\n${lines.join('\n')}`),
-      );
-    }, START_TIMEOUT_MS);
+    let failed = false;
+    /** Stops what started (closing the pipe stops the server) and rejects once it is gone. */
+    const fail = (err: Error) => {
+      if (failed) return;
+      failed = true;
+      clearTimeout(timer);
+      void stopChild(child, serverPid).then(() => reject(err));
+    };
+    const timer = setTimeout(
+      () =>
+        fail(
+          new Error(`the embedded PostgreSQL did not start within ${START_TIMEOUT_MS / 1000} s:\n${lines.join('\n')}`),
+        ),
+      START_TIMEOUT_MS,
+    );
+    child.once('error', (err) => fail(new Error(`the embedded PostgreSQL could not be run: ${err.message}`)));
     let buffered = '';
     child.stderr?.setEncoding('utf8');
     child.stderr?.on('data', (chunk: string) => {
@@ -277,30 +330,40 @@ async function startServer(
       const parts = buffered.split('\n');
       buffered = parts.pop() ?? '';
       for (const line of parts) {
+        if (ready) {
+          // Once it runs the server logs warnings and worse, and its own LOG lines (log_min_messages).
+          if (line.trim() && log) log[levelOf(line, stopping)]({ dir }, line);
+          continue;
+        }
         lines.push(line);
         if (lines.length > 50) lines.shift();
-        if (!ready && line.includes('ready to accept connections')) {
+        if (line.includes('ready to accept connections')) {
           ready = true;
           clearTimeout(timer);
           readPid(dir).then(
             (pid) => {
-              // After start the server logs warnings and errors only; they stay on its pipe.
-              child.stderr?.resume();
-              resolvePromise({ child, version: versionOf(lines), pid });
+              serverPid = pid;
+              resolvePromise({ child, version: versionOf(lines), pid, stopping: () => (stopping = true) });
             },
-            (err) => reject(err),
+            (err: Error) =>
+              fail(new Error(`the embedded PostgreSQL started, but its pid is unreadable: ${err.message}`)),
           );
         }
       }
     });
     child.once('exit', (code, signal) => {
-      if (ready) return;
-      clearTimeout(timer);
-      reject(
-        new Error(
-          `the embedded PostgreSQL exited (${signal ?? `code ${code}`}) before it was ready:\n${lines.join('\n')}`,
-        ),
-      );
+      if (!ready) {
+        fail(
+          new Error(
+            `the embedded PostgreSQL exited (${signal ?? `code ${code}`}) before it was ready:\n${lines.join('\n')}`,
+          ),
+        );
+      } else if (!stopping && !failed) {
+        log?.error(
+          { dir, code, signal },
+          'the embedded PostgreSQL exited unasked: every query fails until the service is restarted',
+        );
+      }
     });
   });
 }
@@ -318,44 +381,74 @@ async function readPid(dir: string): Promise<number> {
   return Number.parseInt(text.split('\n')[0] ?? '', 10);
 }
 
-/** Where the server's socket goes: beside its data when the path is short enough, else in tmp. */
+/**
+ * This user's directory for throwaway clusters, their templates and sockets that cannot go
+ * beside their data: in the temp directory, which every user may write to, so it is checked to
+ * be this user's own and writable by nobody else (a cluster another user planted there would
+ * have the server run its postgresql.conf). Run as root it is 0711: the server's user passes
+ * through it to its own clusters, and lists nothing.
+ */
+async function privateDir(as: RunAs | undefined): Promise<string> {
+  const uid = userInfo().uid;
+  const path = join(tmpdir(), `svc-pg-${uid}`);
+  await mkdir(path, { mode: as ? 0o711 : 0o700 }).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EEXIST') throw err;
+  });
+  const st = await lstat(path);
+  if (!st.isDirectory() || st.uid !== uid || (st.mode & 0o022) !== 0) {
+    throw new Error(
+      `${path} is not this user's own directory (owner uid ${st.uid}, mode ${(st.mode & 0o777).toString(8)}): remove it, or set TMPDIR elsewhere`,
+    );
+  }
+  return path;
+}
+
+/**
+ * Where the server's socket goes: beside its data, unless the path is too long for a socket or
+ * holds what unix_socket_directories would split or trim (a comma, a quote, white space).
+ */
 async function socketDirFor(dir: string, as: RunAs | undefined): Promise<{ path: string; own: boolean }> {
-  if (join(dir, SOCKET_NAME).length <= MAX_SOCKET_PATH) return { path: dir, own: false };
-  const path = join(tmpdir(), `svc-pg-sock-${randomBytes(6).toString('hex')}`);
+  if (join(dir, SOCKET_NAME).length <= MAX_SOCKET_PATH && !/[,"\s]/.test(dir)) return { path: dir, own: false };
+  const path = join(await privateDir(as), `sock-${randomBytes(6).toString('hex')}`);
   await mkdir(path, { mode: 0o700 });
   await chownTree(path, as);
   return { path, own: true };
 }
 
 /**
- * The migrated template of `memory` clusters for this set of migrations and these binaries,
- * made once (by whichever process gets there first) in the temp directory.
+ * The migrated template of `memory` clusters for this set of migrations and these binaries
+ * (their path, size and time: another install makes another), made once, by whichever process
+ * gets there first.
  */
-async function memoryTemplate(bin: Binaries, as: RunAs | undefined): Promise<string> {
+async function memoryTemplate(bin: Binaries, as: RunAs | undefined, base: string): Promise<string> {
+  const binary = await stat(bin.postgres);
   const key = createHash('sha256')
-    .update(`${PACKAGE_VERSION}\0${bin.postgres}\0${as?.uid ?? userInfo().uid}\0${await migrationsDigest()}`)
+    .update(
+      `${bin.postgres}\0${binary.size}\0${binary.mtimeMs}\0${as?.uid ?? userInfo().uid}\0${await migrationsDigest()}`,
+    )
     .digest('hex')
     .slice(0, 16);
-  const template = join(tmpdir(), `svc-pg-template-${key}`);
+  const template = join(base, `template-${key}`);
   if (await exists(join(template, 'PG_VERSION'))) return template;
   const building = `${template}.build-${process.pid}-${randomBytes(3).toString('hex')}`;
-  await initCluster(bin, building, as, false);
-  const server = await startServer(bin, building, building, as, { ...BASE_SETTINGS, ...MEMORY_SETTINGS }, 'INT');
-  const sql = postgres({ ...connectionOptions(building), max: 1, onnotice: () => {} });
   try {
-    await migrate(sql);
-  } finally {
-    await sql.end({ timeout: 5 });
-    await stopChild(server.child, server.pid);
-  }
-  for (const leftover of ['postmaster.pid', SOCKET_NAME, `${SOCKET_NAME}.lock`]) {
-    await rm(join(building, leftover), { force: true });
-  }
-  try {
+    await initCluster(bin, building, as, false);
+    const server = await startServer(bin, building, building, as, { ...BASE_SETTINGS, ...MEMORY_SETTINGS }, 'INT');
+    server.stopping();
+    const sql = postgres({ ...connectionOptions(building), max: 1, onnotice: () => {} });
+    try {
+      await migrate(sql);
+    } finally {
+      await sql.end({ timeout: 5 });
+      await stopChild(server.child, server.pid);
+    }
+    for (const leftover of ['postmaster.pid', SOCKET_NAME, `${SOCKET_NAME}.lock`]) {
+      await rm(join(building, leftover), { force: true });
+    }
     await rename(building, template);
   } catch (err) {
-    // Another process made it first: theirs serves, ours goes.
     await rm(building, { recursive: true, force: true });
+    // Another process made it first: theirs serves.
     if (!(await exists(join(template, 'PG_VERSION')))) throw err;
   }
   return template;
@@ -368,28 +461,41 @@ async function exists(path: string): Promise<boolean> {
   );
 }
 
-/** Throwaway clusters of processes that are gone (killed before they could remove theirs). */
-async function sweepMemoryClusters(): Promise<void> {
-  for (const name of await readdir(tmpdir()).catch(() => [] as string[])) {
-    const m = /^svc-pg-mem-(\d+)-/.exec(name);
-    if (m && !processRunning(Number(m[1])))
-      await rm(join(tmpdir(), name), { recursive: true, force: true }).catch(() => {});
+/**
+ * Throwaway clusters, templates half built and sockets of processes that are gone (killed before
+ * they could remove theirs).
+ */
+async function sweepPrivateDir(base: string): Promise<void> {
+  for (const name of await readdir(base).catch(() => [] as string[])) {
+    const m = /^mem-(\d+)-|\.build-(\d+)-/.exec(name);
+    const pid = Number(m?.[1] ?? m?.[2]);
+    if (pid > 0 && !processRunning(pid)) await rm(join(base, name), { recursive: true, force: true }).catch(() => {});
   }
 }
 
-/** Closes the shell's pipe (it stops the server) and waits; a server that hangs is killed. */
-function stopChild(child: ChildProcess, pid: number): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolvePromise) => {
-    const timer = setTimeout(() => {
-      for (const p of [pid, child.pid]) if (p && processRunning(p)) process.kill(p, 'SIGKILL');
-    }, STOP_TIMEOUT_MS);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolvePromise();
+/**
+ * Closes the shell's pipe (it stops the server) and waits for the shell and the server (`pid`,
+ * when known) to be gone; a server that hangs is killed.
+ */
+async function stopChild(child: ChildProcess, pid: number): Promise<void> {
+  const running = () => child.exitCode === null && child.signalCode === null && child.pid !== undefined;
+  if (running()) {
+    await new Promise<void>((resolvePromise) => {
+      const timer = setTimeout(() => {
+        for (const p of [pid, child.pid]) if (p && processRunning(p)) signalProcess(p, 'SIGKILL');
+      }, STOP_TIMEOUT_MS);
+      child.once('exit', () => {
+        clearTimeout(timer);
+        resolvePromise();
+      });
+      child.stdin?.end();
     });
-    child.stdin?.end();
-  });
+  }
+  // The shell gone (killed itself, say) does not mean the server is: it is stopped directly.
+  if (pid > 0 && (await waitGone([pid], STOP_TIMEOUT_MS)).length) {
+    signalProcess(pid, 'SIGKILL');
+    await waitGone([pid], 5_000);
+  }
 }
 
 /** postgres.js options that reach an embedded server through its socket. */
@@ -410,6 +516,7 @@ export function connectionOptions(socketDir: string) {
 export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedServer> {
   const bin = await embeddedBinaries();
   const as = await serverUser();
+  if (as) await checkReachable(bin.postgres, as, 'the PostgreSQL binaries');
   let dir: string;
   let throwaway = false;
   if (options.dir) {
@@ -417,13 +524,18 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     const parent = dirname(dir);
     await mkdir(parent, { recursive: true });
     // The server's user must be able to pass through DATA_DIR (list it, it may not).
-    if (as) await chmod(parent, ((await stat(parent)).mode & 0o777) | 0o011);
+    if (as) {
+      await checkReachable(parent, as, 'the data directory');
+      await chmod(parent, ((await stat(parent)).mode & 0o777) | 0o001);
+    }
     if (!(await exists(join(dir, 'PG_VERSION')))) await initCluster(bin, dir, as, true);
-    await stopLeftover(dir, bin);
+    await stopLeftover(dir);
   } else {
-    await sweepMemoryClusters();
-    const template = await memoryTemplate(bin, as);
-    dir = join(tmpdir(), `svc-pg-mem-${process.pid}-${randomBytes(6).toString('hex')}`);
+    const base = await privateDir(as);
+    if (as) await checkReachable(join(base, 'mem'), as, 'its throwaway clusters');
+    await sweepPrivateDir(base);
+    const template = await memoryTemplate(bin, as, base);
+    dir = join(base, `mem-${process.pid}-${randomBytes(6).toString('hex')}`);
     // cp -a keeps the owner (the server's user, when run as root) and the 0700 mode.
     await run('cp', ['-a', template, dir]);
     throwaway = true;
@@ -432,7 +544,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
   const settings = { ...BASE_SETTINGS, ...(throwaway ? MEMORY_SETTINGS : {}), ...options.settings };
   let server: Awaited<ReturnType<typeof startServer>>;
   try {
-    server = await startServer(bin, dir, socket.path, as, settings, throwaway ? 'QUIT' : 'INT');
+    server = await startServer(bin, dir, socket.path, as, settings, throwaway ? 'QUIT' : 'INT', options.log);
   } catch (err) {
     if (throwaway) await rm(dir, { recursive: true, force: true });
     if (socket.own) await rm(socket.path, { recursive: true, force: true });
@@ -446,6 +558,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     pid: server.pid,
     stop() {
       stopped ??= (async () => {
+        server.stopping();
         await stopChild(server.child, server.pid);
         if (throwaway) await rm(dir, { recursive: true, force: true });
         if (socket.own) await rm(socket.path, { recursive: true, force: true });

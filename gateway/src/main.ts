@@ -215,6 +215,7 @@ export async function startService(
       url: config.DATABASE_URL,
       dataDir: config.DATA_DIR,
       max: config.DATABASE_POOL_MAX,
+      log: log.child({ role: 'postgres' }),
     });
     cleanups.push(() => db.close());
     const applied = await migrate(db.sql);

@@ -1,4 +1,5 @@
 import { resolve } from 'node:path';
+import { EmbeddedUnavailableError } from '@svc/db';
 import { type Config, ConfigError, loadConfig } from './config.ts';
 import { createLogger, type Service, startService } from './main.ts';
 import { EXIT_IN_USE, InUseError } from './processes/in-use.ts';
@@ -53,6 +54,11 @@ export async function runFromEnv(): Promise<void> {
     if (err instanceof InUseError) {
       process.stderr.write(`svc cannot start: ${err.message}\n`);
       process.exit(EXIT_IN_USE);
+    }
+    if (err instanceof EmbeddedUnavailableError) {
+      // Not a fault of the service: what this machine offers; DATABASE_URL is the way round.
+      process.stderr.write(`svc cannot start: ${err.message}\n`);
+      process.exit(78);
     }
     log.fatal({ err }, 'could not start');
     process.exit(1);

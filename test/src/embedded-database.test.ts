@@ -1,11 +1,11 @@
 /**
  * The embedded database: a PostgreSQL server that `npm start` runs as its child when no
  * DATABASE_URL is set. It stops cleanly with the service, it never outlives it (even when only
- * the service's node process is killed), a kill -9 of the whole process group loses no write
+ * the service's node process is killed), a kill -9 of every process loses no write
  * the API acknowledged, and the service's pool runs queries side by side on it.
  */
-import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
+import { chmod, chown, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
@@ -21,6 +21,12 @@ import { until } from './until.ts';
 /** The embedded server's processes under the service's node process (the postmaster and its workers). */
 function postgresProcesses(node: number): number[] {
   return descendants(node).filter((p) => /\/postgres$/.test(argv(p)[0] ?? '') || /^postgres:/.test(argv(p)[0] ?? ''));
+}
+
+/** The process group of `pid` (field 5 of /proc/<pid>/stat, after the command's parentheses). */
+function groupOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2]);
 }
 
 async function keptDir(t: Test): Promise<string> {
@@ -56,7 +62,7 @@ t.test('npm start runs PostgreSQL under DATA_DIR and SIGTERM stops it cleanly', 
   t.notOk(existsSync(join(svc.dataDir, 'postgres', 'postmaster.pid')), 'a clean shutdown: no postmaster.pid');
 });
 
-t.test('kill -9 of the whole process group loses no acknowledged write', async (t) => {
+t.test('kill -9 of every process (both groups) loses no acknowledged write', async (t) => {
   const dataDir = await keptDir(t);
   const first = await npmStart(t, { dataDir, group: true });
   const pg = postgresProcesses(first.node);
@@ -67,8 +73,11 @@ t.test('kill -9 of the whole process group loses no acknowledged write', async (
     t.equal(res.status, 201, `environment ${i} acknowledged`);
     made.push(res.body.id as string);
   }
-  process.kill(-(first.npm.pid as number), 'SIGKILL');
-  await until('every process of the group to go', () => [first.node, ...pg].every(gone), 30_000);
+  // The server runs in a group of its own (a Ctrl-C goes to the service first): both groups are
+  // killed at once, as a machine's OOM killer or a container's stop would.
+  const groups = [first.npm.pid as number, ...new Set(pg.map(groupOf))];
+  for (const g of groups) process.kill(-g, 'SIGKILL');
+  await until('every process of both groups to go', () => [first.node, ...pg].every(gone), 30_000);
 
   const second = await npmStart(t, { dataDir });
   const listed = await call(second.url, key, 'GET', '/api/environments?per_page=100');
@@ -79,6 +88,26 @@ t.test('kill -9 of the whole process group loses no acknowledged write', async (
     [],
     'every acknowledged environment is there after the restart',
   );
+});
+
+t.test('a Ctrl-C (SIGINT to the foreground group) drains the service before its server stops', async (t) => {
+  const svc = await npmStart(t, { group: true, env: { LOG_LEVEL: 'info' } });
+  const pg = postgresProcesses(svc.node);
+  t.ok(
+    pg.every((p) => groupOf(p) !== svc.npm.pid),
+    "the server is not in the terminal's group: the signal reaches the service only",
+  );
+  const exit = new Promise<number | null>((resolve) => svc.npm.once('exit', (code) => resolve(code)));
+  process.kill(-(svc.npm.pid as number), 'SIGINT');
+  t.equal(await exit, 0, 'npm start exits 0');
+  await until('the server to stop', () => pg.every(gone), 30_000).catch(() => undefined);
+  t.same(
+    pg.filter((p) => !gone(p)),
+    [],
+    'no server process is left',
+  );
+  t.notMatch(svc.output(), /exited unasked/, 'the server was stopped by the service, not by the signal');
+  t.notOk(existsSync(join(svc.dataDir, 'postgres', 'postmaster.pid')), 'a clean shutdown: no postmaster.pid');
 });
 
 t.test("kill -9 of the service's node process alone: its server stops and the next start takes over", async (t) => {
@@ -149,6 +178,52 @@ t.test(
     );
   },
 );
+
+t.test("the embedded server's environment holds none of the service's own", async (t) => {
+  const secret = `svc-secret-${process.pid}-${Date.now()}`;
+  const before = process.env.MASTER_KEY;
+  process.env.MASTER_KEY = secret;
+  t.teardown(() => {
+    if (before === undefined) delete process.env.MASTER_KEY;
+    else process.env.MASTER_KEY = before;
+  });
+  const server = await startEmbedded({ dir: join(await keptDir(t), 'postgres') });
+  t.teardown(() => server.stop());
+  const environ = readFileSync(`/proc/${server.pid}/environ`, 'utf8').split('\0');
+  t.notOk(
+    environ.some((v) => v.includes(secret)),
+    'the master key is not in the postmaster environment',
+  );
+  t.ok(
+    environ.some((v) => v.startsWith('PATH=')),
+    'it has what it needs (PATH)',
+  );
+});
+
+t.test("throwaway clusters live in this user's own directory, not one another user made", async (t) => {
+  const tmp = await keptDir(t);
+  await chmod(tmp, 0o711); // as /tmp lets the server's user through (it runs as postgres under root)
+  const before = process.env.TMPDIR;
+  process.env.TMPDIR = tmp;
+  t.teardown(() => {
+    if (before === undefined) delete process.env.TMPDIR;
+    else process.env.TMPDIR = before;
+  });
+  const own = join(tmp, `svc-pg-${process.getuid?.()}`);
+  // Another user got there first: the directory is theirs (root tests as nobody's), or, as any
+  // user, it is open to everyone's writes.
+  await mkdir(own, { mode: 0o777 });
+  await chmod(own, 0o777);
+  if (process.getuid?.() === 0) await chown(own, 65534, 65534);
+  await t.rejects(startEmbedded({}), /is not this user's own directory/, 'a start on it is refused');
+  await rm(own, { recursive: true });
+  const server = await startEmbedded({});
+  t.teardown(() => server.stop());
+  const made = await stat(own);
+  t.equal(made.uid, process.getuid?.(), 'made by this user');
+  t.equal(made.mode & 0o022, 0, 'writable by nobody else');
+  t.ok(server.dir.startsWith(`${own}/`), 'the cluster is inside it');
+});
 
 t.test('the service pool runs queries side by side on the embedded server', async (t) => {
   const svc = await startTestService(t, { backend: 'embedded' });

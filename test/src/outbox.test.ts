@@ -9,6 +9,7 @@ import { createConversationRecord, markRead } from '../../gateway/src/services/c
 import { changed } from '../../gateway/src/services/tenant-events.ts';
 import { OutboxRelay } from '../../gateway/src/workers/outbox-relay.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
+import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -148,7 +149,7 @@ for (const backend of backends()) {
   });
 }
 
-t.test('an embedded start is quiet: no failed LISTEN, and the outbox is still relayed', async (t) => {
+t.test('an embedded start is quiet: no failed LISTEN, the relay listens, and the outbox is relayed', async (t) => {
   const lines: { level: number; msg: string; err?: unknown }[] = [];
   const sink = new Writable({
     write(chunk, _enc, done) {
@@ -167,6 +168,16 @@ t.test('an embedded start is quiet: no failed LISTEN, and the outbox is still re
     [],
     'no line about notifications or a broken pipe',
   );
+  const listening = await until(
+    'the relay to listen',
+    async () => {
+      const [row] = await svc.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'`;
+      return (row?.n ?? 0) > 0 ? row?.n : undefined;
+    },
+    10_000,
+  ).catch(() => 0);
+  t.ok((listening ?? 0) >= 1, 'a session of the embedded server listens for the outbox (as on a server)');
   const me = await signUp(svc);
   await createConversationRecord(
     svc.db.sql,
@@ -177,5 +188,5 @@ t.test('an embedded start is quiet: no failed LISTEN, and the outbox is still re
     },
   );
   const found = await tenantEvents(svc, me.accountId, 'conversations', 1);
-  t.equal(found.length, 1, 'the sweep relays the outbox without notifications');
+  t.equal(found.length, 1, 'the outbox is relayed');
 });

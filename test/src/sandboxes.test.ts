@@ -253,78 +253,75 @@ async function lifecycle(t: Test, backend: Backend) {
       SELECT action, actor, metadata FROM audit_events WHERE resource_id = ${ready}`;
     t.match(audit, [{ action: 'sandbox.reset', actor: 'api', metadata: { incarnation: 1 } }], 'audited');
   });
-
-  if (backend === 'postgres+redis') {
-    // Two connections are needed to race (the embedded database runs one at a time).
-    await t.test('a turn starting while a reset runs: the reset waits for it, then answers 409', async (t) => {
-      const [gate, release] = latch();
-      const [started, begun] = latch();
-      const turnId = `trn_race${Date.now()}`;
-      const turn = svc.db.sql.begin(async (tx) => {
-        await conversations.startTurn(tx as unknown as Sql, {
-          id: turnId,
-          accountId: a.accountId,
-          conversationId: readyConversation,
-          prompt: 'racing the reset',
-          origin: 'user',
-        });
-        begun();
-        await gate;
+  // Two connections race: one holds a turn's transaction open while the reset runs.
+  await t.test('a turn starting while a reset runs: the reset waits for it, then answers 409', async (t) => {
+    const [gate, release] = latch();
+    const [started, begun] = latch();
+    const turnId = `trn_race${Date.now()}`;
+    const turn = svc.db.sql.begin(async (tx) => {
+      await conversations.startTurn(tx as unknown as Sql, {
+        id: turnId,
+        accountId: a.accountId,
+        conversationId: readyConversation,
+        prompt: 'racing the reset',
+        origin: 'user',
       });
-      await started;
-      let answered = false;
-      const reset = http.delete(`/api/sandboxes/${ready}`, { token: a.key }).then((r) => {
-        answered = true;
-        return r;
-      });
-      await sleep(500);
-      t.notOk(answered, 'the reset waits on the conversation the turn is starting on');
-      release();
-      await turn;
-      const res = await reset;
-      t.equal(res.status, 409, JSON.stringify(res.body));
-      t.equal(res.body.error, 'sandbox_mid_turn');
-      t.equal((await row(ready))?.incarnation, 1, 'not reset under the turn');
-      await conversations.endTurn(svc.db.sql, a.accountId, turnId, 'done', null);
-      const again = await http.delete(`/api/sandboxes/${ready}`, { token: a.key });
-      t.equal(again.status, 204, 'once the turn ended the reset goes through');
-      t.equal((await row(ready))?.incarnation, 2);
+      begun();
+      await gate;
     });
+    await started;
+    let answered = false;
+    const reset = http.delete(`/api/sandboxes/${ready}`, { token: a.key }).then((r) => {
+      answered = true;
+      return r;
+    });
+    await sleep(500);
+    t.notOk(answered, 'the reset waits on the conversation the turn is starting on');
+    release();
+    await turn;
+    const res = await reset;
+    t.equal(res.status, 409, JSON.stringify(res.body));
+    t.equal(res.body.error, 'sandbox_mid_turn');
+    t.equal((await row(ready))?.incarnation, 1, 'not reset under the turn');
+    await conversations.endTurn(svc.db.sql, a.accountId, turnId, 'done', null);
+    const again = await http.delete(`/api/sandboxes/${ready}`, { token: a.key });
+    t.equal(again.status, 204, 'once the turn ended the reset goes through');
+    t.equal((await row(ready))?.incarnation, 2);
+  });
 
-    await t.test('a prompt whose machine another request starts building meanwhile is 503 provisioning', async (t) => {
-      // The reset left the sandbox ready without a machine, so the prompt builds one; another
-      // request (here, this transaction) starts that build first and holds the row meanwhile.
-      const [gate, release] = latch();
-      const [started, begun] = latch();
-      const rival = svc.db.sql.begin(async (tx) => {
-        await tx`UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1 WHERE id = ${ready}`;
-        begun();
-        await gate;
-      });
-      await started;
-      const before = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
-      const prompt = http.post(`/api/conversations/${readyConversation}/prompts`, {
-        token: a.key,
-        body: { prompt: 'build it' },
-      });
-      const waiting = async () =>
-        (
-          await svc.db.sql<{ n: number }[]>`
+  await t.test('a prompt whose machine another request starts building meanwhile is 503 provisioning', async (t) => {
+    // The reset left the sandbox ready without a machine, so the prompt builds one; another
+    // request (here, this transaction) starts that build first and holds the row meanwhile.
+    const [gate, release] = latch();
+    const [started, begun] = latch();
+    const rival = svc.db.sql.begin(async (tx) => {
+      await tx`UPDATE sandboxes SET status = 'provisioning', incarnation = incarnation + 1 WHERE id = ${ready}`;
+      begun();
+      await gate;
+    });
+    await started;
+    const before = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
+    const prompt = http.post(`/api/conversations/${readyConversation}/prompts`, {
+      token: a.key,
+      body: { prompt: 'build it' },
+    });
+    const waiting = async () =>
+      (
+        await svc.db.sql<{ n: number }[]>`
             SELECT count(*)::int AS n FROM pg_stat_activity
             WHERE wait_event_type = 'Lock' AND datname = current_database()`
-        )[0]?.n === 1;
-      t.ok(await until(waiting), 'the prompt waits on the sandbox the rival is building');
-      release();
-      await rival;
-      const res = await prompt;
-      t.equal(res.status, 503, JSON.stringify(res.body));
-      t.equal(res.body.error, 'provisioning', 'the same answer a launch gets while the machine is being built');
-      const after = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
-      t.equal(after.turn_count, before.turn_count, 'no turn was recorded');
-      t.equal(after.status, 'idle');
-      await svc.db.sql`UPDATE sandboxes SET status = 'ready', incarnation = incarnation - 1 WHERE id = ${ready}`;
-    });
-  }
+      )[0]?.n === 1;
+    t.ok(await until(waiting), 'the prompt waits on the sandbox the rival is building');
+    release();
+    await rival;
+    const res = await prompt;
+    t.equal(res.status, 503, JSON.stringify(res.body));
+    t.equal(res.body.error, 'provisioning', 'the same answer a launch gets while the machine is being built');
+    const after = (await http.get(`/api/conversations/${readyConversation}`, { token: a.key })).body;
+    t.equal(after.turn_count, before.turn_count, 'no turn was recorded');
+    t.equal(after.status, 'idle');
+    await svc.db.sql`UPDATE sandboxes SET status = 'ready', incarnation = incarnation - 1 WHERE id = ${ready}`;
+  });
 
   await t.test('422 sandbox_not_resettable for ephemeral, failed and terminated sandboxes', async (t) => {
     for (const [id, why] of [

@@ -15,7 +15,6 @@ const ADMIN = 'ops@suspended-work.example.test';
 const nextHourAfter = (d: Date) => new Date(Math.floor(d.getTime() / HOUR) * HOUR + HOUR).toISOString();
 
 // Each backend builds three machines (the team's, then a one-off's and a fresh team one's).
-t.setTimeout(backends().length * 150_000);
 
 for (const backend of backends()) {
   t.test(`a suspended account's work does not start (${backend})`, async (t) => {

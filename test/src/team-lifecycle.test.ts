@@ -5,7 +5,6 @@ import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
 
 // Each backend starts a service and builds a machine per teammate.
-t.setTimeout(backends().length * 150_000);
 
 for (const backend of backends()) {
   t.test(`a teammate's life on ${backend}`, async (t) => {

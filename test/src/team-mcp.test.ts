@@ -33,7 +33,6 @@ async function mcpClient(t: Test, svc: TestService, conversationId: string, toke
 const textOf = (r: ToolResult) => r.content.map((c) => c.text ?? '').join('');
 
 // Each backend starts a service, a runner and a machine per teammate.
-t.setTimeout(backends().length * 150_000);
 
 for (const backend of backends())
   t.test(`the team MCP server svc-team on ${backend}`, async (t) => {

@@ -5,7 +5,6 @@ import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
 
 // Each backend starts its services and runners again.
-t.setTimeout(backends().length * 150_000);
 
 for (const backend of backends()) {
   t.test(`an idle teammate falls asleep, and a message wakes it on ${backend}`, async (t) => {

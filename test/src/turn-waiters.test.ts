@@ -36,7 +36,6 @@ function timerCreations() {
 }
 
 // Each backend starts its services and runners again.
-t.setTimeout(backends().length * 150_000);
 
 for (const backend of backends()) {
   t.test(`waiting for turns to end on ${backend}`, async (t) => {
