@@ -471,87 +471,83 @@ for (const backend of backends()) {
       t.same(await stored(broken), ['kept for later'], 'the next pass copies it');
     });
 
-    // Two transactions at once need two connections: the embedded database has one.
-    t.test(
-      'a conversation deleted while a copy writes its events keeps none of them',
-      { skip: backend === 'embedded' },
-      async (t) => {
-        const { accountId: ten } = await signUp(svc);
-        const event = (id: number, conversationId: string) => ({
-          id,
-          conversationId,
-          turnId: null,
-          kind: 'output',
-          stream: 'stdout',
-          data: `in ${conversationId}`,
-          stage: null,
-          state: null,
-          durationMs: null,
-          ts: '2026-11-27T10:00:00.000Z',
-          producer: 'p',
-          seq: id,
-        });
-        const stored = async () =>
-          (
-            await sql<{ conversation_id: string }[]>`
+    // Two transactions at once, on two of the pool's connections.
+    t.test('a conversation deleted while a copy writes its events keeps none of them', async (t) => {
+      const { accountId: ten } = await signUp(svc);
+      const event = (id: number, conversationId: string) => ({
+        id,
+        conversationId,
+        turnId: null,
+        kind: 'output',
+        stream: 'stdout',
+        data: `in ${conversationId}`,
+        stage: null,
+        state: null,
+        durationMs: null,
+        ts: '2026-11-27T10:00:00.000Z',
+        producer: 'p',
+        seq: id,
+      });
+      const stored = async () =>
+        (
+          await sql<{ conversation_id: string }[]>`
             SELECT conversation_id FROM log_events WHERE account_id = ${ten} ORDER BY id`
-          ).map((r) => r.conversation_id);
-        // Advisory locks held (or waited for) in the test's database, by mode.
-        const advisory = async (granted: boolean, mode: string) =>
-          (
-            await sql`
+        ).map((r) => r.conversation_id);
+      // Advisory locks held (or waited for) in the test's database, by mode.
+      const advisory = async (granted: boolean, mode: string) =>
+        (
+          await sql`
             SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted = ${granted} AND mode = ${mode}
               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
-          ).length > 0;
-        const release = () => {
-          let open = () => {};
-          const gate = new Promise<void>((resolve) => {
-            open = resolve;
-          });
-          return { gate, open };
-        };
+        ).length > 0;
+      const release = () => {
+        let open = () => {};
+        const gate = new Promise<void>((resolve) => {
+          open = resolve;
+        });
+        return { gate, open };
+      };
 
-        // The copy first: its transaction holds the lock; the delete waits, then removes its rows.
-        await haveConversations(sql, ten, 'first', 'other');
-        const copyHeld = release();
-        const copying = sql.begin(async (tx) => {
-          await logEvents.storeBatch(tx as unknown as Sql, ten, [event(1, 'first'), event(2, 'other')]);
-          await copyHeld.gate;
-        });
-        await until('the copy to hold the lock', () => advisory(true, 'ShareLock'));
-        let deleted: boolean | undefined;
-        const deleting = conversations.deleteConversation(sql, ten, 'first').then((d) => {
-          deleted = d;
-        });
-        await until('the delete to wait for the lock', () => advisory(false, 'ExclusiveLock'));
-        t.equal(deleted, undefined, 'the delete waits for the copy under way');
-        copyHeld.open();
-        await copying;
-        await deleting;
-        t.equal(deleted, true);
-        t.same(await stored(), ['other'], "the copy's rows of the deleted conversation went with it");
+      // The copy first: its transaction holds the lock; the delete waits, then removes its rows.
+      await haveConversations(sql, ten, 'first', 'other');
+      const copyHeld = release();
+      const copying = sql.begin(async (tx) => {
+        await logEvents.storeBatch(tx as unknown as Sql, ten, [event(1, 'first'), event(2, 'other')]);
+        await copyHeld.gate;
+      });
+      await until('the copy to hold the lock', () => advisory(true, 'ShareLock'));
+      let deleted: boolean | undefined;
+      const deleting = conversations.deleteConversation(sql, ten, 'first').then((d) => {
+        deleted = d;
+      });
+      await until('the delete to wait for the lock', () => advisory(false, 'ExclusiveLock'));
+      t.equal(deleted, undefined, 'the delete waits for the copy under way');
+      copyHeld.open();
+      await copying;
+      await deleting;
+      t.equal(deleted, true);
+      t.same(await stored(), ['other'], "the copy's rows of the deleted conversation went with it");
 
-        // The delete first: the copy waits, then sees the conversation gone and stores nothing of it.
-        await haveConversations(sql, ten, 'second');
-        const deleteHeld = release();
-        const deleting2 = sql.begin(async (tx) => {
-          await conversations.deleteConversation(tx as unknown as Sql, ten, 'second');
-          await deleteHeld.gate;
-        });
-        await until('the delete to hold the lock', () => advisory(true, 'ExclusiveLock'));
-        let copied: Map<string, number> | undefined;
-        const copying2 = logEvents.storeBatch(sql, ten, [event(3, 'second'), event(4, 'other')]).then((m) => {
-          copied = m;
-        });
-        await until('the copy to wait for the lock', () => advisory(false, 'ShareLock'));
-        t.equal(copied, undefined, 'the copy waits for the delete under way');
-        deleteHeld.open();
-        await deleting2;
-        await copying2;
-        t.same([...(copied ?? [])], [['p', 4]], 'the copy completes, its producer mark moved');
-        t.same(await stored(), ['other', 'other'], 'and nothing of the conversation deleted before it was stored');
-      },
-    );
+      // The delete first: the copy waits, then sees the conversation gone and stores nothing of it.
+      await haveConversations(sql, ten, 'second');
+      const deleteHeld = release();
+      const deleting2 = sql.begin(async (tx) => {
+        await conversations.deleteConversation(tx as unknown as Sql, ten, 'second');
+        await deleteHeld.gate;
+      });
+      await until('the delete to hold the lock', () => advisory(true, 'ExclusiveLock'));
+      let copied: Map<string, number> | undefined;
+      const copying2 = logEvents.storeBatch(sql, ten, [event(3, 'second'), event(4, 'other')]).then((m) => {
+        copied = m;
+      });
+      await until('the copy to wait for the lock', () => advisory(false, 'ShareLock'));
+      t.equal(copied, undefined, 'the copy waits for the delete under way');
+      deleteHeld.open();
+      await deleting2;
+      await copying2;
+      t.same([...(copied ?? [])], [['p', 4]], 'the copy completes, its producer mark moved');
+      t.same(await stored(), ['other', 'other'], 'and nothing of the conversation deleted before it was stored');
+    });
   });
 }
 
