@@ -92,8 +92,6 @@ async function adminRoutes(t: Test, backend: Backend) {
     backend,
     env: {
       ADMIN_EMAILS: `${adminEmail},${secondAdminEmail}`,
-      RUNNER_HEARTBEAT_MS: '500',
-      RUNNER_GRACE_MS: '3000',
       RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND,
     },
   });
@@ -287,7 +285,10 @@ async function adminRoutes(t: Test, backend: Backend) {
     const live = (await op.get(`/api/admin/sandboxes?account_id=${alice.accountId}&status=ready`)).body.data;
     const provisioning = (await op.get(`/api/admin/sandboxes?account_id=${alice.accountId}&status=provisioning`)).body
       .data;
-    t.equal(live.length + provisioning.length, 1, 'one sandbox is still active');
+    const statuses = (await op.get(`/api/admin/sandboxes?account_id=${alice.accountId}`)).body.data.map(
+      (s: { id: string; status: string }) => `${s.id} ${s.status}`,
+    );
+    t.equal(live.length + provisioning.length, 1, `one sandbox is still active (${statuses.join(', ')})`);
     const runner = await http.post('/api/runners', { token: alice.key, body: { name: 'box' } });
     t.equal(runner.status, 201, runner.text);
     t.equal(await upgradeStatus(svc, runner.body.token), 101, 'its runner token connects before');

@@ -1,5 +1,6 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Test } from 'tap';
@@ -16,9 +17,29 @@ export function haveRedis(): boolean {
   }
 }
 
-/** Resolves once the redis-server on `port` answers PING. */
-async function waitUp(port: number) {
-  for (let i = 0; i < 100; i++) {
+/** A port nobody listens on now, from the kernel (the server takes it right after). */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * Resolves once the redis-server on `port` answers PING; rejects with why when `server` exits
+ * first (its port taken meanwhile, say) or 30 s pass (a loaded machine is slow, not broken).
+ */
+async function waitUp(port: number, server: ChildProcess) {
+  let exited: string | undefined;
+  server.once('exit', (code, signal) => {
+    exited = signal ?? `code ${code}`;
+  });
+  for (const deadline = Date.now() + 30_000; Date.now() < deadline; ) {
+    if (exited) throw new Error(`redis-server on port ${port} exited (${exited}) before it answered`);
     try {
       execFileSync('redis-cli', ['-p', String(port), 'ping'], { stdio: 'pipe' });
       return;
@@ -26,7 +47,7 @@ async function waitUp(port: number) {
       await sleep(50);
     }
   }
-  throw new Error('redis did not come up');
+  throw new Error(`redis-server on port ${port} did not answer within 30 s`);
 }
 
 export interface OwnRedis {
@@ -44,7 +65,7 @@ export interface OwnRedis {
  * Resolves once it answers; killed and its directory removed when `t` ends.
  */
 export async function ownRedisServer(t: Test, label: string): Promise<OwnRedis> {
-  const port = 21000 + Math.floor(Math.random() * 20000);
+  let port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), `svc-${label}-`));
   let server: ChildProcess | undefined;
   t.teardown(() => {
@@ -52,7 +73,9 @@ export async function ownRedisServer(t: Test, label: string): Promise<OwnRedis> 
     rmSync(dir, { recursive: true, force: true });
   });
   const own: OwnRedis = {
-    port,
+    get port() {
+      return port;
+    },
     dir,
     async stop(signal) {
       const exited = new Promise((r) => server?.once('exit', r));
@@ -68,9 +91,17 @@ export async function ownRedisServer(t: Test, label: string): Promise<OwnRedis> 
         ],
         { stdio: 'ignore' },
       );
-      await waitUp(port);
+      await waitUp(port, server);
     },
   };
-  await own.start();
-  return own;
+  // The first start may find its port taken between the probe and the bind: another one, then.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await own.start();
+      return own;
+    } catch (err) {
+      if (attempt === 3 || !/exited/.test((err as Error).message)) throw err;
+      port = await freePort();
+    }
+  }
 }
