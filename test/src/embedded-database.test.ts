@@ -15,18 +15,12 @@ import pino from 'pino';
 import postgres from 'postgres';
 import t, { type Test } from 'tap';
 import { startTestService } from './harness.ts';
-import { argv, descendants, gone, npmStart, signUpAt, zombie } from './npm-start.ts';
+import { argv, descendants, gone, groupOf, npmStart, signUpAt, zombie } from './npm-start.ts';
 import { until } from './until.ts';
 
 /** The embedded server's processes under the service's node process (the postmaster and its workers). */
 function postgresProcesses(node: number): number[] {
   return descendants(node).filter((p) => /\/postgres$/.test(argv(p)[0] ?? '') || /^postgres:/.test(argv(p)[0] ?? ''));
-}
-
-/** The process group of `pid` (field 5 of /proc/<pid>/stat, after the command's parentheses). */
-function groupOf(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2]);
 }
 
 async function keptDir(t: Test): Promise<string> {

@@ -41,14 +41,27 @@ export async function zombie(t: Test, as?: { uid: number; gid: number }): Promis
   return pid;
 }
 
+/**
+ * The fields of /proc/<pid>/stat after the command (which may hold spaces and parentheses):
+ * [state, ppid, pgrp, ...]. Throws when the process is gone.
+ */
+function statFields(pid: number | string): string[] {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+}
+
+/** The process group of `pid`. */
+export function groupOf(pid: number): number {
+  return Number(statFields(pid)[2]);
+}
+
 /** Every process below `pid`, read from /proc. */
 export function descendants(pid: number): number[] {
   const children = new Map<number, number[]>();
   for (const entry of readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      const ppid = Number(statFields(entry)[1]);
       children.set(ppid, [...(children.get(ppid) ?? []), Number(entry)]);
     } catch {} // exited meanwhile
   }
