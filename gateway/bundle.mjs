@@ -5,14 +5,17 @@
 // `import.meta.url` is rewritten to that file's own URL, so the paths it computes from it
 // (migrations, the runner's bin) are what they are in the source. Rebuilt when older than
 // anything it is built from; where it cannot be built (esbuild, a development dependency, is
-// absent), `npm start` runs the source through tsx.
+// absent), `npm start` runs the source through tsx. The bench's target (bench/src/serve.ts) is
+// built the same way, by ensureBundle with its own entry.
 import { mkdirSync, readFileSync, renameSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { newest } from '../runner-agent/bundle.mjs';
 
 const here = (path) => fileURLToPath(new URL(path, import.meta.url));
 export const BUNDLE = here('./dist/start.mjs');
-const SOURCES = [
+/** What the service's bundle is built from; another bundle of the service adds its own. */
+export const SOURCES = [
   here('./src'),
   here('../core/src'),
   here('../db/src'),
@@ -20,33 +23,39 @@ const SOURCES = [
   here('../package-lock.json'),
 ];
 
-/** True when the bundle exists and nothing it is built from changed after it. */
+/** True when `outfile` exists and nothing of `sources` changed after it. */
+export function isFresh(outfile = BUNDLE, sources = SOURCES) {
+  const built = newest(outfile);
+  return built > 0 && sources.every((s) => newest(s) <= built);
+}
+
+/** True when the service's bundle exists and nothing it is built from changed after it. */
 export function bundleIsFresh() {
-  const built = newest(BUNDLE);
-  return built > 0 && SOURCES.every((s) => newest(s) <= built);
+  return isFresh();
 }
 
 /**
  * Builds the bundle unless it is fresh; false when it cannot be built here (no esbuild, or a
  * checkout this user may not write to, as in the image, which builds it when it is made).
+ * `entry`, `outfile` and `sources` make another program of the service's (the bench's target).
  */
-export async function ensureBundle() {
-  if (bundleIsFresh()) return true;
+export async function ensureBundle({ entry = here('./src/start.ts'), outfile = BUNDLE, sources = SOURCES } = {}) {
+  if (isFresh(outfile, sources)) return true;
   try {
-    await build(await import('esbuild'));
+    await build(await import('esbuild'), entry, outfile);
     return true;
   } catch (err) {
     const why = String(err?.message ?? err).split('\n')[0];
-    process.stderr.write(`svc: the service bundle could not be built (${why}); its source runs through tsx\n`);
+    process.stderr.write(`svc: ${outfile} could not be built (${why}); its source runs through tsx\n`);
     return false;
   }
 }
 
-async function build(esbuild) {
-  mkdirSync(here('./dist'), { recursive: true });
-  const staged = `${BUNDLE}.${process.pid}.tmp`;
+async function build(esbuild, entry, outfile) {
+  mkdirSync(dirname(outfile), { recursive: true });
+  const staged = `${outfile}.${process.pid}.tmp`;
   await esbuild.build({
-    entryPoints: [here('./src/start.ts')],
+    entryPoints: [entry],
     outfile: staged,
     bundle: true,
     platform: 'node',
@@ -75,5 +84,5 @@ async function build(esbuild) {
       },
     ],
   });
-  renameSync(staged, BUNDLE);
+  renameSync(staged, outfile);
 }

@@ -365,6 +365,9 @@ try {
   // And `npm start`, which tests run as a user does, from the service's (gateway/bundle.mjs).
   const service = await import('../gateway/bundle.mjs');
   await service.ensureBundle();
+  // And the bench's target, which the bench's smoke files start many times (bench/bundle.mjs).
+  const { ensureServeBundle } = await import('../bench/bundle.mjs');
+  await ensureServeBundle();
   // So does the scripted ACP agent that stands in for the runtimes (test/src/runner-process.ts).
   const { build } = await import('esbuild');
   await build({

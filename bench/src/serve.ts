@@ -2,7 +2,7 @@
  * A bench target: the service on embedded storage (or what BENCH_CONFIG names: REDIS_URL,
  * EDGE=false, ...), rate limit off, logging silent. Run it with `fork` (lib/ours.ts): it
  * sends `{type: 'ready', url, port}` when listening and answers calls `{id, op, args}` where
- * `op` is `<module>#<export>` under bench/src, called with the service and `args`. That is how
+ * `op` is `<module>#<export>` of the modules listed below, called with the service and `args`. That is how
  * a scenario makes its accounts and conversations and appends inside the target's process.
  */
 import { randomBytes } from 'node:crypto';
@@ -24,6 +24,21 @@ const config = loadConfig({
 });
 const service = await startService(config, createLogger(config.LOG_LEVEL));
 
+/**
+ * The modules a call may name, as literal imports: so a build of this file (lib/ours.ts runs
+ * bench/dist/serve.mjs when it is current) holds them too.
+ */
+const modules: Record<string, () => Promise<Record<string, unknown>>> = {
+  'ops/crud': () => import('./ops/crud.ts'),
+  'ops/fanout': () => import('./ops/fanout.ts'),
+  'ops/gc': () => import('./ops/gc.ts'),
+  'ops/memory': () => import('./ops/memory.ts'),
+  'ops/profile': () => import('./ops/profile.ts'),
+  'ops/replay': () => import('./ops/replay.ts'),
+  'ops/runners': () => import('./ops/runners.ts'),
+  tenant: () => import('./tenant.ts'),
+};
+
 interface Call {
   id: number;
   op: string;
@@ -34,11 +49,9 @@ process.on('message', (m: Call) => {
   void (async () => {
     try {
       const [file, name] = m.op.split('#') as [string, string];
-      const mod = (await import(new URL(`./${file}.ts`, import.meta.url).href)) as Record<
-        string,
-        (svc: typeof service, args: unknown) => Promise<unknown>
-      >;
-      const fn = mod[name];
+      const load = modules[file];
+      if (!load) throw new Error(`no module ${file} (serve.ts lists the modules a call may name)`);
+      const fn = (await load())[name] as ((svc: typeof service, args: unknown) => Promise<unknown>) | undefined;
       if (typeof fn !== 'function') throw new Error(`no export ${name} in ${file}`);
       process.send?.({ id: m.id, result: await fn(service, m.args) });
     } catch (err) {

@@ -1,5 +1,5 @@
 import { type ChildProcess, fork } from 'node:child_process';
-import { join } from 'node:path';
+import { ensureServeBundle, SERVE, SERVE_BUNDLE } from '../../bundle.mjs';
 import { repoRoot } from './machine.ts';
 import { stopChild } from './proc.ts';
 
@@ -8,9 +8,17 @@ export interface Ours {
   port: number;
   pid: number;
   child: ChildProcess;
-  /** Calls `<module>#<export>` (a path under bench/src without `.ts`) inside the target. */
+  /** Calls `<module>#<export>` (a module serve.ts lists, e.g. `ops/memory`) inside the target. */
   call<T>(op: string, args?: unknown): Promise<T>;
   stop(): Promise<void>;
+}
+
+let serveBuilt: Promise<boolean> | undefined;
+
+/** serve.ts's build (bench/bundle.mjs) when it is or can be made current, else the source. */
+async function serveEntry(): Promise<{ module: string; execArgv: string[] }> {
+  serveBuilt ??= ensureServeBundle();
+  return (await serveBuilt) ? { module: SERVE_BUNDLE, execArgv: [] } : { module: SERVE, execArgv: ['--import', 'tsx'] };
 }
 
 /**
@@ -20,9 +28,10 @@ export interface Ours {
  * (`--cpu-prof`, `--max-old-space-size`).
  */
 export async function startOurs(config: Record<string, string> = {}, nodeArgs: string[] = []): Promise<Ours> {
-  const child = fork(join(repoRoot, 'bench/src/serve.ts'), [], {
+  const entry = await serveEntry();
+  const child = fork(entry.module, [], {
     cwd: repoRoot,
-    execArgv: ['--import', 'tsx', ...nodeArgs],
+    execArgv: [...entry.execArgv, ...nodeArgs],
     env: { ...process.env, BENCH_CONFIG: JSON.stringify(config) },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   });

@@ -1,0 +1,4 @@
+// Types of bundle.mjs (plain JavaScript: test/run.mjs runs it).
+export const SERVE: string;
+export const SERVE_BUNDLE: string;
+export function ensureServeBundle(): Promise<boolean>;
