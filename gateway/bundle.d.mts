@@ -1,8 +1,6 @@
 // Types of bundle.mjs (plain JavaScript: start.mjs and test/run.mjs run it before install).
 export const BUNDLE: string;
 export const SOURCES: readonly string[];
-export function isFresh(outfile?: string, sources?: readonly string[]): boolean;
-export function bundleIsFresh(): boolean;
 export function ensureBundle(options?: {
   entry?: string;
   outfile?: string;

@@ -24,14 +24,9 @@ export const SOURCES = [
 ];
 
 /** True when `outfile` exists and nothing of `sources` changed after it. */
-export function isFresh(outfile = BUNDLE, sources = SOURCES) {
+function isFresh(outfile, sources) {
   const built = newest(outfile);
   return built > 0 && sources.every((s) => newest(s) <= built);
-}
-
-/** True when the service's bundle exists and nothing it is built from changed after it. */
-export function bundleIsFresh() {
-  return isFresh();
 }
 
 /**

@@ -2,8 +2,9 @@
  * A bench target: the service on embedded storage (or what BENCH_CONFIG names: REDIS_URL,
  * EDGE=false, ...), rate limit off, logging silent. Run it with `fork` (lib/ours.ts): it
  * sends `{type: 'ready', url, port}` when listening and answers calls `{id, op, args}` where
- * `op` is `<module>#<export>` of the modules listed below, called with the service and `args`. That is how
- * a scenario makes its accounts and conversations and appends inside the target's process.
+ * `op` is `<module>#<export>` of the modules listed below, called with the service and `args`.
+ * That is how a scenario makes its accounts and conversations and appends inside the target's
+ * process.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
