@@ -6,3 +6,5 @@ export function ensureBundle(options?: {
   outfile?: string;
   sources?: readonly string[];
 }): Promise<boolean>;
+/** esbuild options every build of the workspace's TypeScript shares (bundle.mjs says which). */
+export const WORKSPACE_BUILD: Record<string, unknown>;

@@ -46,38 +46,43 @@ export async function ensureBundle({ entry = here('./src/start.ts'), outfile = B
   }
 }
 
+/**
+ * What every build of the workspace's TypeScript for plain node shares (this file's bundles,
+ * test/run.mjs's of the test files): npm packages stay imports; the workspace's own (@svc/*,
+ * TypeScript) are inlined, each file's `import.meta.url`, `dirname` and `filename` rewritten
+ * to that file's own.
+ */
+export const WORKSPACE_BUILD = {
+  bundle: true,
+  platform: 'node',
+  target: 'node20',
+  format: 'esm',
+  conditions: ['svc-workspace'],
+  logLevel: 'error',
+  plugins: [
+    {
+      name: 'svc-workspace',
+      setup(build) {
+        build.onResolve({ filter: /^[^./]/ }, (args) =>
+          args.path.startsWith('@svc/') || args.path.startsWith('node:')
+            ? undefined
+            : { path: args.path, external: true },
+        );
+        build.onLoad({ filter: /\.ts$/ }, (args) => ({
+          contents: readFileSync(args.path, 'utf8')
+            .replaceAll('import.meta.url', JSON.stringify(pathToFileURL(args.path).href))
+            .replaceAll('import.meta.dirname', JSON.stringify(dirname(args.path)))
+            .replaceAll('import.meta.filename', JSON.stringify(args.path)),
+          loader: 'ts',
+        }));
+      },
+    },
+  ],
+};
+
 async function build(esbuild, entry, outfile) {
   mkdirSync(dirname(outfile), { recursive: true });
   const staged = `${outfile}.${process.pid}.tmp`;
-  await esbuild.build({
-    entryPoints: [entry],
-    outfile: staged,
-    bundle: true,
-    platform: 'node',
-    target: 'node20',
-    format: 'esm',
-    conditions: ['svc-workspace'],
-    logLevel: 'error',
-    plugins: [
-      {
-        name: 'svc-workspace',
-        setup(build) {
-          // npm packages stay imports; the workspace's own (@svc/*, TypeScript) are inlined.
-          build.onResolve({ filter: /^[^./]/ }, (args) =>
-            args.path.startsWith('@svc/') || args.path.startsWith('node:')
-              ? undefined
-              : { path: args.path, external: true },
-          );
-          build.onLoad({ filter: /\.ts$/ }, (args) => ({
-            contents: readFileSync(args.path, 'utf8').replaceAll(
-              'import.meta.url',
-              JSON.stringify(pathToFileURL(args.path).href),
-            ),
-            loader: 'ts',
-          }));
-        },
-      },
-    ],
-  });
+  await esbuild.build({ ...WORKSPACE_BUILD, entryPoints: [entry], outfile: staged });
   renameSync(staged, outfile);
 }

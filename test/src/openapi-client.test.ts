@@ -10,6 +10,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import openapiTS, { astToString } from 'openapi-typescript';
 import t from 'tap';
+import { tsImport } from 'tsx/esm/api';
 import ts from 'typescript';
 import { signUp, startTestService } from './harness.ts';
 
@@ -96,7 +97,8 @@ t.test('a client generated from the document type-checks and calls the service',
 
   t.same(typeErrors([join(dir, 'client.ts')]), [], 'the client program type-checks against the generated types');
 
-  const client = (await import(pathToFileURL(join(dir, 'client.ts')).href)) as {
+  // Through tsx's loader for this import alone: the test itself may run compiled (test/run.mjs).
+  const client = (await tsImport(pathToFileURL(join(dir, 'client.ts')).href, import.meta.url)) as {
     run(baseUrl: string, key: string): Promise<Record<string, unknown>>;
   };
   const result = await client.run(svc.url, key);
