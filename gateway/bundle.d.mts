@@ -1,5 +1,6 @@
 // Types of bundle.mjs (plain JavaScript: start.mjs and test/run.mjs run it before install).
 export const BUNDLE: string;
+export const CHILD_BUNDLE: string;
 export const SOURCES: readonly string[];
 export function ensureBundle(options?: {
   entry?: string;

@@ -7,13 +7,18 @@
 // anything it is built from; where it cannot be built (esbuild, a development dependency, is
 // absent), `npm start` runs the source through tsx. The bench's target (bench/src/serve.ts) is
 // built the same way, by ensureBundle with its own entry.
-import { mkdirSync, readFileSync, renameSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { newest } from '../runner-agent/bundle.mjs';
 
 const here = (path) => fileURLToPath(new URL(path, import.meta.url));
 export const BUNDLE = here('./dist/start.mjs');
+/**
+ * The service's other edge processes (src/processes/child.ts), built beside every bundle of the
+ * service: a bundle forks it (its SVC_EDGE_CHILD names it) rather than child.ts through tsx.
+ */
+export const CHILD_BUNDLE = here('./dist/child.mjs');
 /** What the service's bundle is built from; another bundle of the service adds its own. */
 export const SOURCES = [
   here('./src'),
@@ -35,9 +40,12 @@ function isFresh(outfile, sources) {
  * `entry`, `outfile` and `sources` make another program of the service's (the bench's target).
  */
 export async function ensureBundle({ entry = here('./src/start.ts'), outfile = BUNDLE, sources = SOURCES } = {}) {
-  if (isFresh(outfile, sources)) return true;
+  const child = isFresh(CHILD_BUNDLE, SOURCES);
+  if (child && isFresh(outfile, sources)) return true;
   try {
-    await build(await import('esbuild'), entry, outfile);
+    const esbuild = await import('esbuild');
+    if (!child) await build(esbuild, here('./src/processes/child.ts'), CHILD_BUNDLE);
+    await build(esbuild, entry, outfile);
     return true;
   } catch (err) {
     const why = String(err?.message ?? err).split('\n')[0];
@@ -47,9 +55,26 @@ export async function ensureBundle({ entry = here('./src/start.ts'), outfile = B
 }
 
 /**
+ * The names of the workspace's own packages (@svc/*, svc-runner), from their manifests; the
+ * image holds only some of the workspaces.
+ */
+const WORKSPACE_PACKAGES = new Set(
+  JSON.parse(readFileSync(here('../package.json'), 'utf8')).workspaces.flatMap((dir) => {
+    const manifest = here(`../${dir}/package.json`);
+    return existsSync(manifest) ? [JSON.parse(readFileSync(manifest, 'utf8')).name] : [];
+  }),
+);
+/** The package a bare specifier names: `a` of `a/b`, `@s/a` of `@s/a/b`. */
+const packageOf = (specifier) =>
+  specifier
+    .split('/')
+    .slice(0, specifier.startsWith('@') ? 2 : 1)
+    .join('/');
+
+/**
  * What every build of the workspace's TypeScript for plain node shares (this file's bundles,
- * test/run.mjs's of the test files): npm packages stay imports; the workspace's own (@svc/*,
- * TypeScript) are inlined, each file's `import.meta.url`, `dirname` and `filename` rewritten
+ * test/run.mjs's of the test files): npm packages stay imports; the workspace's own packages
+ * (TypeScript) are inlined, each file's `import.meta.url`, `dirname` and `filename` rewritten
  * to that file's own.
  */
 export const WORKSPACE_BUILD = {
@@ -64,7 +89,7 @@ export const WORKSPACE_BUILD = {
       name: 'svc-workspace',
       setup(build) {
         build.onResolve({ filter: /^[^./]/ }, (args) =>
-          args.path.startsWith('@svc/') || args.path.startsWith('node:')
+          WORKSPACE_PACKAGES.has(packageOf(args.path)) || args.path.startsWith('node:')
             ? undefined
             : { path: args.path, external: true },
         );
@@ -83,6 +108,11 @@ export const WORKSPACE_BUILD = {
 async function build(esbuild, entry, outfile) {
   mkdirSync(dirname(outfile), { recursive: true });
   const staged = `${outfile}.${process.pid}.tmp`;
-  await esbuild.build({ ...WORKSPACE_BUILD, entryPoints: [entry], outfile: staged });
+  await esbuild.build({
+    ...WORKSPACE_BUILD,
+    entryPoints: [entry],
+    outfile: staged,
+    define: { SVC_EDGE_CHILD: JSON.stringify(CHILD_BUNDLE) },
+  });
   renameSync(staged, outfile);
 }

@@ -184,17 +184,25 @@ function stopAll() {
 
 // ---------------------------------------------------------------------------------------------
 // The scheduler: every test file in a node process of its own (as tap's runner spawns them),
-// TEST_JOBS at a time (default 3), longest first by the times recorded in test/durations.json
-// (files not listed there first of all: a new file may be long), so the longest files do not
-// start last and leave the run waiting on them. Each file's time is written to
+// TEST_JOBS at a time (default 3; the files of WAITS in a lane beside them), longest first by
+// the times recorded in test/durations.json (files not listed there first of all: a new file
+// may be long), so the longest files do not start last and leave the run waiting on them. Each file's time is written to
 // .tap/durations.json after a run; copy it over test/durations.json to keep the order current.
 
 const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
-/** Files run at once. */
+/** Files run at once, besides the lane of WAITS. */
 const JOBS = positiveInteger('TEST_JOBS', 3);
+/**
+ * Files that mostly wait: the bench's smoke runs, whose scenarios load the service for set
+ * durations and leave the cores idle for much of theirs (longest first put three side by
+ * side at the start of a clean-clone run, and the CPU was 55% idle over the five minutes they
+ * took). They run one at a time in a lane of their own beside the TEST_JOBS lanes, which take
+ * them up too once the rest is begun.
+ */
+const WAITS = /(^|\/)bench-smoke-[^/]*\.test\.ts$/;
 
 /** A setting from the environment that must be a whole number above 0; a typo stops the run. */
 function positiveInteger(name, fallback) {
@@ -255,11 +263,14 @@ function readDurations(file) {
  * files pay on a machine the suite keeps busy. A map of file to its build; undefined (the
  * files then run through tsx, as TEST_TSX=1 makes them) when they cannot be built.
  */
-async function buildTestFiles(files) {
+async function buildTestFiles(files, serviceBuilt) {
   if (process.env.TEST_TSX === '1') return undefined;
   const outdir = join(root, '.tap', 'build');
   try {
-    const [{ build }, { WORKSPACE_BUILD }] = await Promise.all([import('esbuild'), import('../gateway/bundle.mjs')]);
+    const [{ build }, { WORKSPACE_BUILD, CHILD_BUNDLE }] = await Promise.all([
+      import('esbuild'),
+      import('../gateway/bundle.mjs'),
+    ]);
     rmSync(outdir, { recursive: true, force: true });
     await build({
       ...WORKSPACE_BUILD,
@@ -269,6 +280,8 @@ async function buildTestFiles(files) {
       outExtension: { '.js': '.mjs' },
       splitting: true,
       sourcemap: 'linked',
+      // A service a test starts forks its other edge processes from their build, as npm start's.
+      define: serviceBuilt ? { SVC_EDGE_CHILD: JSON.stringify(CHILD_BUNDLE) } : {},
     });
     return new Map(files.map((f) => [f, join(outdir, relative(root, resolve(root, f)).replace(/\.ts$/, '.mjs'))]));
   } catch (err) {
@@ -350,7 +363,7 @@ async function runFile(file, built, env, Parser, counts, failures) {
   return ms;
 }
 
-async function runTests(env) {
+async function runTests(env, serviceBuilt) {
   const { Parser } = await import('tap-parser');
   const args = process.argv.slice(2);
   const files = testFiles(args);
@@ -358,19 +371,25 @@ async function runTests(env) {
   const order = [...files].sort(
     (a, b) => (known[b] ?? Number.POSITIVE_INFINITY) - (known[a] ?? Number.POSITIVE_INFINITY),
   );
-  const built = await buildTestFiles(files);
+  const built = await buildTestFiles(files, serviceBuilt);
   const jobs = JOBS;
   const counts = { passed: 0, failed: 0, skipped: 0, todo: 0, files: 0, ended: 0, failedFiles: 0 };
   const failures = [];
   const times = {};
-  const queue = [...order];
-  await Promise.all(
-    Array.from({ length: Math.min(jobs, queue.length) }, async () => {
-      for (let file = queue.shift(); file; file = queue.shift()) {
+  const waiting = order.filter((f) => WAITS.test(f));
+  const queue = order.filter((f) => !WAITS.test(f));
+  const lane = async (...queues) => {
+    for (const q of queues) {
+      for (let file = q.shift(); file; file = q.shift()) {
         times[file] = await runFile(file, built?.get(file), env, Parser, counts, failures);
       }
-    }),
-  );
+    }
+  };
+  // TEST_JOBS lanes take the rest, then what the lane of the waiting files has not begun yet.
+  await Promise.all([
+    lane(waiting),
+    ...Array.from({ length: Math.min(jobs, order.length) }, () => lane(queue, waiting)),
+  ]);
   for (const f of failures) {
     const { source: _source, ...diag } = f.diag ?? {};
     const text = Object.keys(diag).length ? JSON.stringify(diag, null, 2) : '';
@@ -396,7 +415,7 @@ try {
   ensureBundle(); // says why when it cannot
   // And `npm start`, which tests run as a user does, from the service's (gateway/bundle.mjs).
   const service = await import('../gateway/bundle.mjs');
-  await service.ensureBundle();
+  const serviceBuilt = await service.ensureBundle();
   // And the bench's target, which the bench's smoke files start many times (bench/bundle.mjs).
   const { ensureServeBundle } = await import('../bench/bundle.mjs');
   await ensureServeBundle();
@@ -421,7 +440,7 @@ try {
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());
   delete env.REDIS_URL;
   delete env.DATABASE_URL;
-  result = await runTests(env);
+  result = await runTests(env, serviceBuilt);
 } catch (err) {
   process.stdout.write(`\n[test] ${err.stack ?? err}\n`);
 } finally {

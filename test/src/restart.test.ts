@@ -195,7 +195,12 @@ t.test(
       [{ state }] = (await b.http.get(`/api/conversations/${conv.id}/turns`, { token })).body.data;
     }
     t.equal(state, 'interrupted', 'ended within 10 s of the start, not after the grace');
-    const seen = await events(b);
+    // The turn's row and its events are written one after the other: read once both are.
+    let seen = await events(b);
+    for (let i = 0; i < 100 && seen.filter((e) => e.stage === 'turn').at(-1)?.state !== 'interrupted'; i++) {
+      await sleep(100);
+      seen = await events(b);
+    }
     t.match(
       seen.find((e) => e.stage === 'reattach'),
       { state: 'failed', data: /runner-agent went with it/ },

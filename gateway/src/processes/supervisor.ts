@@ -65,14 +65,18 @@ export function freePort(host: string): Promise<number> {
   });
 }
 
-const childEntry = fileURLToPath(new URL('./child.ts', import.meta.url));
+/** The build of child.ts, where this process runs from a bundle (gateway/bundle.mjs defines it). */
+declare const SVC_EDGE_CHILD: string | undefined;
+const childBundle = typeof SVC_EDGE_CHILD === 'string' ? SVC_EDGE_CHILD : undefined;
+const childEntry = childBundle ?? fileURLToPath(new URL('./child.ts', import.meta.url));
 
 /**
- * The node flags a child runs with: the parent's, minus loaders (a child registers tsx itself,
- * once) and inspectors (a second debugger on the same port would fail), plus tsx.
+ * The node flags a child runs with: the parent's, minus loaders (a child of the source
+ * registers tsx itself, once; a bundle's needs none) and inspectors (a second debugger on the
+ * same port would fail).
  */
 function childExecArgv(parent: readonly string[]): string[] {
-  const out = ['--import', import.meta.resolve('tsx')];
+  const out = childBundle ? [] : ['--import', import.meta.resolve('tsx')];
   for (let i = 0; i < parent.length; i++) {
     const arg = parent[i] as string;
     if (/^(--import|--loader|--experimental-loader|--require|-r)$/.test(arg)) i++;
