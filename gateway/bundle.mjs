@@ -71,10 +71,13 @@ const packageOf = (specifier) =>
     .slice(0, specifier.startsWith('@') ? 2 : 1)
     .join('/');
 
+/** `import.meta.<field>`, spelled so that this file, bundled into a test, keeps its patterns. */
+const meta = (field) => `import.meta.${field}`;
+
 /**
  * What every build of the workspace's TypeScript for plain node shares (this file's bundles,
  * test/run.mjs's of the test files): npm packages stay imports; the workspace's own packages
- * (TypeScript) are inlined, each file's `import.meta.url`, `dirname` and `filename` rewritten
+ * and files are inlined, each file's `import.meta.url`, `dirname` and `filename` rewritten
  * to that file's own.
  */
 export const WORKSPACE_BUILD = {
@@ -93,12 +96,14 @@ export const WORKSPACE_BUILD = {
             ? undefined
             : { path: args.path, external: true },
         );
-        build.onLoad({ filter: /\.ts$/ }, (args) => ({
+        // .mjs too: the plain-JavaScript build helpers (bench/bundle.mjs, this file) that a
+        // bundled test imports compute their paths from import.meta.url as well.
+        build.onLoad({ filter: /\.(ts|mjs)$/ }, (args) => ({
           contents: readFileSync(args.path, 'utf8')
-            .replaceAll('import.meta.url', JSON.stringify(pathToFileURL(args.path).href))
-            .replaceAll('import.meta.dirname', JSON.stringify(dirname(args.path)))
-            .replaceAll('import.meta.filename', JSON.stringify(args.path)),
-          loader: 'ts',
+            .replaceAll(meta('url'), JSON.stringify(pathToFileURL(args.path).href))
+            .replaceAll(meta('dirname'), JSON.stringify(dirname(args.path)))
+            .replaceAll(meta('filename'), JSON.stringify(args.path)),
+          loader: args.path.endsWith('.ts') ? 'ts' : 'js',
         }));
       },
     },
