@@ -186,8 +186,9 @@ function stopAll() {
 // The scheduler: every test file in a node process of its own (as tap's runner spawns them),
 // TEST_JOBS at a time (default 3; the files of WAITS in a lane beside them), longest first by
 // the times recorded in test/durations.json (files not listed there first of all: a new file
-// may be long), so the longest files do not start last and leave the run waiting on them. Each file's time is written to
-// .tap/durations.json after a run; copy it over test/durations.json to keep the order current.
+// may be long), so the longest files do not start last and leave the run waiting on them.
+// Each file's time is written to .tap/durations.json after a run; copy it over
+// test/durations.json to keep the order current.
 
 const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
