@@ -26,6 +26,11 @@ ENV NODE_ENV=production \
     PORT=8080 \
     DATA_DIR=/data
 WORKDIR /app
+# Local sandboxes run in namespaces of their own (bubblewrap; socat bridges them out of their
+# network namespace). Docker's default seccomp profile refuses the user namespaces they need:
+# run the container with `--security-opt seccomp=unconfined` (or a profile allowing unshare),
+# or set SANDBOX_ISOLATION=none for a single trusted tenant.
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap socat && rm -rf /var/lib/apt/lists/*
 COPY --from=deps /app/node_modules ./node_modules
 COPY package.json package-lock.json ./
 COPY core core

@@ -11,6 +11,7 @@ if (!existsSync(join(root, 'node_modules', 'tsx')) || !existsSync(join(root, 'no
   execSync('npm ci --no-audit --no-fund', { cwd: root, stdio: 'inherit' });
 }
 process.chdir(root);
+(await import('./isolation-tools.mjs')).ensureIsolationTools();
 // Local sandboxes' runner-agents start from the compiled bundle when it can be built here.
 const runner = await import('../runner-agent/bundle.mjs');
 runner.ensureBundle();

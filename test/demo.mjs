@@ -13,6 +13,7 @@ if (!needed.every((name) => existsSync(join(root, 'node_modules', name)))) {
   execSync('npm ci --no-audit --no-fund', { cwd: root, stdio: 'inherit' });
 }
 process.chdir(root);
+(await import('../gateway/isolation-tools.mjs')).ensureIsolationTools();
 const { register } = await import('tsx/esm/api');
 register();
 const { runDemo } = await import('./src/demo/demo.ts');

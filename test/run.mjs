@@ -436,6 +436,9 @@ try {
   if (!haveCommand('git')) aptInstall(['git']);
   // Uploads are tested with curl itself (it sends Expect: 100-continue for large bodies).
   if (!haveCommand('curl')) aptInstall(['curl']);
+  // Sandboxes run isolated: bubblewrap, and socat for their bridges out of the network namespace.
+  const isolation = ['bubblewrap', 'socat'].filter((p) => !haveCommand(p === 'bubblewrap' ? 'bwrap' : p));
+  if (isolation.length > 0) aptInstall(isolation);
   const env = { ...process.env, NODE_ENV: 'test' };
   env.TEST_REDIS_URL = process.env.REDIS_URL || (await startRedis());
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());

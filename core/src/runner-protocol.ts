@@ -118,6 +118,14 @@ export const SandboxCreate = z.object({
     .nullable()
     .optional(),
   /**
+   * The hosts the sandbox's runtimes always reach, whatever its policy: the model provider's
+   * and the service's own (`host:port`). An isolated sandbox has no network but the runner's
+   * bridges, so these are bridged even when the policy is unrestricted, and they may be on
+   * the runner's loopback or a private network, where an unrestricted policy does not lead.
+   * Optional: a runner one release older ignores it.
+   */
+  reach: z.array(z.string().min(1).max(260)).max(10).optional(),
+  /**
    * The environment's repositories, cloned into `mount_path` under the sandbox (stage `clone`).
    * This and the two fields below are optional: a runner one release older ignores them.
    */

@@ -162,6 +162,11 @@ export const ConfigSchema = z.object({
   RUNTIME_GEMINI_COMMAND: z.string().min(1).default('gemini --experimental-acp'),
   RUNTIME_OPENCODE_COMMAND: z.string().min(1).default('opencode acp'),
   SANDBOX_PROVIDER_DEFAULT: z.enum(['local', 'runner']).default('local'),
+  /**
+   * How `local` sandboxes are isolated: `namespaces` (each in namespaces of its own, through
+   * bubblewrap; a machine that cannot refuses to build them, saying why) or `none`.
+   */
+  SANDBOX_ISOLATION: z.enum(['namespaces', 'none']).default('namespaces'),
   SANDBOX_QUOTA_DEFAULT: z.coerce.number().int().min(0).default(10),
   FLEET_MAX_SANDBOXES: z.coerce.number().int().min(0).default(100),
   TURN_TIME_LIMIT_MS: z.coerce

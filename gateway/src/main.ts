@@ -387,6 +387,9 @@ export async function startService(
       // Local runner-agents connect to this process directly, whatever PUBLIC_URL says.
       baseUrl: () => publicUrl({ ...config, PUBLIC_URL: undefined }, boundPort),
       root: join(config.DATA_DIR, 'local-sandboxes'),
+      isolation: config.SANDBOX_ISOLATION,
+      // What its sandboxes must not see: the instance's data (master key, database, mail).
+      hidden: [resolve(config.DATA_DIR)],
     });
     cleanups.push(() => local.stopAll());
     const providers = new SandboxProviders(

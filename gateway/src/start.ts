@@ -1,8 +1,23 @@
-import { resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { delimiter, join, resolve } from 'node:path';
 import { EmbeddedUnavailableError } from '@svc/db';
 import { type Config, ConfigError, loadConfig } from './config.ts';
 import { createLogger, type Service, startService } from './main.ts';
 import { EXIT_IN_USE, InUseError } from './processes/in-use.ts';
+
+/**
+ * What SANDBOX_ISOLATION means on this machine: `none`, or namespaces, and then whether the
+ * tools it needs are here (each runner-agent checks again, and refuses to build without them).
+ */
+function isolationLine(config: Config): string {
+  if (config.SANDBOX_ISOLATION === 'none')
+    return 'isolation none (SANDBOX_ISOLATION=none): sandbox processes run as plain processes of this machine';
+  const onPath = (cmd: string) => (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, cmd)));
+  const missing = ['bwrap', 'socat'].filter((c) => !onPath(c));
+  return missing.length === 0
+    ? 'isolated in namespaces of their own (bubblewrap)'
+    : `cannot be isolated: ${missing.join(' and ')} not installed (apt-get install bubblewrap socat), so none is built; SANDBOX_ISOLATION=none runs them without isolation`;
+}
 
 /** What `npm start` prints once the service listens: where it is, what it stores in, what to do next. */
 export function startBanner(config: Config, service: Service): string {
@@ -17,6 +32,7 @@ export function startBanner(config: Config, service: Service): string {
     `  storage: ${storage}; live log and bus: ${config.REDIS_URL ? (config.REDIS_CLUSTER ? 'Redis Cluster' : 'Redis') : 'in memory'}`,
     `  edge processes: ${config.EDGE_PROCESSES}${config.EDGE_PROCESSES > 1 ? ` on one port (SO_REUSEPORT), pids ${[process.pid, ...(service.edgeProcesses?.pids() ?? [])].join(', ')}` : ''}`,
     `  mail goes to: ${service.mailer.describe}`,
+    `  local sandboxes: ${isolationLine(config)}`,
     `  API reference: ${service.url}/api/docs (OpenAPI at ${service.url}/api/openapi.json)`,
     '',
     '  Next: register, then open the verification link from the mail folder:',

@@ -16,6 +16,7 @@ import {
 } from '@svc/core';
 import WebSocket from 'ws';
 import type { EgressGrant } from './egress-proxy.ts';
+import { Isolation, type IsolationMode } from './isolation.ts';
 import { type RunAs, RunnerEgress } from './network.ts';
 import { OutputLog, type OutputLogOptions } from './output.ts';
 import { type RuntimeCommands, withLocalRuntimeCommand } from './runtime-commands.ts';
@@ -38,6 +39,13 @@ export interface AgentOptions {
   hostname?: string;
   /** The unprivileged user runtimes and setup scripts run as (`--run-as`; needs root). */
   runAs?: RunAs;
+  /**
+   * How sandboxes are isolated (`--isolation`): a mode, probed at start, or the Isolation the
+   * caller probed. Default `namespaces`.
+   */
+  isolation?: IsolationMode | Isolation;
+  /** Paths an isolated sandbox does not see besides the root and HOME (the service's DATA_DIR). */
+  hidden?: string[];
   /** Reconnect backoff: first delay and ceiling (exponential with full jitter between). */
   backoffMs?: { first: number; max: number };
   /**
@@ -126,6 +134,7 @@ export class RunnerAgent {
     (report) => this.report({ type: 'turn', ...report }),
   );
   private readonly egress: RunnerEgress;
+  private readonly isolation: Promise<Isolation>;
   /** Refusals already reported, per conversation, turn and host: one line each. */
   private readonly refusals = new Set<string>();
   /** Output per sandbox incarnation, kept until durable. */
@@ -140,7 +149,17 @@ export class RunnerAgent {
     private readonly report: (event: AgentEvent) => void = () => {},
   ) {
     this.url = connectUrl(options.url);
-    this.egress = new RunnerEgress(options.runAs ?? null, (grant, host) => this.refused(grant, host));
+    this.egress = new RunnerEgress(options.runAs ?? null, (grant, host, reason) => this.refused(grant, host, reason));
+    const isolation = options.isolation ?? 'namespaces';
+    this.isolation =
+      isolation instanceof Isolation
+        ? Promise.resolve(isolation)
+        : Isolation.probe({
+            mode: isolation,
+            root: options.root,
+            ...(options.hidden ? { hidden: options.hidden } : {}),
+            ...(options.runAs ? { runAs: options.runAs } : {}),
+          });
     this.done = new Promise((resolve) => {
       this.finish = resolve;
     });
@@ -380,7 +399,7 @@ export class RunnerAgent {
         const emit = (e: RunnerEvent) => this.emit(command.sandbox, command.incarnation, e);
         // A new incarnation is a clean machine: runtimes of the one before do not carry over.
         const closed = this.turns.closeSandbox(command.sandbox);
-        const build = closed.then(() =>
+        const build = closed.then(async () =>
           buildSandbox(
             this.options.root,
             {
@@ -394,9 +413,10 @@ export class RunnerAgent {
               packages: command.packages,
               skills: command.skills,
               adopt: command.adopt,
+              reach: command.reach,
             },
             emit,
-            { allowApt: this.options.allowApt ?? false, egress: this.egress },
+            { allowApt: this.options.allowApt ?? false, egress: this.egress, isolation: await this.isolation },
           ),
         );
         this.building.set(command.sandbox, build);
@@ -442,7 +462,7 @@ export class RunnerAgent {
     this.building.delete(id);
     await build?.catch(() => {});
     await this.turns.closeSandbox(id);
-    this.egress.forget(id);
+    await this.egress.forget(id);
     try {
       await rm(sandboxDir(this.options.root, id), { recursive: true, force: true });
       this.report({ type: 'sandbox', id, state: 'destroyed' });
@@ -456,7 +476,7 @@ export class RunnerAgent {
    * conversation per refused host and turn (the build's, for the setup script), so a refusal is
    * visible without a retrying client flooding the log.
    */
-  private refused(grant: EgressGrant, host: string): void {
+  private refused(grant: EgressGrant, host: string, reason = 'not in allowed_hosts'): void {
     const turnId = this.turns.runningTurn(grant.conversationId);
     const key = `${grant.conversationId} ${turnId} ${host}`;
     if (this.refusals.has(key)) return;
@@ -467,7 +487,7 @@ export class RunnerAgent {
       turn_id: turnId,
       kind: 'output',
       stream: 'stderr',
-      data: `svc-runner: network: refused ${host} (not in allowed_hosts)\n`,
+      data: `svc-runner: network: refused ${host} (${reason})\n`,
     });
   }
 

@@ -3,6 +3,7 @@
  *
  *   svc-runner --url https://svc.example.com --token-file /etc/svc-runner/token --root /srv/svc-runner
  *              [--name box1] [--output-memory-mb 8] [--run-as sandbox-user] [--allow-apt]
+ *              [--isolation namespaces|none] [--hide <path>]...
  *
  * The same through SVC_RUNNER_URL, SVC_RUNNER_TOKEN (or SVC_RUNNER_TOKEN_FILE), SVC_RUNNER_ROOT,
  * SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB, SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1. The
@@ -13,7 +14,10 @@
  * runs runtimes and setup scripts as that unprivileged user, and lets the runner fence that
  * user's traffic into its egress proxy with a firewall rule (see network.ts). `--allow-apt` lets
  * builds install environments' apt packages on this machine (as root, or through passwordless
- * sudo); without it a build with apt packages fails. It says
+ * sudo); without it a build with apt packages fails. `--isolation` (SVC_RUNNER_ISOLATION,
+ * default `namespaces`) runs each sandbox's processes in namespaces of their own (bubblewrap;
+ * isolation.ts); a machine that cannot isolate builds no sandbox, saying why, unless `none` is
+ * given. `--hide` names a further path sandboxes must not see (repeatable). It says
  * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
  */
 import { execFileSync } from 'node:child_process';
@@ -22,6 +26,7 @@ import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { MCP_BRIDGE_COMMAND } from '@svc/core';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import { ISOLATION_MODES, Isolation, type IsolationMode } from './isolation.ts';
 import { runMcpBridge } from './mcp-bridge.ts';
 import type { RunAs } from './network.ts';
 import { runtimeCommandsFrom } from './runtime-commands.ts';
@@ -43,8 +48,9 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
 
 const USAGE = `usage: svc-runner --url <service base URL> --token-file <file> --root <directory> [--name <name>]
                   [--output-memory-mb <MiB>] [--run-as <unprivileged user>] [--allow-apt]
+                  [--isolation namespaces|none] [--hide <path>]...
   (or SVC_RUNNER_URL, SVC_RUNNER_TOKEN_FILE, SVC_RUNNER_ROOT, SVC_RUNNER_NAME, SVC_RUNNER_OUTPUT_MEMORY_MB,
-   SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1)
+   SVC_RUNNER_RUN_AS, SVC_RUNNER_ALLOW_APT=1, SVC_RUNNER_ISOLATION)
 --token-file: a file holding the runner token (svcr_...); or the token itself in SVC_RUNNER_TOKEN.
   --token <runner token> works too, but every user of this machine sees it in \`ps\`.
 RUNTIME_CLAUDE_COMMAND, RUNTIME_CODEX_COMMAND, RUNTIME_GEMINI_COMMAND, RUNTIME_OPENCODE_COMMAND:
@@ -52,6 +58,11 @@ RUNTIME_CLAUDE_COMMAND, RUNTIME_CODEX_COMMAND, RUNTIME_GEMINI_COMMAND, RUNTIME_O
 --output-memory-mb: output not yet stored by the service kept in memory per sandbox (default 8);
   the rest waits on disk under <root>/spool.
 --allow-apt: environments' apt packages may be installed on this machine (as root or with passwordless sudo)
+--isolation: namespaces (default) runs each sandbox in namespaces of its own with bubblewrap; it needs
+  bubblewrap and socat (Debian: apt-get install bubblewrap socat) and unprivileged user namespaces
+  (Linux). none runs sandbox processes as plain processes of this machine: only for a machine that
+  holds nothing but sandboxes of one tenant you trust.
+--hide: a path sandboxes must not see, besides --root and HOME (repeatable)
 Create a runner and its token in the service first: POST /api/runners {"name": "..."}.`;
 
 function say(line: string): void {
@@ -94,6 +105,8 @@ const { values } = (() => {
         'output-memory-mb': { type: 'string' },
         'run-as': { type: 'string' },
         'allow-apt': { type: 'boolean' },
+        isolation: { type: 'string' },
+        hide: { type: 'string', multiple: true },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -123,6 +136,10 @@ const name = values.name ?? process.env.SVC_RUNNER_NAME;
 const outputMemoryMb = values['output-memory-mb'] ?? process.env.SVC_RUNNER_OUTPUT_MEMORY_MB;
 const runAsName = values['run-as'] ?? process.env.SVC_RUNNER_RUN_AS;
 const allowApt = values['allow-apt'] ?? process.env.SVC_RUNNER_ALLOW_APT === '1';
+const isolationMode = values.isolation ?? process.env.SVC_RUNNER_ISOLATION ?? 'namespaces';
+if (!(ISOLATION_MODES as readonly string[]).includes(isolationMode)) {
+  fail(EXIT.usage, `--isolation must be ${ISOLATION_MODES.join(' or ')} (got ${isolationMode})`);
+}
 if (!url) fail(EXIT.usage, `--url is required\n${USAGE}`);
 if (!token) fail(EXIT.usage, `--token-file (or SVC_RUNNER_TOKEN) is required\n${USAGE}`);
 if (!root) fail(EXIT.usage, `--root is required\n${USAGE}`);
@@ -166,6 +183,17 @@ if (runAsName) {
 say(
   `runner-agent ${AGENT_VERSION}; sandboxes under ${rootDir}${runAs ? `; runtimes run as ${runAs.name} (uid ${runAs.uid})` : ''}${allowApt ? '; apt packages allowed' : ''}`,
 );
+const isolation = await Isolation.probe({
+  mode: isolationMode as IsolationMode,
+  root: rootDir,
+  hidden: (values.hide ?? []).map((p) => resolve(p)),
+  ...(runAs ? { runAs } : {}),
+});
+if (isolation.unavailable) {
+  process.stderr.write(
+    `svc-runner: warning: sandboxes cannot be isolated here, so none will be built: ${isolation.unavailable}; install what is missing, or start with --isolation none\n`,
+  );
+} else say(`isolation: ${isolation.describe()}`);
 for (const [runtime, line] of Object.entries(runtimeCommands)) say(`runtime ${runtime}: ${line} (set on this machine)`);
 const options = {
   url,
@@ -173,6 +201,7 @@ const options = {
   root: rootDir,
   allowApt,
   runtimeCommands,
+  isolation,
   ...(name ? { hostname: name } : {}),
   ...(outputMemory ? { outputMemory } : {}),
   ...(runAs ? { runAs } : {}),

@@ -1,5 +1,6 @@
 import { mkdir, realpath, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, relative, resolve } from 'node:path';
+import type { Confine } from './isolation.ts';
 import { FETCH_TIMEOUT_MS, machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
 
 /** How many of git's last stderr lines a failed clone quotes in its message. */
@@ -72,7 +73,7 @@ export async function gitClone(
   url: string,
   target: string,
   ref: string | undefined,
-  options: { cwd: string; env: Record<string, string> },
+  options: { cwd: string; env: Record<string, string>; confine?: Confine | undefined },
   onOutput: OnOutput,
 ): Promise<void> {
   const tail: string[] = [];
@@ -82,7 +83,7 @@ export async function gitClone(
       'git clone',
       'git',
       args,
-      { cwd: options.cwd, env: gitEnv(url, options.env), timeoutMs: FETCH_TIMEOUT_MS },
+      { cwd: options.cwd, env: gitEnv(url, options.env), timeoutMs: FETCH_TIMEOUT_MS, confine: options.confine },
       (stream, data) => {
         if (stream === 'stderr') {
           for (const line of data.split(/[\r\n]+/)) if (line.trim()) tail.push(line.trim());

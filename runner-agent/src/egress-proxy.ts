@@ -1,6 +1,17 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { lookup } from 'node:dns/promises';
+import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import {
+  BlockList,
+  connect,
+  createServer as createNetServer,
+  isIP,
+  type Server as NetServer,
+  type Socket,
+} from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 /** Who a proxy credential belongs to, and what it may reach (null: any host). */
 export interface EgressGrant {
@@ -8,10 +19,75 @@ export interface EgressGrant {
   incarnation: number;
   conversationId: string;
   allowedHosts: string[] | null;
+  /**
+   * Hosts always reached (the model provider's, the service's), also where `allowedHosts` is
+   * null, and also on a loopback or private address.
+   */
+  reach?: string[];
 }
 
-/** A request the proxy refused because its host is not in the grant's allowlist. */
-export type OnRefused = (grant: EgressGrant, host: string) => void;
+/** A request the proxy refused: its host is not in the grant's allowlist, or it leads inside. */
+export type OnRefused = (grant: EgressGrant, host: string, reason?: string) => void;
+
+/**
+ * Addresses an unrestricted grant does not lead to: the runner's own machine (loopback, where
+ * the service's Postgres and Redis may listen), its private networks, link-local (cloud
+ * metadata at 169.254.169.254) and the unspecified address. An allowlist entry or `reach`
+ * naming the host opens it.
+ */
+const INSIDE = new BlockList();
+for (const [net, bits] of [
+  ['0.0.0.0', 8],
+  ['10.0.0.0', 8],
+  ['100.64.0.0', 10],
+  ['127.0.0.0', 8],
+  ['169.254.0.0', 16],
+  ['172.16.0.0', 12],
+  ['192.168.0.0', 16],
+] as const) {
+  INSIDE.addSubnet(net, bits, 'ipv4');
+}
+for (const [net, bits] of [
+  ['::', 128],
+  ['::1', 128],
+  ['fc00::', 7],
+  ['fe80::', 10],
+] as const) {
+  INSIDE.addSubnet(net, bits, 'ipv6');
+}
+
+/** Whether `address` (an IP) is on the runner's machine or a network inside (see INSIDE). */
+export function insideAddress(address: string): boolean {
+  const v4mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1];
+  if (v4mapped) return INSIDE.check(v4mapped, 'ipv4');
+  const family = isIP(address);
+  return family === 4 ? INSIDE.check(address, 'ipv4') : family === 6 ? INSIDE.check(address, 'ipv6') : false;
+}
+
+/**
+ * Where a request of `grant` to `host:port` goes: the address to connect to, or why it is
+ * refused. A host named by the allowlist or `reach` is connected to as it is; one allowed only
+ * because the grant is unrestricted must resolve to public addresses only (so a name pointing
+ * at 127.0.0.1 reaches nothing of the machine either).
+ */
+export async function destination(
+  grant: EgressGrant,
+  host: string,
+  port: number,
+): Promise<{ address: string } | { refused: string }> {
+  const named = hostAllowed([...(grant.allowedHosts ?? []), ...(grant.reach ?? [])], host, port);
+  if (named) return { address: normalHost(host) };
+  if (grant.allowedHosts !== null) return { refused: 'not in allowed_hosts' };
+  const name = normalHost(host);
+  let addresses: string[];
+  try {
+    addresses = isIP(name) ? [name] : (await lookup(name, { all: true })).map((a) => a.address);
+  } catch (err) {
+    return { refused: `cannot resolve: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}` };
+  }
+  if (addresses.length === 0 || addresses.some(insideAddress)) return { refused: 'a private or loopback address' };
+  return { address: addresses[0] as string };
+}
 
 const USER = 'svc';
 
@@ -62,6 +138,8 @@ export function splitHostPort(value: string): { host: string; port: number | nul
 export class EgressProxy {
   private readonly grants = new Map<string, EgressGrant>();
   private readonly sockets = new Set<Socket>();
+  /** Each isolated sandbox's bridge listeners and their socket directory. */
+  private readonly bridges = new Map<string, { dir: string; servers: NetServer[] }>();
 
   private constructor(
     private readonly server: Server,
@@ -88,22 +166,81 @@ export class EgressProxy {
   }
 
   /**
-   * A credential for `grant`, as the proxy URL a process is given (`http://svc:<secret>@127.0.0.1:<port>`).
-   * It stays valid until `revoke` of its sandbox.
+   * A credential for `grant`, as the proxy URL a process is given
+   * (`http://svc:<secret>@127.0.0.1:<port>`; `port` is the proxy's bridge inside an isolated
+   * sandbox). It stays valid until `revoke` of its sandbox.
    */
-  grant(grant: EgressGrant): string {
+  grant(grant: EgressGrant, port = this.port): string {
     const secret = randomBytes(24).toString('hex');
     this.grants.set(secret, grant);
-    return `http://${USER}:${secret}@127.0.0.1:${this.port}`;
+    return `http://${USER}:${secret}@127.0.0.1:${port}`;
   }
 
-  /** Every credential of `sandbox` stops working (its tunnels already open are left to end). */
-  revoke(sandbox: string): void {
+  /**
+   * Opens the bridges of an isolated sandbox (see Isolation): a new directory of Unix sockets,
+   * owned by `user`, that the sandbox sees as its /run/svc. `<port>.sock` for the proxy (its
+   * port inside the sandbox is `proxyPort`, the first from 3128 that is not forwarded) leads
+   * into this proxy, as its TCP port does; each of `forwards` (ports on the runner's
+   * loopback the sandbox always reaches: the service's, a local model provider's) leads
+   * straight to 127.0.0.1:<port>. Replaces the sandbox's earlier bridges.
+   */
+  async bridge(
+    sandbox: string,
+    forwards: number[],
+    user?: { uid: number; gid: number },
+  ): Promise<{ socketDir: string; ports: number[]; proxyPort: number }> {
+    await this.closeBridges(sandbox);
+    let proxyPort = 3128;
+    while (forwards.includes(proxyPort)) proxyPort += 1;
+    const dir = await mkdtemp(join(tmpdir(), 'svce-'));
+    const servers: NetServer[] = [];
+    this.bridges.set(sandbox, { dir, servers });
+    const listen = async (port: number, onSocket: (s: Socket) => void) => {
+      const server = createNetServer(onSocket);
+      servers.push(server);
+      const path = join(dir, `${port}.sock`);
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(path, () => resolve());
+      });
+      if (user) await chown(path, user.uid, user.gid);
+    };
+    await listen(proxyPort, (socket) => this.server.emit('connection', socket));
+    for (const port of forwards) {
+      await listen(port, (socket) => {
+        socket.on('error', () => socket.destroy());
+        const upstream = connect(port, '127.0.0.1');
+        upstream.on('error', () => socket.destroy());
+        socket.once('close', () => upstream.destroy());
+        upstream.once('close', () => socket.destroy());
+        socket.pipe(upstream).pipe(socket);
+      });
+    }
+    if (user) await chown(dir, user.uid, user.gid);
+    await chmod(dir, 0o700);
+    return { socketDir: dir, ports: [proxyPort, ...forwards], proxyPort };
+  }
+
+  private async closeBridges(sandbox: string): Promise<void> {
+    const held = this.bridges.get(sandbox);
+    if (!held) return;
+    this.bridges.delete(sandbox);
+    await Promise.all(held.servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
+    await rm(held.dir, { recursive: true, force: true });
+  }
+
+  /**
+   * Every credential of `sandbox` stops working and its bridges close (its tunnels already
+   * open are left to end).
+   */
+  async revoke(sandbox: string): Promise<void> {
     for (const [secret, grant] of this.grants) if (grant.sandbox === sandbox) this.grants.delete(secret);
+    await this.closeBridges(sandbox);
   }
 
   async close(): Promise<void> {
     for (const socket of this.sockets) socket.destroy();
+    await Promise.all([...this.bridges.keys()].map((s) => this.closeBridges(s)));
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
@@ -134,12 +271,20 @@ export class EgressProxy {
       rawReply(socket, 400, 'svc-runner: CONNECT needs host:port\n');
       return;
     }
-    if (!hostAllowed(grant.allowedHosts, target.host, target.port)) {
-      onRefused(grant, target.host);
-      rawReply(socket, 403, refusedBody(target.host));
-      return;
-    }
-    const upstream = connect(target.port, normalHost(target.host));
+    const { host, port } = target;
+    void destination(grant, host, port).then((to) => {
+      if ('refused' in to) {
+        onRefused(grant, host, to.refused);
+        rawReply(socket, 403, refusedBody(host, to.refused));
+        return;
+      }
+      this.open(req, socket, head, to.address, port);
+    });
+  }
+
+  private open(req: IncomingMessage, socket: Socket, head: Buffer, address: string, port: number): void {
+    if (socket.destroyed) return;
+    const upstream = connect(port, address);
     let open = false;
     upstream.once('connect', () => {
       open = true;
@@ -174,16 +319,26 @@ export class EgressProxy {
       return;
     }
     const port = url.port ? Number(url.port) : 80;
-    if (!hostAllowed(grant.allowedHosts, url.hostname, port)) {
-      onRefused(grant, url.hostname);
-      res.writeHead(403, { 'content-type': 'text/plain', connection: 'close' }).end(refusedBody(url.hostname));
-      return;
-    }
+    // The body waits while the destination is looked up.
+    req.pause();
+    void destination(grant, url.hostname, port).then((to) => {
+      if ('refused' in to) {
+        onRefused(grant, url.hostname, to.refused);
+        res
+          .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
+          .end(refusedBody(url.hostname, to.refused));
+        return;
+      }
+      this.send(req, res, url, to.address, port);
+    });
+  }
+
+  private send(req: IncomingMessage, res: ServerResponse, url: URL, address: string, port: number): void {
     const headers = { ...req.headers };
     delete headers['proxy-authorization'];
     delete headers['proxy-connection'];
     const upstream = request(
-      { host: normalHost(url.hostname), port, method: req.method, path: `${url.pathname}${url.search}`, headers },
+      { host: address, port, method: req.method, path: `${url.pathname}${url.search}`, headers },
       (answer) => {
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         answer.pipe(res);
@@ -200,8 +355,10 @@ export class EgressProxy {
   }
 }
 
-function refusedBody(host: string): string {
-  return `svc-runner: ${host} is not in this sandbox's allowed_hosts (the environment's networking_config)\n`;
+function refusedBody(host: string, reason: string): string {
+  return reason === 'not in allowed_hosts'
+    ? `svc-runner: ${host} is not in this sandbox's allowed_hosts (the environment's networking_config)\n`
+    : `svc-runner: ${host} is refused: ${reason} (only an allowed_hosts entry naming it reaches it)\n`;
 }
 
 const REASONS: Record<number, string> = {

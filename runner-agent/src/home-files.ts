@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import type { Confine, Confined } from './isolation.ts';
 import type { RunAs } from './network.ts';
 
 /** A file a runtime reads from its HOME, by its path relative to HOME. */
@@ -34,17 +35,27 @@ process.stdin.on('end', () => {
  * runtime starts, creating its directories and replacing what is there. The writing is done by
  * a process of the sandbox's user (the `--run-as` user, else the runner's own), so a symbolic
  * link the sandbox placed on the way cannot make the runner write anywhere with rights the
- * sandbox lacks, and the files belong to that user. Rejects, naming the cause, when a path
+ * sandbox lacks, and the files belong to that user; in an isolated sandbox it runs confined
+ * as its other processes do. Rejects, naming the cause, when a path
  * leaves HOME or a file cannot be written; the files before it stay written.
  */
-export async function writeHomeFiles(home: string, files: HomeFile[], user?: RunAs): Promise<void> {
+export async function writeHomeFiles(home: string, files: HomeFile[], user?: RunAs, confine?: Confine): Promise<void> {
   if (files.length === 0) return;
+  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home };
+  const run: Confined = confine
+    ? confine(process.execPath, ['-e', WRITER, home], home, env)
+    : {
+        command: process.execPath,
+        args: ['-e', WRITER, home],
+        cwd: home,
+        ...(user ? { uid: user.uid, gid: user.gid } : {}),
+      };
   await new Promise<void>((done, fail) => {
-    const child = spawn(process.execPath, ['-e', WRITER, home], {
-      cwd: home,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home },
+    const child = spawn(run.command, run.args, {
+      cwd: run.cwd,
+      env,
       stdio: ['pipe', 'ignore', 'pipe'],
-      ...(user ? { uid: user.uid, gid: user.gid } : {}),
+      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
     });
     let stderr = '';
     child.stderr.setEncoding('utf8').on('data', (d: string) => {

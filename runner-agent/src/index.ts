@@ -6,8 +6,9 @@
  */
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
 export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
-export { type EgressGrant, EgressProxy, hostAllowed } from './egress-proxy.ts';
+export { destination, type EgressGrant, EgressProxy, hostAllowed, insideAddress } from './egress-proxy.ts';
 export { firewallRules, installCommands, installFirewall, removeCommands, removeFirewall } from './firewall.ts';
+export { type Bridges, bridgeScript, findCommand, Isolation, type IsolationMode } from './isolation.ts';
 export {
   allowAnswer,
   ConversationPermissions,

@@ -1,6 +1,7 @@
 import type { RunnerEvent } from '@svc/core';
-import { EgressProxy, type OnRefused } from './egress-proxy.ts';
+import { EgressProxy, type OnRefused, splitHostPort } from './egress-proxy.ts';
 import { installFirewall } from './firewall.ts';
+import type { Bridges, Isolation } from './isolation.ts';
 
 /** The unprivileged user runtimes and setup scripts run as (`svc-runner --run-as`). */
 export interface RunAs {
@@ -17,6 +18,22 @@ export interface SandboxEgress {
    * credential, so a refusal is reported to the conversation whose process made it.
    */
   env(conversationId: string): Record<string, string>;
+  /** An isolated sandbox's bridges out of its network namespace (see Isolation). */
+  bridges?: Bridges;
+}
+
+/**
+ * The ports of `hosts` on the runner's loopback as a sandbox names it (`127.0.0.1:8080`,
+ * `localhost:3000`, `[::1]:80`: the names NO_PROXY sends straight to the sandbox's own
+ * loopback, where a bridge then listens). Other 127.x addresses go through the proxy.
+ */
+export function loopbackPorts(hosts: string[]): number[] {
+  const ports = hosts.flatMap((h) => {
+    const hp = splitHostPort(h);
+    const name = hp?.host.toLowerCase().replace(/^\[|\]$/g, '');
+    return hp?.port && (name === 'localhost' || name === '::1' || name === '127.0.0.1') ? [hp.port] : [];
+  });
+  return [...new Set(ports)];
 }
 
 /**
@@ -70,8 +87,16 @@ export class RunnerEgress {
    * Fails the stage (and the build) when an allowlist cannot be applied at all.
    */
   async apply(
-    spec: { id: string; incarnation: number; conversationId: string; network?: { allowed_hosts: string[] } | null },
+    spec: {
+      id: string;
+      incarnation: number;
+      conversationId: string;
+      network?: { allowed_hosts: string[] } | null;
+      reach?: string[] | undefined;
+    },
     emit: Emit,
+    /** How the sandbox is isolated: with `namespaces`, the proxy is its one way out. */
+    isolation?: Isolation,
   ): Promise<SandboxEgress> {
     const { id: sandbox, incarnation, conversationId } = spec;
     const network = spec.network ?? null;
@@ -82,29 +107,37 @@ export class RunnerEgress {
       stage: 'network',
     };
     // A new build (incarnation) of the sandbox: the credentials of the one before end.
-    this.forget(sandbox);
+    await this.forget(sandbox);
     const startedAt = Date.now();
-    const firewall = await this.firewallState();
-    const enforced = firewall.startsWith('uid ');
+    const isolated = isolation?.mode === 'namespaces';
+    const firewall = isolated ? 'network namespace' : await this.firewallState();
+    const enforced = isolated || firewall.startsWith('uid ');
     if (network === null && !enforced) return { env: () => ({}) };
     emit({ ...base, state: 'started' });
     try {
       const proxy = await this.started();
       const allowedHosts = network ? [...new Set(network.allowed_hosts)] : null;
+      const reach = [...new Set(spec.reach ?? [])];
       const data: Record<string, unknown> = network
         ? { mode: 'proxy', allowed_hosts: allowedHosts, firewall }
         : { mode: 'unrestricted', firewall };
-      if (network && !enforced) {
+      data.isolation = isolation?.mode ?? 'none';
+      let bridges: { socketDir: string; ports: number[]; proxyPort: number } | undefined;
+      if (isolated) {
+        bridges = await proxy.bridge(sandbox, loopbackPorts([...(allowedHosts ?? []), ...reach]), isolation?.user);
+        data.note =
+          'the sandbox’s network holds loopback only: HTTP(S) through the runner’s proxy is the one way out (no DNS, no UDP, no raw sockets)';
+      } else if (network && !enforced) {
         data.note = 'the proxy is advisory: a process that ignores HTTP(S)_PROXY is not stopped';
-      }
-      if (!network && enforced) data.note = 'only HTTP(S) through the runner’s proxy leaves the machine';
+      } else if (!network) data.note = 'only HTTP(S) through the runner’s proxy leaves the machine';
       emit({ ...base, state: 'done', duration_ms: Date.now() - startedAt, data: JSON.stringify(data) });
       const urls = new Map<string, string>();
       return {
+        ...(bridges ? { bridges: { socketDir: bridges.socketDir, ports: bridges.ports } } : {}),
         env: (conv): Record<string, string> => {
           let url = urls.get(conv);
           if (!url) {
-            url = proxy.grant({ sandbox, incarnation, conversationId: conv, allowedHosts });
+            url = proxy.grant({ sandbox, incarnation, conversationId: conv, allowedHosts, reach }, bridges?.proxyPort);
             urls.set(conv, url);
           }
           return {
@@ -125,8 +158,8 @@ export class RunnerEgress {
   }
 
   /** The sandbox's proxy credentials stop working (it was destroyed or rebuilt). */
-  forget(sandbox: string): void {
-    void this.proxy?.then((p) => p.revoke(sandbox));
+  async forget(sandbox: string): Promise<void> {
+    await this.proxy?.then((p) => p.revoke(sandbox)).catch(() => {});
   }
 
   async close(): Promise<void> {

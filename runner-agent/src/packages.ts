@@ -1,5 +1,6 @@
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { Confine } from './isolation.ts';
 import { FETCH_TIMEOUT_MS, machineTrust, type OnOutput, runStreamed } from './run-streamed.ts';
 
 /** Where a sandbox's npm packages go; its `node_modules/.bin` is on the sandbox's PATH. */
@@ -24,6 +25,7 @@ export async function installNpm(
   packages: string[],
   env: Record<string, string>,
   onOutput: OnOutput,
+  confine?: Confine,
 ): Promise<void> {
   const prefix = npmPrefix(dir);
   await mkdir(prefix, { recursive: true });
@@ -33,7 +35,7 @@ export async function installNpm(
       'npm install',
       'npm',
       args,
-      { cwd: dir, env: { ...machineTrust(), ...env }, timeoutMs: FETCH_TIMEOUT_MS },
+      { cwd: dir, env: { ...machineTrust(), ...env }, timeoutMs: FETCH_TIMEOUT_MS, confine },
       onOutput,
     );
   } catch (err) {

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import type { Confine, Confined } from './isolation.ts';
 
 /** How long one git clone, npm install or apt-get run may take before the build fails. */
 export const FETCH_TIMEOUT_MS = 10 * 60_000;
@@ -15,17 +16,31 @@ export function runStreamed(
   what: string,
   command: string,
   args: string[],
-  options: { cwd: string; env: Record<string, string>; timeoutMs?: number; user?: { uid: number; gid: number } },
+  options: {
+    cwd: string;
+    env: Record<string, string>;
+    timeoutMs?: number;
+    user?: { uid: number; gid: number };
+    /** The sandbox's confinement: the command runs in its namespaces (see Isolation). */
+    confine?: Confine | undefined;
+  },
   onOutput: OnOutput,
 ): Promise<void> {
   return new Promise((resolve, reject) => {
     let timedOut = false;
-    const child = spawn(command, args, {
-      cwd: options.cwd,
+    let run: Confined = { command, args, cwd: options.cwd, ...options.user };
+    try {
+      if (options.confine) run = options.confine(command, args, options.cwd, options.env);
+    } catch (err) {
+      reject(new Error(`${what} could not start: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`));
+      return;
+    }
+    const child = spawn(run.command, run.args, {
+      cwd: run.cwd,
       env: options.env,
       detached: true,
       stdio: ['ignore', 'pipe', 'pipe'],
-      ...(options.user ? { uid: options.user.uid, gid: options.user.gid } : {}),
+      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
     });
     child.stdout.setEncoding('utf8').on('data', (d: string) => onOutput('stdout', d));
     child.stderr.setEncoding('utf8').on('data', (d: string) => onOutput('stderr', d));

@@ -7,6 +7,7 @@ import { Readable, Writable } from 'node:stream';
 import * as acp from '@agentclientprotocol/sdk/unstable';
 import type { McpServerEntry } from '@svc/core';
 import { AGENT_VERSION } from './agent.ts';
+import type { Confine, Confined } from './isolation.ts';
 import { acpMcpServers } from './mcp-bridge.ts';
 import { foldDumpedObjects } from './stderr-lines.ts';
 
@@ -70,6 +71,8 @@ export interface AcpRuntimeOptions {
   model?: string;
   /** The user and group the process runs as (the runner's `--run-as`); absent: the runner's own. */
   user?: { uid: number; gid: number };
+  /** The sandbox's confinement: the agent runs in its namespaces (see Isolation). */
+  confine?: Confine | undefined;
 }
 
 /** How many of the last stderr lines an unexpected exit quotes. */
@@ -225,12 +228,18 @@ export class AcpRuntime {
     for (const key of ['PATH', 'HOME'] as const) {
       if (env[key] === undefined && process.env[key] !== undefined) env[key] = process.env[key];
     }
-    const child = spawn(options.command, options.args, {
-      cwd: options.cwd,
+    let run: Confined = { command: options.command, args: options.args, cwd: options.cwd, ...options.user };
+    try {
+      if (options.confine) run = options.confine(options.command, options.args, options.cwd, env);
+    } catch (err) {
+      throw new RuntimeSpawnError(options.command, err as NodeJS.ErrnoException);
+    }
+    const child = spawn(run.command, run.args, {
+      cwd: run.cwd,
       env,
       detached: true,
       stdio: 'pipe',
-      ...(options.user ? { uid: options.user.uid, gid: options.user.gid } : {}),
+      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
     });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);

@@ -1,9 +1,10 @@
 import { chmod, chown, lchown, mkdir, readdir, stat } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join, relative, sep } from 'node:path';
 import type { RunnerEvent } from '@svc/core';
 import { gitClone, pathInside } from './clone.ts';
+import type { Confine, Isolation } from './isolation.ts';
 import type { RunAs, RunnerEgress, SandboxEgress } from './network.ts';
-import { installApt, installNpm, npmBin } from './packages.ts';
+import { installApt, installNpm, npmBin, npmPrefix } from './packages.ts';
 import { runStreamed } from './run-streamed.ts';
 import { installSkillSource, type SkillSpec, writeInlineSkills } from './skills.ts';
 
@@ -15,6 +16,8 @@ export interface SandboxSpec {
   setupScript: string | null;
   /** The egress policy (stage `network`): null or absent is unrestricted. */
   network?: { allowed_hosts: string[] } | null;
+  /** The hosts its runtimes always reach (the model provider's, the service's). */
+  reach?: string[] | undefined;
   repositories?: { url: string; mount_path: string }[] | undefined;
   packages?: { apt?: string[] | undefined; npm?: string[] | undefined } | undefined;
   skills?: SkillSpec[] | undefined;
@@ -28,6 +31,8 @@ export interface BuildOptions {
   allowApt: boolean;
   /** The runner's egress proxy and `--run-as` user (stage `network`). */
   egress?: RunnerEgress | undefined;
+  /** How the sandbox's processes are isolated (absent: not at all). */
+  isolation?: Isolation | undefined;
 }
 
 /** A sandbox on this machine: its directory and the environment its processes get. */
@@ -38,8 +43,10 @@ export interface Sandbox {
   env: Record<string, string>;
   /** The proxy variables its processes get (stage `network`). */
   egress?: SandboxEgress;
-  /** The user its processes run as (`--run-as`); absent: the runner's own. */
+  /** The user its processes run as (`--run-as`, or the isolation's); absent: the runner's own. */
   user?: RunAs;
+  /** How its processes are started in its namespaces; absent: they are not isolated. */
+  confine?: Confine;
 }
 
 type Emit = (event: RunnerEvent) => void;
@@ -124,31 +131,46 @@ export async function buildSandbox(
 
 async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
   const dir = sandboxDir(root, spec.id);
-  const { egress } = options;
-  const user = egress?.runAs ?? undefined;
+  const user = sandboxUser(options);
   const skills = spec.skills ?? [];
   await stage(emit, spec.conversationId, 'provision', async () => {
+    // A machine that cannot isolate builds nothing (DECISIONS: it refuses, naming the setting).
+    options.isolation?.assertAvailable();
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await writeInlineSkills(dir, skills);
     if (user) {
       // The user may pass through the runner's directories to its sandbox, not list them.
       await chmod(root, 0o711);
       await chmod(join(root, 'sandboxes'), 0o711);
+      if (options.isolation?.mode === 'namespaces') await openAncestors(root);
       await chownTree(dir, user);
     }
   });
   const sandbox = await sandboxOn(dir, spec, emit, options);
   const env = sandboxEnv(sandbox, spec.conversationId);
+  const { confine } = sandbox;
   const output = (stream: 'stdout' | 'stderr', data: string) =>
     emit({ conversation_id: spec.conversationId, kind: 'output', stream, data });
   const repositories = spec.repositories ?? [];
   const sources = skills.filter((s) => 'source' in s);
+  // A directory the runner makes for a confined process to write into becomes the sandbox user's.
+  const own = async (path: string) => {
+    if (!user) return;
+    for (let p = path; p !== dir && !relative(dir, p).startsWith('..'); p = dirname(p))
+      await lchown(p, user.uid, user.gid);
+  };
   if (repositories.length > 0 || sources.length > 0) {
     await stage(emit, spec.conversationId, 'clone', async () => {
       for (const repo of repositories) {
-        await gitClone(repo.url, await pathInside(dir, repo.mount_path), undefined, { cwd: dir, env }, output);
+        const target = await pathInside(dir, repo.mount_path);
+        await own(dirname(target));
+        await gitClone(repo.url, target, undefined, { cwd: dir, env, confine }, output);
       }
-      for (const source of sources) await installSkillSource(dir, source, env, output);
+      if (sources.length > 0) {
+        await mkdir(join(dir, '.svc', 'skill-sources'), { recursive: true });
+        await own(join(dir, '.svc', 'skill-sources'));
+      }
+      for (const source of sources) await installSkillSource(dir, source, env, output, confine);
     });
   }
   const npm = spec.packages?.npm ?? [];
@@ -157,18 +179,48 @@ async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: 
     await stage(emit, spec.conversationId, 'packages', async () => {
       // apt first: a refused or failed apt install fails the build before a long npm install.
       if (apt.length > 0) await installApt(dir, apt, options.allowApt, env, output);
-      if (npm.length > 0) await installNpm(dir, npm, env, output);
+      if (npm.length > 0) {
+        await mkdir(npmPrefix(dir), { recursive: true });
+        await own(npmPrefix(dir));
+        await installNpm(dir, npm, env, output, confine);
+      }
     });
   }
-  // The runner cloned and installed as itself: what it wrote becomes the sandbox user's.
+  // What the runner wrote itself (skills copied out of their source, and without isolation
+  // the clones and packages) becomes the sandbox user's.
   if (user && (repositories.length > 0 || sources.length > 0 || npm.length > 0)) await chownTree(dir, user);
   const script = spec.setupScript;
   if (script?.trim()) {
     await stage(emit, spec.conversationId, 'setup', () =>
-      runStreamed('the setup script', 'bash', ['-c', script], { cwd: dir, env, ...(user ? { user } : {}) }, output),
+      runStreamed(
+        'the setup script',
+        'bash',
+        ['-c', script],
+        { cwd: dir, env, confine, ...(user ? { user } : {}) },
+        output,
+      ),
     );
   }
   return sandbox;
+}
+
+/** The user a sandbox's processes run as: the isolation's (`--run-as`, or nobody for a root runner), else `--run-as`. */
+function sandboxUser(options: BuildOptions): RunAs | undefined {
+  return options.isolation?.user ?? options.egress?.runAs ?? undefined;
+}
+
+/**
+ * Lets every user pass through (not list) the directories above the runner's root, which the
+ * sandbox user needs to reach its directory: bubblewrap looks a bound directory up as that
+ * user. Only directories of the runner's own user are changed (the `local` provider's DATA_DIR);
+ * mode bits other than other's search stay as they are.
+ */
+async function openAncestors(root: string): Promise<void> {
+  const uid = process.getuid?.();
+  for (let p = dirname(root); p !== sep && p !== '.'; p = dirname(p)) {
+    const found = await stat(p).catch(() => undefined);
+    if (found && found.uid === uid && (found.mode & 0o001) === 0) await chmod(p, (found.mode & 0o7777) | 0o001);
+  }
 }
 
 /**
@@ -212,7 +264,7 @@ async function adoptSandbox(root: string, spec: SandboxSpec, emit: Emit, options
  * a kept directory is woken.
  */
 async function sandboxOn(dir: string, spec: SandboxSpec, emit: Emit, options: BuildOptions): Promise<Sandbox> {
-  const user = options.egress?.runAs ?? undefined;
+  const user = sandboxUser(options);
   const sandbox: Sandbox = {
     id: spec.id,
     incarnation: spec.incarnation,
@@ -220,7 +272,9 @@ async function sandboxOn(dir: string, spec: SandboxSpec, emit: Emit, options: Bu
     env: spec.env,
     ...(user ? { user } : {}),
   };
-  if (options.egress) sandbox.egress = await options.egress.apply(spec, emit);
+  if (options.egress) sandbox.egress = await options.egress.apply(spec, emit, options.isolation);
+  const confine = options.isolation?.confinement(dir, sandbox.egress?.bridges);
+  if (confine) sandbox.confine = confine;
   return sandbox;
 }
 

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { cp, mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { gitClone } from './clone.ts';
+import type { Confine } from './isolation.ts';
 import type { OnOutput } from './run-streamed.ts';
 
 export type SkillSpec = { name: string; content: string } | { source: string; ref?: string | undefined };
@@ -43,12 +44,13 @@ export async function installSkillSource(
   skill: { source: string; ref?: string | undefined },
   env: Record<string, string>,
   onOutput: OnOutput,
+  confine?: Confine,
 ): Promise<string[]> {
   const url = skillSourceUrl(skill.source);
   const scratch = join(dir, '.svc', 'skill-sources', randomUUID());
   await mkdir(join(scratch, '..'), { recursive: true });
   try {
-    await gitClone(url, scratch, skill.ref, { cwd: dir, env }, onOutput);
+    await gitClone(url, scratch, skill.ref, { cwd: dir, env, confine }, onOutput);
     const found: { name: string; from: string }[] = [];
     if (await isFile(join(scratch, 'SKILL.md'))) {
       found.push({

@@ -150,13 +150,14 @@ export class Turns {
         }),
       );
       try {
-        await writeHomeFiles(built.dir, command.runtime.home_files ?? [], built.user);
+        await writeHomeFiles(built.dir, command.runtime.home_files ?? [], built.user, built.confine);
         const runtime = await AcpRuntime.start({
           command: command.runtime.command,
           args: command.runtime.args,
           cwd: built.dir,
           env: sandboxEnv({ ...built, env: command.runtime.env }, command.conversation_id),
           ...(built.user ? { user: built.user } : {}),
+          ...(built.confine ? { confine: built.confine } : {}),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
           ...(command.runtime.session_meta ? { sessionMeta: command.runtime.session_meta } : {}),
           mcpServers: [...(command.mcp_servers ?? []), ...(command.mcp_http_servers ?? [])],

@@ -143,8 +143,11 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
       .filter((b) => b.kind === 'text')
       .map((b) => b.body)
       .join('');
+  // The git host stands for a public one but is on this machine's loopback, which an isolated
+  // sandbox reaches only where an allowlist names it (with the npm registry).
   const environment = async (body: object) => {
-    const res = await http.post('/api/environments', { token, body });
+    const networking_config = { allowed_hosts: [new URL(host.url).host, 'registry.npmjs.org'] };
+    const res = await http.post('/api/environments', { token, body: { networking_config, ...body } });
     t.equal(res.status, 201, JSON.stringify(res.body));
     return res.body.id as string;
   };
@@ -197,6 +200,8 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
         'sandbox started',
         'provision started',
         'provision done',
+        'network started',
+        'network done',
         'clone started',
         'clone done',
         ...(npm ? ['packages started', 'packages done'] : []),
@@ -241,6 +246,8 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
       'sandbox started',
       'provision started',
       'provision done',
+      'network started',
+      'network done',
       'clone started',
       'clone failed',
       'sandbox failed',
@@ -270,6 +277,8 @@ t.test('a sandbox build clones, installs and sets up, and the runtime gets skill
       'sandbox started',
       'provision started',
       'provision done',
+      'network started',
+      'network done',
       'packages started',
       'packages failed',
       'sandbox failed',

@@ -68,7 +68,15 @@ for (const backend of backends()) {
       const events = await feed();
       t.same(
         events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`),
-        ['provision started', 'provision done', 'setup started', 'setup done', 'sandbox done'],
+        [
+          'provision started',
+          'provision done',
+          'network started',
+          'network done',
+          'setup started',
+          'setup done',
+          'sandbox done',
+        ],
         'the runner closes stage sandbox when the build ends',
       );
       const [row] = await sql<{ status: string; built_incarnation: number | null }[]>`

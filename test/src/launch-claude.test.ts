@@ -69,6 +69,9 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
       'sandbox started',
       'provision started',
       'provision done',
+      // Isolated, the sandbox's network is its own loopback and the runner's bridges.
+      'network started',
+      'network done',
       'sandbox done',
       'turn started',
       'session started',

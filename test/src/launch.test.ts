@@ -111,6 +111,9 @@ for (const backend of backends()) {
           'sandbox started',
           'provision started',
           'provision done',
+          // Isolated, the sandbox's network is its own loopback and the runner's bridges.
+          'network started',
+          'network done',
           'setup started',
           'setup done',
           'sandbox done',
@@ -260,6 +263,9 @@ for (const backend of backends()) {
           'sandbox started',
           'provision started',
           'provision done',
+          // Isolated, the sandbox's network is its own loopback and the runner's bridges.
+          'network started',
+          'network done',
           'setup started',
           'setup done',
           'sandbox done',

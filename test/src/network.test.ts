@@ -4,9 +4,11 @@ import { type AddressInfo, connect, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import fc from 'fast-check';
 import {
+  destination,
   type EgressGrant,
   EgressProxy,
   hostAllowed,
+  insideAddress,
   installCommands,
   removeCommands,
   removeFirewall,
@@ -141,8 +143,8 @@ t.test('property: a wildcard never covers its own domain, and matching ignores c
 t.test('the egress proxy', async (t) => {
   const allowed = await startTarget(t, '127.0.0.2', 'allowed');
   const refused = await startTarget(t, '127.0.0.3', 'refused');
-  const refusals: { grant: EgressGrant; host: string }[] = [];
-  const proxy = await EgressProxy.start((grant, host) => refusals.push({ grant, host }));
+  const refusals: { grant: EgressGrant; host: string; reason: string | undefined }[] = [];
+  const proxy = await EgressProxy.start((grant, host, reason) => refusals.push({ grant, host, reason }));
   t.teardown(() => proxy.close());
   const grantOf = (sandbox: string, allowedHosts: string[] | null) =>
     proxy.grant({ sandbox, incarnation: 0, conversationId: `conv_${sandbox}`, allowedHosts });
@@ -190,15 +192,66 @@ t.test('the egress proxy', async (t) => {
     t.equal((await viaConnect(proxy, basic(portUrl), `127.0.0.2:${refused.port}`)).status, 403);
   });
 
-  t.test('an empty list refuses everything; no list allows everything', async (t) => {
+  t.test('an empty list refuses everything; no list allows every public host, not the machine', async (t) => {
     const empty = grantOf('sbx_empty', []);
     t.equal((await viaConnect(proxy, basic(empty), `127.0.0.2:${allowed.port}`)).status, 403);
     t.equal((await viaAbsolute(proxy, basic(empty), `http://127.0.0.2:${allowed.port}/`)).status, 403);
+    refusals.length = 0;
     const open = grantOf('sbx_open', null);
-    t.same(await viaConnect(proxy, basic(open), `127.0.0.3:${refused.port}`), {
-      status: 200,
-      body: 'hello from refused',
+    const inside = await viaConnect(proxy, basic(open), `127.0.0.3:${refused.port}`);
+    t.equal(inside.status, 403, 'the runner’s loopback is not the internet');
+    t.match(inside.body, /127\.0\.0\.3 is refused: a private or loopback address/);
+    const named = await viaAbsolute(proxy, basic(open), `http://localhost:${refused.port}/`);
+    t.equal(named.status, 403, 'nor a name that resolves to it');
+    t.equal(refused.connections, 0);
+    t.same(
+      refusals.map((r) => [r.host, r.reason]),
+      [
+        ['127.0.0.3', 'a private or loopback address'],
+        ['localhost', 'a private or loopback address'],
+      ],
+    );
+    const reached = proxy.grant({
+      sandbox: 'sbx_reach',
+      incarnation: 0,
+      conversationId: 'conv_reach',
+      allowedHosts: null,
+      reach: [`127.0.0.3:${refused.port}`],
     });
+    t.same(
+      await viaConnect(proxy, basic(reached), `127.0.0.3:${refused.port}`),
+      { status: 200, body: 'hello from refused' },
+      'a host the sandbox always reaches (the service, the model provider) is reached',
+    );
+  });
+
+  t.test('where an unrestricted grant leads', async (t) => {
+    const open = { sandbox: 's', incarnation: 0, conversationId: 'c', allowedHosts: null };
+    for (const address of [
+      '127.0.0.1',
+      '10.1.2.3',
+      '172.16.0.9',
+      '192.168.1.1',
+      '169.254.169.254',
+      '0.0.0.0',
+      '::1',
+      'fe80::1',
+      'fd00::2',
+      '::ffff:127.0.0.1',
+      '100.64.0.1',
+    ]) {
+      t.same(await destination(open, address, 80), { refused: 'a private or loopback address' }, address);
+    }
+    for (const address of ['93.184.216.34', '1.1.1.1', '2606:4700:4700::1111']) {
+      t.same(await destination(open, address, 443), { address }, `${address} is public`);
+    }
+    t.same(
+      await destination({ ...open, allowedHosts: ['10.1.2.3'] }, '10.1.2.3', 80),
+      { address: '10.1.2.3' },
+      'an allowlist entry naming a private host opens it',
+    );
+    t.same(await destination({ ...open, allowedHosts: [] }, '1.1.1.1', 80), { refused: 'not in allowed_hosts' });
+    t.equal(insideAddress('8.8.8.8'), false);
   });
 
   t.test('without a known credential it is 407; a sandbox cannot use another’s allowlist', async (t) => {
@@ -208,7 +261,7 @@ t.test('the egress proxy', async (t) => {
     t.equal((await viaConnect(proxy, forged, `127.0.0.2:${allowed.port}`)).status, 407);
     const other = grantOf('sbx_b', ['127.0.0.3']);
     t.equal((await viaConnect(proxy, basic(other), `127.0.0.2:${allowed.port}`)).status, 403, 'b’s list, not a’s');
-    proxy.revoke('sbx_b');
+    await proxy.revoke('sbx_b');
     t.equal((await viaConnect(proxy, basic(other), `127.0.0.3:${refused.port}`)).status, 407, 'revoked');
     t.equal((await viaConnect(proxy, auth, `127.0.0.2:${allowed.port}`)).status, 200, 'a’s credential still works');
   });
@@ -346,7 +399,7 @@ t.test('a sandbox reaches its allowed hosts and its model provider, and is refus
 
   const limited = await converse(
     { allowed_hosts: ['127.0.0.2'] },
-    `fetch ${allowedUrl} fetch ${refusedUrl} fetch ${refusedUrl} fetch ${providerUrl}`,
+    `fetch ${allowedUrl} fetch ${refusedUrl} fetch ${refusedUrl} fetch ${providerUrl} fetch direct ${allowedUrl}`,
     // biome-ignore lint/suspicious/noTemplateCurlyInString: a shell expansion, for bash
     'echo "setup proxy=${HTTPS_PROXY:+set}"',
   );
@@ -362,8 +415,14 @@ t.test('a sandbox reaches its allowed hosts and its model provider, and is refus
     ['127.0.0.2', providerHost, new URL(svc.url).host],
     'the environment’s list plus the provider’s host and the service’s own',
   );
-  t.match(limited.network?.firewall, /^none: /, 'no firewall without --run-as, and it says so');
-  t.match(limited.network?.note, /advisory/);
+  t.match(
+    limited.reply,
+    `fetch direct ${allowedUrl}: error ECONNREFUSED.`,
+    'ignoring the proxy reaches nothing: the sandbox’s network holds its own loopback only',
+  );
+  t.equal(limited.network?.firewall, 'network namespace');
+  t.equal(limited.network?.isolation, 'namespaces');
+  t.match(limited.network?.note, /loopback only/);
   const stageOrder = limited.events.filter((e) => e.kind === 'stage' && e.state === 'started').map((e) => e.stage);
   t.ok(stageOrder.indexOf('network') < stageOrder.indexOf('setup'), 'network comes before setup');
   t.ok(
@@ -373,13 +432,15 @@ t.test('a sandbox reaches its allowed hosts and its model provider, and is refus
   const refusalLines = limited.stderr.filter((l) => l.includes('svc-runner: network: refused 127.0.0.3'));
   t.equal(refusalLines.length, 1, 'one stderr line for the refused host in the turn, not one per request');
 
-  const open = await converse(null, `fetch ${refusedUrl}`);
-  t.match(open.reply, `fetch ${refusedUrl}: 200.`, `no networking_config: unrestricted\n${open.output()}`);
-  t.notOk(
-    open.events.some((e) => e.stage === 'network'),
-    'and, with nothing applied (no firewall either), no network stage',
+  const open = await converse(null, `fetch ${refusedUrl} fetch ${providerUrl}`);
+  t.match(
+    open.reply,
+    `fetch ${refusedUrl}: proxy 403.`,
+    `no networking_config: unrestricted, but not into the runner’s machine\n${open.output()}`,
   );
-  t.equal(refused.seen.length, 1, 'reached directly');
+  t.match(open.reply, new RegExp(`fetch ${providerUrl}: \\d{3}\\.`), 'the model provider is reachable');
+  t.match(open.network, { mode: 'unrestricted', isolation: 'namespaces', firewall: 'network namespace' });
+  t.equal(refused.seen.length, 0, 'nothing reached the machine’s other address');
 
   const empty = await converse({ allowed_hosts: [] }, `fetch ${allowedUrl} fetch ${providerUrl}`);
   t.match(empty.reply, `fetch ${allowedUrl}: proxy 403.`, `an empty list refuses the rest\n${empty.output()}`);
@@ -405,7 +466,7 @@ function haveIptables(): boolean {
 const RUN_AS_USER = 'svcnettest';
 
 t.test(
-  '--run-as: runtimes run as the user and a process ignoring the proxy has no route out',
+  '--run-as --isolation none: runtimes run as the user and a process ignoring the proxy has no route out',
   {
     skip:
       process.getuid?.() !== 0
@@ -426,7 +487,7 @@ t.test(
     t.teardown(() => removeFirewall(uid));
     const outside = outsideAddress() as string;
     const target = await startTarget(t, '0.0.0.0', 'outside');
-    const { converse } = await startWorld(t, ['--run-as', RUN_AS_USER]);
+    const { converse } = await startWorld(t, ['--run-as', RUN_AS_USER, '--isolation', 'none']);
     const url = `http://${outside}:${target.port}/x`;
 
     const limited = await converse(
@@ -439,15 +500,24 @@ t.test(
       limited.events.some((e) => e.stream === 'stdout' && e.data?.includes(`setup uid=${uid}`)),
       'so does the setup script',
     );
-    t.same(limited.network, { mode: 'proxy', allowed_hosts: limited.network?.allowed_hosts, firewall: `uid ${uid}` });
+    t.same(limited.network, {
+      mode: 'proxy',
+      allowed_hosts: limited.network?.allowed_hosts,
+      firewall: `uid ${uid}`,
+      isolation: 'none',
+    });
     t.match(limited.reply, `fetch ${url}: 200.`, 'through the proxy the allowed host answers');
     t.match(limited.reply, `fetch direct ${url}: error ECONNREFUSED.`, 'directly, the firewall refuses it');
     const rules = execFileSync('iptables', ['-w', '-S', 'OUTPUT'], { encoding: 'utf8' });
     t.match(rules, `--uid-owner ${uid} -j REJECT`);
 
     const open = await converse(null, `fetch ${url} fetch direct ${url}`);
-    t.match(open.network, { mode: 'unrestricted', firewall: `uid ${uid}`, note: /only HTTP\(S\)/ });
-    t.match(open.reply, `fetch ${url}: 200.`, `unrestricted goes out through the proxy\n${open.output()}`);
+    t.match(open.network, { mode: 'unrestricted', firewall: `uid ${uid}`, isolation: 'none', note: /only HTTP\(S\)/ });
+    t.match(
+      open.reply,
+      insideAddress(outside) ? `fetch ${url}: proxy 403.` : `fetch ${url}: 200.`,
+      `unrestricted goes out through the proxy, which keeps it off the machine's private networks\n${open.output()}`,
+    );
     t.match(open.reply, `fetch direct ${url}: error ECONNREFUSED.`, 'and only through it, as its stage says');
   },
 );

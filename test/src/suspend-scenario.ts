@@ -182,7 +182,17 @@ export function suspendScenario(backend: Backend): void {
       const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
       t.same(
         stages,
-        ['reattach started', 'reattach done', 'turn started', 'session started', 'session done', 'turn done'],
+        [
+          'reattach started',
+          // The woken sandbox's bridges out of its network namespace are opened again.
+          'network started',
+          'network done',
+          'reattach done',
+          'turn started',
+          'session started',
+          'session done',
+          'turn done',
+        ],
         'reattach started, then done, before the turn; no build stages; a fresh runtime session',
       );
       const reattach = events.find((e) => e.stage === 'reattach' && e.state === 'started');
@@ -206,7 +216,17 @@ export function suspendScenario(backend: Backend): void {
       const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
       t.same(
         stages,
-        ['reattach started', 'reattach done', 'turn started', 'session started', 'session done', 'turn done'],
+        [
+          'reattach started',
+          // The woken sandbox's bridges out of its network namespace are opened again.
+          'network started',
+          'network done',
+          'reattach done',
+          'turn started',
+          'session started',
+          'session done',
+          'turn done',
+        ],
         'woken, not built',
       );
       t.equal((await settled(attached, 1)).state, 'done');

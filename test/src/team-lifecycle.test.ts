@@ -1,8 +1,17 @@
-import { rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { backends } from './harness.ts';
 import { teamSetUp } from './team-setup.ts';
 import { until } from './until.ts';
+
+/**
+ * Files the tests create to let a setup script go on: outside /tmp, which an isolated sandbox
+ * has a private one of, in a directory it can see (read-only, as it sees the machine).
+ */
+const GATES = fileURLToPath(new URL('../../.tap/gates/', import.meta.url));
+mkdirSync(GATES, { recursive: true, mode: 0o755 });
 
 // Each backend starts a service and builds a machine per teammate.
 
@@ -186,7 +195,7 @@ for (const backend of backends()) {
     );
 
     t.test('a teammate whose machine is being built: starting, and 503 provisioning', async (t) => {
-      const gate = `/tmp/svc-team-gate-${process.pid}-${Date.now()}`;
+      const gate = join(GATES, `gate-${process.pid}-${Date.now()}`);
       t.teardown(() => rmSync(gate, { force: true }));
       const gated = (
         await http.post('/api/environments', {
@@ -223,7 +232,7 @@ for (const backend of backends()) {
     });
 
     t.test('a teammate whose machine failed: failed, and starting over builds a new one', async (t) => {
-      const ok = `/tmp/svc-team-ok-${process.pid}-${Date.now()}`;
+      const ok = join(GATES, `ok-${process.pid}-${Date.now()}`);
       t.teardown(() => rmSync(ok, { force: true }));
       const flaky = (
         await http.post('/api/environments', { token, body: { name: 'flaky', setup_script: `[ -e ${ok} ] || exit 1` } })

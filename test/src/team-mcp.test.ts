@@ -1,6 +1,6 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chmodSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { conversations } from '@svc/db';
@@ -315,8 +315,11 @@ for (const backend of backends())
       t.match(held.structuredContent, { timed_out: true, turn_id: turn.id, state: 'running' });
     });
     t.test('a teammate whose machine is still being built is starting, and a message to it a tool error', async (t) => {
-      // The build waits for this file, so the machine is being built for as long as the test needs.
-      const gate = join(mkdtempSync(join(tmpdir(), 'svc-team-gate-')), 'go');
+      // The build waits for this file, so the machine is being built for as long as the test needs
+      // (outside /tmp, which an isolated sandbox has a private one of).
+      const gates = mkdtempSync(fileURLToPath(new URL('../../.tap/team-gate-', import.meta.url)));
+      chmodSync(gates, 0o755);
+      const gate = join(gates, 'go');
       const slowEnv = await http.post('/api/environments', {
         token,
         body: { name: 'slow build', setup_script: `while [ ! -f ${gate} ]; do sleep 0.1; done` },

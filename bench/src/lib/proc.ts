@@ -60,6 +60,18 @@ export function treeOf(pid: number): number[] {
   return out;
 }
 
+/** Proportional set size of the tree (shared pages divided among their users), in bytes. */
+export function pssOfTree(pid: number): number {
+  let total = 0;
+  for (const p of treeOf(pid)) {
+    try {
+      const m = /^Pss:\s+(\d+) kB/m.exec(readFileSync(`/proc/${p}/smaps_rollup`, 'utf8'));
+      total += Number(m?.[1] ?? 0) * 1024;
+    } catch {} // exited meanwhile
+  }
+  return total;
+}
+
 export const rssOfTree = (pid: number) => treeOf(pid).reduce((a, p) => a + safe(() => rssOf(p)), 0);
 export const cpuOfTree = (pid: number) => cpuTimesOfTree(pid).total;
 /** `cpuTimesOf` summed over a process and its descendants. */

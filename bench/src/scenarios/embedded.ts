@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { autocannon, type LoadResult } from '../lib/autocannon.ts';
 import { repoRoot } from '../lib/machine.ts';
 import { startPostgres } from '../lib/postgres.ts';
-import { cpuOfTree, freePort, rssOfTree, sleep, stopChild, treeOf } from '../lib/proc.ts';
+import { cpuOfTree, freePort, pssOfTree, rssOfTree, sleep, stopChild, treeOf } from '../lib/proc.ts';
 import { absoluteTarget, type Outcome, ratioTarget, reported, type Scenario, type Target } from '../lib/scenario.ts';
 import { mean, median, round } from '../lib/stats.ts';
 import type { Bar } from '../lib/svg.ts';
@@ -59,18 +59,6 @@ async function startTree(tree: string, dataDir: string, env: Record<string, stri
     await sleep(20);
   }
   return { child, url, firstAnswerMs: performance.now() - began, stop: () => stopChild(child, 30_000) };
-}
-
-/** Proportional set size of the tree (shared pages divided among their users), in bytes. */
-function pssOfTree(pid: number): number {
-  let total = 0;
-  for (const p of treeOf(pid)) {
-    try {
-      const m = /^Pss:\s+(\d+) kB/m.exec(readFileSync(`/proc/${p}/smaps_rollup`, 'utf8'));
-      total += Number(m?.[1] ?? 0) * 1024;
-    } catch {} // exited meanwhile
-  }
-  return total;
 }
 
 /** An account signed up through the API as a user does (the link from the mail file): its key. */

@@ -81,12 +81,29 @@ export async function listKeys(sql: Sql, accountId: string): Promise<CredentialR
 }
 
 /** Revokes one API or OAuth key of the account; false when there is no such live key. */
-export async function revokeKey(sql: Sql, accountId: string, id: string): Promise<boolean> {
-  const rows = await sql`
-    UPDATE api_keys SET revoked_at = now()
-    WHERE account_id = ${accountId} AND id = ${id} AND kind IN ('api', 'oauth') AND revoked_at IS NULL
-    RETURNING id`;
-  return rows.length === 1;
+/**
+ * Revokes an API key of the account: `missing` when it has no such live key, `forbidden` (and
+ * nothing changes) when the key is full-scope and `allowFull` is false.
+ */
+export async function revokeKey(
+  sql: Sql,
+  accountId: string,
+  id: string,
+  opts: { allowFull: boolean } = { allowFull: true },
+): Promise<'revoked' | 'missing' | 'forbidden'> {
+  const rows = await sql<{ id: string; scope: CredentialRow['scope']; revoked: boolean }[]>`
+    WITH target AS (
+      SELECT id, scope FROM api_keys
+      WHERE account_id = ${accountId} AND id = ${id} AND kind IN ('api', 'oauth') AND revoked_at IS NULL
+    ), done AS (
+      UPDATE api_keys SET revoked_at = now()
+      WHERE id IN (SELECT id FROM target WHERE ${opts.allowFull} OR scope <> 'full')
+      RETURNING id
+    )
+    SELECT target.id, target.scope, EXISTS (SELECT 1 FROM done) AS revoked FROM target`;
+  const row = rows[0];
+  if (!row) return 'missing';
+  return row.revoked ? 'revoked' : 'forbidden';
 }
 
 export async function revokeCredentialByHash(sql: Sql, tokenHash: Uint8Array): Promise<CredentialRow | undefined> {

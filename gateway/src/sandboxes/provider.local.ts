@@ -44,6 +44,10 @@ export class LocalSandboxes implements SandboxProvider {
       /** The service's own base URL (the child connects back to it). */
       baseUrl: () => string;
       root: string;
+      /** SANDBOX_ISOLATION, passed to each runner-agent as `--isolation`. */
+      isolation?: 'namespaces' | 'none';
+      /** Paths its sandboxes must not see (`--hide`): the instance's DATA_DIR. */
+      hidden?: string[];
     },
   ) {}
 
@@ -100,7 +104,10 @@ export class LocalSandboxes implements SandboxProvider {
     const root = join(this.deps.root, accountId);
     mkdirSync(root, { recursive: true, mode: 0o700 });
     // The token travels in the environment, not the command line (ps shows arguments).
-    const child = spawn(process.execPath, [RUNNER_BIN, '--url', this.deps.baseUrl(), '--root', root], {
+    const args = [RUNNER_BIN, '--url', this.deps.baseUrl(), '--root', root];
+    args.push('--isolation', this.deps.isolation ?? 'namespaces');
+    for (const path of this.deps.hidden ?? []) args.push('--hide', path);
+    const child = spawn(process.execPath, args, {
       env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? root, SVC_RUNNER_TOKEN: token },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

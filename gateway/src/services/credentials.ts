@@ -96,7 +96,10 @@ export async function listApiKeys(sql: Sql, accountId: string) {
 }
 
 export async function revokeApiKey(deps: AuthDeps, p: Principal, id: string): Promise<void> {
-  orNotFound(await credentials.revokeKey(deps.sql, p.accountId, id), 'API key');
+  // A standard key cannot undo a full-scope one (DECISIONS: scopes).
+  const outcome = await credentials.revokeKey(deps.sql, p.accountId, id, { allowFull: p.scope === 'full' });
+  if (outcome === 'forbidden') throw new ApiError('forbidden', 'Revoking a full-scope key needs a full-scope key.');
+  orNotFound(outcome === 'revoked', 'API key');
   await deps.credentialCache.forgetAccount(p.accountId);
   await recordAudit(deps.sql, actorOf(p), 'api_key.revoked', { type: 'api_key', id });
 }

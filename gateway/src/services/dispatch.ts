@@ -11,6 +11,7 @@ import type { LaunchDeps } from './launch.ts';
 import { machineRunner } from './machine.ts';
 import {
   type AgentRow,
+  alwaysReached,
   buildStages,
   type EnvironmentRow,
   mcpServersOf,
@@ -42,6 +43,8 @@ interface TurnPlan {
     env: Record<string, string>;
     setupScript: string | null;
     network: { allowed_hosts: string[] } | null;
+    /** The hosts its runtimes always reach (the model provider's, the service's). */
+    reach: string[];
     /** Repositories, packages and skills for stages `clone`, `packages` and `provision`. */
     stages: ReturnType<typeof buildStages>;
   } | null;
@@ -109,6 +112,7 @@ export async function runOnSandbox(
             env,
             setupScript: environment.setup_script || null,
             network: networkPolicy(deps, environment, agent),
+            reach: alwaysReached(deps, agent),
             stages: buildStages(agent, environment),
           }
         : null,
@@ -166,6 +170,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         env: plan.build.env,
         setup_script: plan.build.setupScript,
         network: plan.build.network,
+        reach: plan.build.reach,
         ...plan.build.stages,
         ...(waking ? { adopt: true } : {}),
       });

@@ -126,8 +126,10 @@ export async function startConversation(
       throw new ApiError('forbidden', 'A sandbox token starts sub-conversations only under its own conversation.');
     }
   }
+  let parentVault: string | null = null;
   if (parentId !== null) {
-    orNotFound(await conversations.getConversation(sql, who.accountId, parentId), 'Parent conversation');
+    const parent = orNotFound(await conversations.getConversation(sql, who.accountId, parentId), 'Parent conversation');
+    parentVault = parent.vault_id;
   }
   const agent = orNotFound(await agents.getAgent(sql, who.accountId, input.agent_id), 'Agent');
   const environmentId = input.environment_id ?? agent.environment_id;
@@ -135,7 +137,13 @@ export async function startConversation(
   if (environmentId !== agent.environment_id && !permits(agent.allowed_environment_ids, environmentId)) {
     throw validationFailed({ environment_id: ['is not among the agent’s allowed_environment_ids'] });
   }
-  const vaultId = input.vault_id ?? null;
+  // A sandbox token's sub-conversation runs with its parent's vault or none (DECISIONS: scopes):
+  // naming another would hand the parent's agent secrets its own turn does not hold.
+  const bySandbox = who.actor === 'sprite' && parentId !== null && !options.teamMessage;
+  if (bySandbox && input.vault_id !== undefined && input.vault_id !== null && input.vault_id !== parentVault) {
+    throw new ApiError('forbidden', 'A sandbox token’s sub-conversation runs with its parent’s vault or none.');
+  }
+  const vaultId = input.vault_id ?? (bySandbox ? parentVault : null);
   if (vaultId !== null) {
     orNotFound(await vaults.getVault(sql, who.accountId, vaultId), 'Vault');
     if (!permits(agent.allowed_vault_ids, vaultId)) {

@@ -30,10 +30,24 @@ import { TEAM_MCP_SERVER } from './team-mcp.ts';
  */
 export function networkPolicy(deps: LaunchDeps, environment: EnvironmentRow, agent: AgentRow) {
   if (!environment.networking_config) return null;
-  const always = [deps.providerUrls[providerOf(agent.model) ?? ''], deps.apiUrl()].flatMap((u) =>
-    u ? [new URL(u).host] : [],
-  );
-  return { allowed_hosts: [...new Set([...environment.networking_config.allowed_hosts, ...always])] };
+  return {
+    allowed_hosts: [...new Set([...environment.networking_config.allowed_hosts, ...alwaysReached(deps, agent)])],
+  };
+}
+
+/**
+ * The hosts a sandbox's runtime reaches whatever its policy (`host:port` when the URL names a
+ * port): its model provider's and the service's own. The runner bridges them into an isolated
+ * sandbox, also when they are on its loopback.
+ */
+export function alwaysReached(deps: LaunchDeps, agent: AgentRow): string[] {
+  const urls = [deps.providerUrls[providerOf(agent.model) ?? ''], deps.apiUrl()];
+  return [...new Set(urls.flatMap((u) => (u ? [hostPort(new URL(u))] : [])))];
+}
+
+/** `host:port` of a URL, its scheme's default port written out (a bridge needs the port). */
+function hostPort(url: URL): string {
+  return url.port ? url.host : `${url.host}:${url.protocol === 'https:' ? 443 : 80}`;
 }
 
 export type AgentRow = NonNullable<Awaited<ReturnType<typeof agents.getAgent>>>;

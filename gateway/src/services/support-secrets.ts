@@ -11,8 +11,8 @@ import { revealSecrets } from './secrets.ts';
  * - every value of 8 bytes or more that the account holds as a secret: environment and vault
  *   secrets and inference credentials (the sandbox redaction's length rule). Plain environment
  *   variables are not secrets, and a value such as `production` must stay readable here;
- * - anything shaped like a credential this service issues (API, OAuth, sandbox, session and
- *   runner tokens), whoever's it is;
+ * - anything shaped like a credential this service issues or stores (API, OAuth, sandbox,
+ *   session and runner tokens, webhook signing secrets), whoever's it is;
  * - in `context`, every value under a key that names a secret (`password`, `token`, ...).
  */
 export interface ReportScrubber {
@@ -20,8 +20,10 @@ export interface ReportScrubber {
   context(value: Record<string, unknown>): Record<string, unknown>;
 }
 
-// The service's bearer credentials: a `svc` prefix and 32 random bytes in base64url (43 chars).
-const ISSUED_CREDENTIAL = /\bsvc(?:o|s|sess|r)?_[A-Za-z0-9_-]{43}/g;
+// Every credential format the service issues or stores: its bearer credentials (a `svc` prefix
+// and 32 random bytes in base64url, 43 chars) and webhook signing secrets (`whsec_`, ours of the
+// same length, a payment provider's of its own).
+const ISSUED_CREDENTIAL = /\b(?:svc(?:o|s|sess|r)?_[A-Za-z0-9_-]{43}|whsec_[A-Za-z0-9_+/=-]{16,})/g;
 const SECRET_KEY = /pass(?:word|wd)?|secret|token|api[-_]?key|authori[sz]ation|cookie|credential|private[-_]?key/i;
 
 export async function reportScrubber(deps: { sql: Sql; keyring: Keyring }, accountId: string): Promise<ReportScrubber> {

@@ -193,10 +193,11 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
     schema: {
       tags,
       summary: 'Revoke an API key',
-      description: "The key stops working at once. 404 for an unknown key or another account's.",
+      description:
+        "The key stops working at once. 404 for an unknown key or another account's; 403 `forbidden` when a standard-scope key names a full-scope one.",
       operationId: 'deleteApiKey',
       params: IdParam,
-      response: { 204: z.null(), 401: ErrorBody, 404: ErrorBody },
+      response: { 204: z.null(), 401: ErrorBody, 403: ErrorBody, 404: ErrorBody },
     },
     handler: async (req, reply) => {
       await creds.revokeApiKey(deps, requirePrincipal(req), req.params.id);

@@ -37,15 +37,16 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
   });
 
   r.post('/api/runners', {
-    config,
+    // A runner receives what its turns need (secrets, inference keys): a full-scope key registers one.
+    config: { auth: 'full' as const },
     schema: {
       tags,
       summary: 'Register a runner; its token is shown once',
       operationId: 'createRunner',
       description:
-        'Run it on the machine: `npx svc-runner --url <base> --token <token> --root <dir>`. Only a hash of the token is kept.',
+        'Run it on the machine: `npx svc-runner --url <base> --token <token> --root <dir>`. Only a hash of the token is kept. Needs a full-scope key (403 `forbidden` otherwise): a runner receives the secrets and inference keys of the turns it runs.',
       body: RunnerFields,
-      response: { 201: RunnerCreated, 422: ErrorBody },
+      response: { 201: RunnerCreated, 403: ErrorBody, 422: ErrorBody },
     },
     handler: async (req, reply) => {
       const { row, token } = await runners.createRunner(deps.sql, actorOf(requirePrincipal(req)), req.body.name);

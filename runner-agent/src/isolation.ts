@@ -1,0 +1,300 @@
+import { execFile, execFileSync } from 'node:child_process';
+import { accessSync, constants, statSync } from 'node:fs';
+import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
+import type { RunAs } from './network.ts';
+
+/**
+ * `namespaces`: each sandbox's processes run in namespaces of their own (bubblewrap); `none`:
+ * as plain processes of the runner's machine (`--isolation none`, SANDBOX_ISOLATION=none).
+ */
+export type IsolationMode = 'namespaces' | 'none';
+
+export const ISOLATION_MODES: readonly IsolationMode[] = ['namespaces', 'none'];
+
+/** The user sandbox processes run as when the runner is root and names no `--run-as` user. */
+const NOBODY = 'nobody';
+
+/** Where a sandbox's egress sockets appear inside its namespaces. */
+export const BRIDGE_DIR = '/run/svc';
+
+/**
+ * What a confined process reaches of the runner: the ports on the sandbox's own loopback that
+ * lead out, each relayed to `<socketDir>/<port>.sock` on the runner's side (its egress proxy,
+ * and the service's and model provider's ports when they are on the runner's loopback).
+ */
+export interface Bridges {
+  socketDir: string;
+  ports: number[];
+}
+
+/**
+ * A command line as it runs confined: what to spawn instead (bwrap and its arguments, from
+ * `/`) and the user to spawn it as (the sandbox's; absent: the runner's own). Throws an
+ * ENOENT Error when `command` is not found on the PATH of `env`, as spawn would.
+ */
+export type Confine = (command: string, args: string[], cwd: string, env: Record<string, string>) => Confined;
+
+export interface Confined {
+  command: string;
+  args: string[];
+  cwd: string;
+  uid?: number;
+  gid?: number;
+}
+
+/**
+ * Runs in the sandbox's namespaces before the command: one socat relay per bridged port (a
+ * TCP listener on the sandbox's 127.0.0.1 to the runner's Unix socket for it), a wait of at
+ * most 5 s until all of them listen (read from /proc/net/tcp, so a request made at once does
+ * not meet a closed port), then the command itself in its place.
+ */
+export function bridgeScript(ports: number[]): string {
+  if (ports.length === 0) return 'exec "$@"';
+  const hex = ports.map((p) => `0A:0100007F:${p.toString(16).toUpperCase().padStart(4, '0')}`);
+  return [
+    `for p in ${ports.join(' ')}; do socat TCP-LISTEN:$p,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:${BRIDGE_DIR}/$p.sock 2>/dev/null & done`,
+    'n=0; while [ $n -lt 1000 ]; do up=0',
+    `  while read -r _ l _ st _; do case "$st:$l" in ${hex.join('|')}) up=$((up+1));; esac; done < /proc/net/tcp`,
+    `  [ $up -ge ${ports.length} ] && break; n=$((n+1)); sleep 0.005`,
+    'done',
+    'exec "$@"',
+  ].join('\n');
+}
+
+/** `command` as spawn would find it on `path` (a name with a slash is taken as it is); null when absent. */
+export function findCommand(command: string, path: string, cwd: string): string | null {
+  const candidates = command.includes('/')
+    ? [resolve(cwd, command)]
+    : path.split(delimiter).flatMap((d) => (d ? [join(resolve(cwd, d), command)] : []));
+  for (const c of candidates) {
+    try {
+      accessSync(c, constants.X_OK);
+      if (statSync(c).isFile()) return c;
+    } catch {
+      // not there, or not executable
+    }
+  }
+  return null;
+}
+
+/** Whether `path` is `parent` or lies under it. */
+function within(path: string, parent: string): boolean {
+  return path === parent || path.startsWith(parent.endsWith(sep) ? parent : parent + sep);
+}
+
+function depth(path: string): number {
+  return path.split(sep).filter(Boolean).length;
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether `user` may look `path` up: search permission on each directory above it and on it
+ * (bubblewrap, started as that user, fails on a path it cannot reach).
+ */
+function reachableBy(path: string, user: RunAs): boolean {
+  for (let p = path; ; p = dirname(p)) {
+    try {
+      const { uid, gid, mode } = statSync(p);
+      const bit = uid === user.uid ? 0o100 : gid === user.gid ? 0o010 : 0o001;
+      if ((mode & bit) === 0) return false;
+    } catch {
+      return false;
+    }
+    if (p === dirname(p)) return true;
+  }
+}
+
+/**
+ * How this runner isolates its sandboxes (DECISIONS "Sandboxes that hold"). In mode
+ * `namespaces` every process of a sandbox (its setup script, clones and npm installs, the
+ * runtime and all it starts) runs under bubblewrap in its own user, mount, pid, ipc, uts and
+ * network namespaces, with no capabilities, `no_new_privs`, no further user namespaces, and
+ * `--die-with-parent`, so nothing of it outlives the runner-agent. It sees the machine's file
+ * system read-only, its own directory read-write, a private `/tmp`, `/run`, `/dev` and `/proc`,
+ * and neither the runner's root (other sandboxes), nor the runner's HOME, nor the `hidden`
+ * paths (the service's DATA_DIR for the `local` provider). Its network namespace holds only
+ * loopback: the bridges to the runner's egress proxy are the one way out. A runner that is
+ * root runs sandboxes as its `--run-as` user, else as `nobody`, so files of the machine's
+ * users stay theirs.
+ */
+export class Isolation {
+  private constructor(
+    readonly mode: IsolationMode,
+    /** The user sandbox processes run as; absent: the runner's own. */
+    readonly user: RunAs | undefined,
+    /** Why sandboxes cannot be isolated here (mode `namespaces` only); then none is started. */
+    readonly unavailable: string | undefined,
+    private readonly hidden: string[],
+  ) {}
+
+  /** No isolation: sandbox processes are the runner's own (`--isolation none`). */
+  static none(runAs?: RunAs): Isolation {
+    return new Isolation('none', runAs, undefined, []);
+  }
+
+  /**
+   * Checks that this machine can isolate (bwrap and socat installed, user namespaces allowed,
+   * a tmpfs over `root` possible for the sandbox user) by starting one empty sandbox, and
+   * resolves with the isolation to use. It never rejects: what is missing is kept in
+   * `unavailable`, and every sandbox build then fails saying so.
+   */
+  static async probe(options: {
+    mode: IsolationMode;
+    root: string;
+    hidden?: string[];
+    runAs?: RunAs;
+  }): Promise<Isolation> {
+    if (options.mode === 'none') return Isolation.none(options.runAs);
+    const root = resolve(options.root);
+    const home = process.env.HOME && isAbsolute(process.env.HOME) ? resolve(process.env.HOME) : undefined;
+    const hidden = [...new Set([root, ...(options.hidden ?? []).map((p) => resolve(p)), ...(home ? [home] : [])])]
+      // `/` or a system directory is never hidden as a whole (a HOME of `/`).
+      .filter((p) => depth(p) > 0 && !['/usr', '/bin', '/lib', '/etc'].some((s) => within(s, p)));
+    let user = options.runAs;
+    if (!user && process.getuid?.() === 0) user = lookupUser(NOBODY) ?? undefined;
+    const isolation = new Isolation('namespaces', user, undefined, hidden);
+    const missing = ['bwrap', 'socat'].filter((c) => !findCommand(c, process.env.PATH ?? '/usr/bin:/bin', '/'));
+    if (missing.length > 0) {
+      return isolation.withUnavailable(
+        `${missing.join(' and ')} ${missing.length > 1 ? 'are' : 'is'} not installed (Debian: apt-get install bubblewrap socat)`,
+      );
+    }
+    if (process.getuid?.() === 0 && !user)
+      return isolation.withUnavailable(`there is no user ${NOBODY} to run sandboxes as`);
+    const why = await isolation.tryOnce();
+    return why ? isolation.withUnavailable(why) : isolation;
+  }
+
+  private withUnavailable(why: string): Isolation {
+    return new Isolation(this.mode, this.user, why, this.hidden);
+  }
+
+  /** The one line a start banner and stage `network` say about isolation. */
+  describe(): string {
+    if (this.mode === 'none') return 'none: sandbox processes run as plain processes of this machine';
+    if (this.unavailable) return `unavailable: ${this.unavailable}`;
+    return `namespaces (bubblewrap)${this.user ? `, as ${this.user.name}` : ''}`;
+  }
+
+  /** Throws, naming the cause and the setting, when sandboxes cannot be isolated here. */
+  assertAvailable(): void {
+    if (this.unavailable) {
+      throw new Error(
+        `sandboxes cannot be isolated on this machine: ${this.unavailable}; install what is missing, or run them without isolation (SANDBOX_ISOLATION=none on the service, --isolation none on svc-runner)`,
+      );
+    }
+  }
+
+  /**
+   * The bubblewrap arguments that confine a process of the sandbox in `dir` (none: an empty
+   * sandbox), up to and
+   * including `--`. Mounts are made shallow-first: the hidden paths (each a fresh empty tmpfs),
+   * the directories of the runner's PATH that lie in one of them shown again read-only (the
+   * runtimes' CLIs, in a project's node_modules, or node under an nvm HOME), hidden paths
+   * below those hidden again, then the sandbox's own directory and its bridge sockets.
+   */
+  bwrapArgs(dir: string | undefined, cwd: string, bridges: Bridges | undefined): string[] {
+    const shown = new Set<string>();
+    for (const entry of (process.env.PATH ?? '').split(delimiter)) {
+      if (!isAbsolute(entry) || !this.hidden.some((h) => within(entry, h))) continue;
+      const project = /^(.*)\/node_modules\/\.bin$/.exec(entry)?.[1];
+      shown.add(project ?? entry);
+    }
+    const nodePrefix = dirname(dirname(process.execPath));
+    if (this.hidden.some((h) => within(nodePrefix, h))) shown.add(nodePrefix);
+    const mounts = [
+      ...this.hidden.map((path) => ({ path, args: ['--tmpfs', path] })),
+      ...[...shown]
+        .filter((path) => isDirectory(path) && (!this.user || reachableBy(path, this.user)))
+        .map((path) => ({ path, args: ['--ro-bind', path, path] })),
+    ].sort((a, b) => depth(a.path) - depth(b.path) || (a.args[0] === '--tmpfs' ? -1 : 1));
+    return [
+      '--unshare-user',
+      '--unshare-pid',
+      '--unshare-ipc',
+      '--unshare-net',
+      '--unshare-uts',
+      '--unshare-cgroup-try',
+      '--disable-userns',
+      '--die-with-parent',
+      '--new-session',
+      '--cap-drop',
+      'ALL',
+      '--hostname',
+      'sandbox',
+      '--ro-bind',
+      '/',
+      '/',
+      '--dev',
+      '/dev',
+      '--proc',
+      '/proc',
+      '--tmpfs',
+      '/tmp',
+      '--tmpfs',
+      '/var/tmp',
+      '--tmpfs',
+      '/run',
+      '--tmpfs',
+      '/dev/shm',
+      ...mounts.flatMap((m) => m.args),
+      ...(dir ? ['--bind', dir, dir] : []),
+      ...(bridges ? ['--bind', bridges.socketDir, BRIDGE_DIR] : []),
+      '--chdir',
+      cwd,
+      '--',
+    ];
+  }
+
+  /**
+   * The sandbox in `dir`'s confinement: undefined in mode `none` (processes are spawned as
+   * they are). Throws when the machine cannot isolate (see assertAvailable).
+   */
+  confinement(dir: string, bridges: Bridges | undefined): Confine | undefined {
+    if (this.mode === 'none') return undefined;
+    this.assertAvailable();
+    const script = bridgeScript(bridges?.ports ?? []);
+    return (command, args, cwd, env) => {
+      if (!findCommand(command, env.PATH ?? '', cwd)) {
+        throw Object.assign(new Error(`spawn ${command} ENOENT`), { code: 'ENOENT', errno: -2, path: command });
+      }
+      return {
+        command: 'bwrap',
+        args: [...this.bwrapArgs(dir, cwd, bridges), '/bin/sh', '-c', script, 'svc-sandbox', command, ...args],
+        cwd: '/',
+        ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
+      };
+    };
+  }
+
+  /** Starts `/bin/true` confined in an empty sandbox; resolves with why it failed, or undefined. */
+  private tryOnce(): Promise<string | undefined> {
+    const args = [...this.bwrapArgs(undefined, '/', undefined), '/bin/true'];
+    return new Promise((done) =>
+      execFile(
+        'bwrap',
+        args,
+        { cwd: '/', timeout: 10_000, ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}) },
+        (err, _out, stderr) =>
+          done(err ? `bubblewrap cannot start a sandbox here: ${stderr.trim() || err.message}` : undefined),
+      ),
+    );
+  }
+}
+
+/** The uid and gid of the user `name`, or null when there is none. */
+export function lookupUser(name: string): RunAs | null {
+  try {
+    const id = (flag: string) => Number(execFileSync('id', [flag, name], { encoding: 'utf8' }).trim());
+    return { name, uid: id('-u'), gid: id('-g') };
+  } catch {
+    return null;
+  }
+}
