@@ -28,6 +28,7 @@ export const errorCatalogue = {
   permission_request_resolved: [409, 'The permission request was already resolved.'],
   contact_already_provisioned: [409, 'The teammate already has a contact.'],
   environment_in_use: [409, 'Agents still use this environment; move them first.'],
+  binding_exists: [409, 'A binding of this secret name to this host already exists.'],
   conversation_terminated: [410, 'The conversation has ended; do not retry.'],
   payload_too_large: [413, 'The request body is too large.'],
   unsupported_media_type: [415, 'Unsupported media type.'],

@@ -30,4 +30,5 @@ export type IdPrefix =
   | 'whe'
   | 'whj'
   | 'whd'
-  | 'exp';
+  | 'exp'
+  | 'sbd';

@@ -167,6 +167,15 @@ export const ConfigSchema = z.object({
    * bubblewrap; a machine that cannot refuses to build them, saying why) or `none`.
    */
   SANDBOX_ISOLATION: z.enum(['namespaces', 'none']).default('namespaces'),
+  /**
+   * The egress credential broker: `on`, every account is brokered (bound secrets never enter
+   * a sandbox; the proxy writes them for their host) and the secret-binding and egress-log
+   * routes answer; `off`, they answer 404 `broker: "disabled"`. Unset: `on` where
+   * SANDBOX_ISOLATION is `namespaces`, else `off` (see loadConfig).
+   */
+  EGRESS_BROKER: z.enum(['on', 'off']).optional(),
+  /** Hours the broker's egress log of a conversation is kept after the conversation ends. */
+  BROKER_LOG_RETENTION_HOURS: z.coerce.number().int().min(1).default(72),
   SANDBOX_QUOTA_DEFAULT: z.coerce.number().int().min(0).default(10),
   FLEET_MAX_SANDBOXES: z.coerce.number().int().min(0).default(100),
   TURN_TIME_LIMIT_MS: z.coerce
@@ -198,7 +207,8 @@ export const ConfigSchema = z.object({
   PERMISSION_TIMEOUT_S: z.coerce.number().int().min(1).default(300),
 });
 
-export type Config = z.infer<typeof ConfigSchema>;
+/** The parsed configuration, with the defaults that derive from other settings filled in. */
+export type Config = Omit<z.infer<typeof ConfigSchema>, 'EGRESS_BROKER'> & { EGRESS_BROKER: 'on' | 'off' };
 
 export class ConfigError extends Error {}
 
@@ -214,7 +224,12 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     const lines = parsed.error.issues.map((i) => `  ${String(i.path[0] ?? '?')}: ${i.message}`);
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
-  const config = parsed.data;
+  const config: Config = {
+    ...parsed.data,
+    // The broker needs the sandbox's network namespace (its proxy is the one way out): on by
+    // default only where sandboxes are isolated.
+    EGRESS_BROKER: parsed.data.EGRESS_BROKER ?? (parsed.data.SANDBOX_ISOLATION === 'namespaces' ? 'on' : 'off'),
+  };
   if (config.MAIL_TRANSPORT === 'smtp' && !config.SMTP_URL) {
     throw new ConfigError('invalid configuration:\n  SMTP_URL: required when MAIL_TRANSPORT=smtp');
   }

@@ -60,6 +60,7 @@ import { TurnWaiters } from './services/turn-waiters.ts';
 import { enqueueWebhookJobs, tenantsWithEndpoints } from './services/webhook-jobs.ts';
 import { StreamServer } from './streams/streams.ts';
 import { systemResolver } from './webhooks/transport.ts';
+import { EgressLogSweeper } from './workers/egress-log-sweep.ts';
 import { ExportBuilder } from './workers/export-builder.ts';
 import { IdleSuspendWorker } from './workers/idle-suspend.ts';
 import { LogCopier } from './workers/log-copier.ts';
@@ -418,6 +419,13 @@ export async function startService(
     const lost = new LostMachinesWorker({ sql: db.sql, providers, logger: log.child({ role: 'worker' }) });
     lost.start();
     cleanups.push(() => lost.stop());
+    // Whether the broker is on or not: rows written while it was on still expire.
+    const egressSweep = new EgressLogSweeper(
+      { sql: db.sql, logger: log.child({ role: 'worker' }) },
+      { retentionHours: config.BROKER_LOG_RETENTION_HOURS },
+    );
+    egressSweep.start();
+    cleanups.push(() => egressSweep.stop());
 
     let limiter: RateLimiter | undefined;
     if (config.RATE_LIMIT_PER_MINUTE > 0) {

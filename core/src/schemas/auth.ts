@@ -56,7 +56,10 @@ export const Identity = z
     onboarding_state: z.string(),
     onboarding_completed: z.boolean(),
     comped: z.boolean().nullable().meta({ description: 'Null while payment is off.' }),
-    brokered: z.boolean(),
+    brokered: z.boolean().meta({
+      description:
+        'True when the account runs behind the egress credential broker: bound secrets never enter its sandboxes, and the secret-binding and egress routes answer.',
+    }),
     role: Role,
     actor: z.enum(['ui', 'api', 'sprite']).meta({ description: 'How this request authenticated.' }),
     scope: Scope,

@@ -41,7 +41,11 @@ const MountPath = z
 
 export const Repository = z.object({ url: RepoUrl, mount_path: MountPath }).strict();
 
-const Host = z
+/**
+ * A host as `networking_config.allowed_hosts` and secret bindings name it: `api.github.com`,
+ * `*.example.com` (any subdomain), optionally with `:port`.
+ */
+export const AllowedHost = z
   .string()
   .max(253)
   .regex(
@@ -49,7 +53,7 @@ const Host = z
     'must be a host name',
   );
 
-export const NetworkingConfig = z.object({ allowed_hosts: z.array(Host).max(500) }).strict();
+export const NetworkingConfig = z.object({ allowed_hosts: z.array(AllowedHost).max(500) }).strict();
 export const NetworkingType = z.enum(['unrestricted', 'limited']);
 
 /** Every writable field of an environment; the service fills defaults for a create or a PUT. */

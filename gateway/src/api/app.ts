@@ -37,6 +37,7 @@ import { runnerRoutes } from './routes/runners.ts';
 import { sandboxRoutes } from './routes/sandboxes.ts';
 import { scheduleRoutes } from './routes/schedules.ts';
 import { searchRoutes } from './routes/search.ts';
+import { secretBindingRoutes } from './routes/secret-bindings.ts';
 import { streamRoutes } from './routes/streams.ts';
 import { supportRoutes } from './routes/support.ts';
 import { teamRoutes } from './routes/team.ts';
@@ -213,6 +214,7 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   permissionRoutes(app, deps);
   teamMcpRoutes(app, deps);
   webhookRoutes(app, deps);
+  secretBindingRoutes(app, deps);
   adminRoutes(app, deps);
   await metaRoutes(app, deps, routeTable);
   operationRoutes(app, deps);

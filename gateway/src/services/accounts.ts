@@ -261,7 +261,11 @@ export async function confirmEmailChange(deps: AccountDeps, token: string, ip: s
   return { email: row.new_email };
 }
 
-export async function identity(sql: Sql, p: Principal, paymentEnabled: boolean) {
+/**
+ * `GET /api/auth/me`. What the instance decides for every account: `comped` is null while
+ * payment is off; `brokered` is whether the egress credential broker is on (EGRESS_BROKER).
+ */
+export async function identity(sql: Sql, p: Principal, instance: { paymentEnabled: boolean; brokerOn: boolean }) {
   const a = await accounts.findAccountById(sql, p.accountId);
   if (!a) throw new ApiError('unauthorized');
   return {
@@ -271,8 +275,8 @@ export async function identity(sql: Sql, p: Principal, paymentEnabled: boolean) 
     email_verified: a.email_verified_at !== null,
     onboarding_state: a.onboarding_state,
     onboarding_completed: a.onboarding_completed_at !== null,
-    comped: paymentEnabled ? a.comped : null,
-    brokered: a.brokered,
+    comped: instance.paymentEnabled ? a.comped : null,
+    brokered: instance.brokerOn,
     role: a.role,
     actor: p.actor,
     scope: p.scope === 'conversation' ? ('standard' as const) : p.scope,

@@ -142,11 +142,15 @@ export function authRoutes(app: FastifyInstance, deps: ApiDeps): void {
       tags,
       summary: 'Who is calling',
       description:
-        'The account behind the credential and how the request authenticated (`actor`: ui, api or sprite; `scope`).',
+        'The account behind the credential and how the request authenticated (`actor`: ui, api or sprite; `scope`). `brokered` is true for every account while the instance runs the egress credential broker (EGRESS_BROKER), false otherwise.',
       operationId: 'getMe',
       response: { 200: Identity, 401: ErrorBody },
     },
-    handler: async (req) => accounts.identity(deps.sql, requirePrincipal(req), deps.paymentEnabled),
+    handler: async (req) =>
+      accounts.identity(deps.sql, requirePrincipal(req), {
+        paymentEnabled: deps.paymentEnabled,
+        brokerOn: deps.config.EGRESS_BROKER === 'on',
+      }),
   });
 
   r.get('/api/auth/api-keys', {
