@@ -84,7 +84,34 @@ export type RunnerOutput = z.infer<typeof RunnerOutput>;
 /** The runner took command `n` (it acts on it; results arrive as output). */
 export const RunnerAck = z.object({ t: z.literal('ack'), n: z.number().int().min(1) });
 
-export const RunnerMessage = z.discriminatedUnion('t', [RunnerHello, RunnerHeartbeat, RunnerOutput, RunnerAck]);
+/**
+ * Requests that left a brokered sandbox through the runner's proxy, and its refusals (the
+ * egress log; DECISIONS: no path, query or body). Sent as they happen, not kept: a row made
+ * while the runner is away is lost.
+ */
+export const RunnerEgressRow = z.object({
+  conversation_id: z.string().min(1).max(64),
+  at: z.string().max(40),
+  host: z.string().min(1).max(260),
+  port: z.number().int().min(0).max(65_535),
+  method: z.string().min(1).max(32),
+  binding_id: z.string().max(64).nullable(),
+  status: z.number().int().min(0).max(999).nullable(),
+  latency_ms: z.number().int().min(0).nullable(),
+  refused: z.boolean(),
+  reason: z.string().max(500).nullable(),
+});
+export type RunnerEgressRow = z.infer<typeof RunnerEgressRow>;
+
+export const RunnerEgressReport = z.object({ t: z.literal('egress'), rows: z.array(RunnerEgressRow).min(1).max(1000) });
+
+export const RunnerMessage = z.discriminatedUnion('t', [
+  RunnerHello,
+  RunnerHeartbeat,
+  RunnerOutput,
+  RunnerAck,
+  RunnerEgressReport,
+]);
 export type RunnerMessage = z.infer<typeof RunnerMessage>;
 export type RunnerHello = z.infer<typeof RunnerHello>;
 
@@ -96,6 +123,21 @@ export const ServiceWelcome = z.object({
   epoch: z.number().int().min(1),
   heartbeat_ms: z.number().int().min(100),
 });
+
+/**
+ * A secret the runner's egress broker writes into requests (DECISIONS "Sandboxes that hold"):
+ * the sandbox's variable holds `placeholder`; on a request to `host` (as in allowed_hosts) the
+ * proxy sets `header` to `value` (the binding's format already filled in). `binding_id` is
+ * null for an inference credential, which is brokered for its provider's host.
+ */
+export const BrokerBinding = z.object({
+  binding_id: z.string().max(64).nullable(),
+  placeholder: z.string().min(16).max(128),
+  host: z.string().min(1).max(260),
+  header: z.string().min(1).max(128),
+  value: z.string().max(16_384),
+});
+export type BrokerBinding = z.infer<typeof BrokerBinding>;
 
 /** What a sandbox is built with: its directory under the runner's root, its environment. */
 export const SandboxCreate = z.object({
@@ -125,6 +167,12 @@ export const SandboxCreate = z.object({
    * Optional: a runner one release older ignores it.
    */
   reach: z.array(z.string().min(1).max(260)).max(10).optional(),
+  /**
+   * Present when the egress credential broker is on (stage `broker`): the bound secrets of the
+   * build's environment (the setup script sees their placeholders). Optional: a runner one
+   * release older ignores it, and its sandboxes get the placeholders without a broker.
+   */
+  broker: z.array(BrokerBinding).max(200).optional(),
   /**
    * The environment's repositories, cloned into `mount_path` under the sandbox (stage `clone`).
    * This and the two fields below are optional: a runner one release older ignores them.
@@ -222,6 +270,8 @@ export const TurnStart = z.object({
   conversation_id: z.string().min(1).max(64),
   turn_id: z.string().min(1).max(64),
   prompt: z.string().max(1_000_000),
+  /** The turn's bound secrets and brokered inference credential (see SandboxCreate.broker). */
+  broker: z.array(BrokerBinding).max(200).optional(),
   runtime: z.object({
     command: z.string().min(1),
     args: z.array(z.string()),

@@ -461,6 +461,7 @@ export async function startService(
       apiUrl: base,
       limits: { quota: config.SANDBOX_QUOTA_DEFAULT, fleetMax: config.FLEET_MAX_SANDBOXES },
       billing,
+      broker: config.EGRESS_BROKER === 'on',
       providerUrls: {
         anthropic: config.ANTHROPIC_BASE_URL,
         openai: config.OPENAI_BASE_URL,

@@ -10,6 +10,7 @@ import {
   RUNNER_CONNECT_PATH,
   RUNNER_PROTOCOL_VERSION,
   type RunnerCommandBody,
+  type RunnerEgressRow,
   type RunnerEvent,
   type RunnerMessage,
   ServiceMessage,
@@ -27,6 +28,9 @@ import { type TurnReport, Turns } from './turns.ts';
 export const AGENT_VERSION = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
 ).version;
+
+/** At most this many egress log rows wait to be sent; more are dropped until they go. */
+const EGRESS_ROWS_HELD = 5000;
 
 export interface AgentOptions {
   /** The service's base URL (http(s)://, or ws(s)://). */
@@ -149,7 +153,11 @@ export class RunnerAgent {
     private readonly report: (event: AgentEvent) => void = () => {},
   ) {
     this.url = connectUrl(options.url);
-    this.egress = new RunnerEgress(options.runAs ?? null, (grant, host, reason) => this.refused(grant, host, reason));
+    this.egress = new RunnerEgress(
+      options.runAs ?? null,
+      (grant, host, reason) => this.refused(grant, host, reason),
+      (source, row) => this.egressRow(source.conversationId, row),
+    );
     const isolation = options.isolation ?? 'namespaces';
     this.isolation =
       isolation instanceof Isolation
@@ -206,6 +214,7 @@ export class RunnerAgent {
     this.stopping = true;
     clearInterval(this.heartbeat);
     clearTimeout(this.retry);
+    clearTimeout(this.egressTimer);
     this.ws?.close(1000, 'runner stopping');
     // Spool files close once the runtimes are gone: their last words are kept for the next start.
     void this.turns.closeAll().finally(() => {
@@ -414,6 +423,7 @@ export class RunnerAgent {
               skills: command.skills,
               adopt: command.adopt,
               reach: command.reach,
+              broker: command.broker,
             },
             emit,
             { allowApt: this.options.allowApt ?? false, egress: this.egress, isolation: await this.isolation },
@@ -489,6 +499,21 @@ export class RunnerAgent {
       stream: 'stderr',
       data: `svc-runner: network: refused ${host} (${reason})\n`,
     });
+  }
+
+  /** Egress log rows waiting to be sent (a short batch; none are kept while disconnected). */
+  private egressRows: RunnerEgressRow[] = [];
+  private egressTimer: NodeJS.Timeout | undefined;
+
+  /** A row of a brokered sandbox's egress log, sent to the service within 100 ms. */
+  private egressRow(conversationId: string, row: Omit<RunnerEgressRow, 'conversation_id'>): void {
+    if (this.egressRows.length >= EGRESS_ROWS_HELD) return;
+    this.egressRows.push({ conversation_id: conversationId, ...row });
+    this.egressTimer ??= setTimeout(() => {
+      this.egressTimer = undefined;
+      const rows = this.egressRows.splice(0, EGRESS_ROWS_HELD);
+      for (let i = 0; i < rows.length; i += 1000) this.send({ t: 'egress', rows: rows.slice(i, i + 1000) });
+    }, 100);
   }
 
   private scheduleReconnect(code: number, reason: string): void {

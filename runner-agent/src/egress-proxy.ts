@@ -2,6 +2,7 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { lookup } from 'node:dns/promises';
 import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from 'node:http';
+import { request as httpsRequest } from 'node:https';
 import {
   BlockList,
   connect,
@@ -12,6 +13,9 @@ import {
 } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createSecureContext, TLSSocket } from 'node:tls';
+import type { RunnerEgressRow } from '@svc/core';
+import { brokerHeaders, type SandboxBroker } from './broker.ts';
 
 /** Who a proxy credential belongs to, and what it may reach (null: any host). */
 export interface EgressGrant {
@@ -28,6 +32,29 @@ export interface EgressGrant {
 
 /** A request the proxy refused: its host is not in the grant's allowlist, or it leads inside. */
 export type OnRefused = (grant: EgressGrant, host: string, reason?: string) => void;
+
+/** Whose a request through a brokered sandbox's egress was. */
+export interface EgressSource {
+  sandbox: string;
+  incarnation: number;
+  conversationId: string;
+}
+
+type Row = Omit<RunnerEgressRow, 'conversation_id' | 'at'>;
+
+/** A row of a brokered sandbox's egress log (every request that left, every refusal). */
+export type OnEgress = (source: EgressSource, row: Omit<RunnerEgressRow, 'conversation_id'>) => void;
+
+/** Where a request the broker reads in the clear goes on to. */
+interface BrokerTarget {
+  protocol: 'http:' | 'https:';
+  host: string;
+  address: string;
+  port: number;
+  sandbox: string;
+  /** The grant of a proxied request; absent for a loopback bridge's (the broker's conversation). */
+  grant?: EgressGrant;
+}
 
 /**
  * Addresses an unrestricted grant does not lead to: the runner's own machine (loopback, where
@@ -140,13 +167,20 @@ export class EgressProxy {
   private readonly sockets = new Set<Socket>();
   /** Each isolated sandbox's bridge listeners and their socket directory. */
   private readonly bridges = new Map<string, { dir: string; servers: NetServer[] }>();
+  /** Each brokered sandbox's broker, by sandbox, with the incarnation it was prepared for. */
+  private readonly brokers = new Map<string, { incarnation: number; broker: SandboxBroker }>();
+  /** Where requests read in the clear (a brokered sandbox's TLS, its loopback bridges) are served. */
+  private readonly clear: Server = createServer((req, res) => this.brokered(req, res));
+  private readonly targets = new WeakMap<Socket, BrokerTarget>();
+  private onRefused: OnRefused = () => {};
+  private onEgress: OnEgress = () => {};
 
   private constructor(
     private readonly server: Server,
     readonly port: number,
   ) {}
 
-  static async start(onRefused: OnRefused = () => {}): Promise<EgressProxy> {
+  static async start(onRefused: OnRefused = () => {}, onEgress: OnEgress = () => {}): Promise<EgressProxy> {
     const server = createServer();
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
@@ -154,6 +188,8 @@ export class EgressProxy {
     });
     const address = server.address();
     const proxy = new EgressProxy(server, typeof address === 'object' && address ? address.port : 0);
+    proxy.onRefused = onRefused;
+    proxy.onEgress = onEgress;
     server.on('connection', (socket: Socket) => {
       proxy.sockets.add(socket);
       socket.once('close', () => proxy.sockets.delete(socket));
@@ -209,6 +245,13 @@ export class EgressProxy {
     for (const port of forwards) {
       await listen(port, (socket) => {
         socket.on('error', () => socket.destroy());
+        // A brokered sandbox's requests to the service or a local model provider are read, so
+        // their bound secrets (the inference credential) are written in and they are logged.
+        if (this.brokers.has(sandbox)) {
+          this.targets.set(socket, { protocol: 'http:', host: '127.0.0.1', address: '127.0.0.1', port, sandbox });
+          this.clear.emit('connection', socket);
+          return;
+        }
         const upstream = connect(port, '127.0.0.1');
         upstream.on('error', () => socket.destroy());
         socket.once('close', () => upstream.destroy());
@@ -235,7 +278,29 @@ export class EgressProxy {
    */
   async revoke(sandbox: string): Promise<void> {
     for (const [secret, grant] of this.grants) if (grant.sandbox === sandbox) this.grants.delete(secret);
+    this.brokers.delete(sandbox);
     await this.closeBridges(sandbox);
+  }
+
+  /**
+   * From now on the sandbox's requests go through `broker` (until `revoke`): TLS its processes
+   * open is terminated with a certificate of the sandbox's own CA and read, bound secrets are
+   * written for their hosts, a placeholder elsewhere is refused, and each request is logged.
+   */
+  setBroker(sandbox: string, incarnation: number, broker: SandboxBroker): void {
+    this.brokers.set(sandbox, { incarnation, broker });
+  }
+
+  /** Logs a row of a brokered sandbox's egress (nothing for one without a broker). */
+  private log(sandbox: string, grant: EgressGrant | undefined, row: Row): void {
+    const held = this.brokers.get(sandbox);
+    if (!held) return;
+    const source = {
+      sandbox,
+      incarnation: grant?.incarnation ?? held.incarnation,
+      conversationId: grant?.conversationId ?? held.broker.conversationId,
+    };
+    this.onEgress(source, { ...row, at: new Date().toISOString() });
   }
 
   async close(): Promise<void> {
@@ -275,11 +340,130 @@ export class EgressProxy {
     void destination(grant, host, port).then((to) => {
       if ('refused' in to) {
         onRefused(grant, host, to.refused);
+        this.log(grant.sandbox, grant, refusedRow(host, port, 'CONNECT', to.refused));
         rawReply(socket, 403, refusedBody(host, to.refused));
         return;
       }
-      this.open(req, socket, head, to.address, port);
+      if (this.brokers.has(grant.sandbox))
+        void this.intercept(socket, head, { host, port, address: to.address, grant });
+      else this.open(req, socket, head, to.address, port);
     });
+  }
+
+  /**
+   * A brokered sandbox's tunnel: TLS (its first byte a handshake) is terminated with a leaf
+   * certificate for the host from the sandbox's CA and its requests are served in the clear
+   * (`brokered`); anything else is tunnelled as it is, and logged as one CONNECT.
+   */
+  private async intercept(
+    socket: Socket,
+    head: Buffer,
+    to: { host: string; port: number; address: string; grant: EgressGrant },
+  ): Promise<void> {
+    const held = this.brokers.get(to.grant.sandbox);
+    if (!held || socket.destroyed) return;
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    const first =
+      head.length > 0
+        ? head
+        : await new Promise<Buffer | undefined>((resolve) => {
+            socket.once('data', (d: Buffer) => {
+              socket.pause();
+              resolve(d);
+            });
+            socket.once('close', () => resolve(undefined));
+          });
+    if (!first || socket.destroyed) return;
+    socket.unshift(first);
+    if (first[0] !== 0x16) {
+      const started = Date.now();
+      const upstream = connect(to.port, to.address);
+      upstream.once('connect', () => {
+        this.log(to.grant.sandbox, to.grant, row(to.host, to.port, 'CONNECT', null, 200, Date.now() - started));
+        socket.pipe(upstream).pipe(socket);
+        socket.resume();
+      });
+      upstream.once('error', () => socket.destroy());
+      socket.once('close', () => upstream.destroy());
+      return;
+    }
+    const host = normalHost(to.host);
+    const leaf = await held.broker.ca.leaf(host);
+    const tls = new TLSSocket(socket, {
+      isServer: true,
+      secureContext: createSecureContext({ key: leaf.key, cert: leaf.cert }),
+    });
+    tls.on('error', () => tls.destroy());
+    this.targets.set(tls, {
+      protocol: 'https:',
+      host,
+      address: to.address,
+      port: to.port,
+      sandbox: to.grant.sandbox,
+      grant: to.grant,
+    });
+    this.clear.emit('connection', tls);
+    socket.resume();
+  }
+
+  /**
+   * A request of a brokered sandbox read in the clear: its bound secrets written for the host,
+   * refused (403) when a placeholder would leave for another, else sent on to the real host
+   * (over TLS when it came over TLS, verified against the runner's trust) and logged.
+   */
+  private brokered(req: IncomingMessage, res: ServerResponse): void {
+    const target = this.targets.get(req.socket);
+    const held = target ? this.brokers.get(target.sandbox) : undefined;
+    if (!target || !held) {
+      res.writeHead(502, { 'content-type': 'text/plain', connection: 'close' }).end('svc-runner: no broker\n');
+      return;
+    }
+    const method = req.method ?? 'GET';
+    const headers = { ...req.headers };
+    const outcome = brokerHeaders(headers, req.url ?? '', target.host, target.port, held.broker.bindings);
+    if (!outcome.ok) {
+      if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
+      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
+      res
+        .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
+        .end(refusedBody(target.host, outcome.reason));
+      return;
+    }
+    const bindingId = outcome.binding?.binding_id ?? null;
+    const started = Date.now();
+    const send = target.protocol === 'https:' ? httpsRequest : request;
+    const upstream = send(
+      {
+        host: target.address,
+        port: target.port,
+        method,
+        path: req.url,
+        headers,
+        ...(target.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
+      },
+      (answer) => {
+        const latency = Date.now() - started;
+        this.log(
+          target.sandbox,
+          target.grant,
+          row(target.host, target.port, method, bindingId, answer.statusCode ?? 0, latency),
+        );
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        answer.pipe(res);
+      },
+    );
+    upstream.on('error', (err) => {
+      this.log(target.sandbox, target.grant, {
+        ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
+        reason: `cannot reach it: ${err.message}`,
+      });
+      if (!res.headersSent) {
+        res
+          .writeHead(502, { 'content-type': 'text/plain' })
+          .end(`svc-runner: cannot reach ${target.host}: ${err.message}\n`);
+      } else res.destroy();
+    });
+    req.pipe(upstream);
   }
 
   private open(req: IncomingMessage, socket: Socket, head: Buffer, address: string, port: number): void {
@@ -324,22 +508,51 @@ export class EgressProxy {
     void destination(grant, url.hostname, port).then((to) => {
       if ('refused' in to) {
         onRefused(grant, url.hostname, to.refused);
+        this.log(grant.sandbox, grant, refusedRow(url.hostname, port, req.method ?? 'GET', to.refused));
         res
           .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
           .end(refusedBody(url.hostname, to.refused));
         return;
       }
-      this.send(req, res, url, to.address, port);
+      this.send(req, res, url, to.address, port, grant);
     });
   }
 
-  private send(req: IncomingMessage, res: ServerResponse, url: URL, address: string, port: number): void {
+  private send(
+    req: IncomingMessage,
+    res: ServerResponse,
+    url: URL,
+    address: string,
+    port: number,
+    grant: EgressGrant,
+  ): void {
     const headers = { ...req.headers };
     delete headers['proxy-authorization'];
     delete headers['proxy-connection'];
+    const method = req.method ?? 'GET';
+    const held = this.brokers.get(grant.sandbox);
+    let bindingId: string | null = null;
+    if (held) {
+      const outcome = brokerHeaders(headers, req.url ?? '', url.hostname, port, held.broker.bindings);
+      if (!outcome.ok) {
+        this.onRefused(grant, url.hostname, outcome.reason);
+        this.log(grant.sandbox, grant, refusedRow(url.hostname, port, method, outcome.reason));
+        res
+          .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
+          .end(refusedBody(url.hostname, outcome.reason));
+        return;
+      }
+      bindingId = outcome.binding?.binding_id ?? null;
+    }
+    const started = Date.now();
     const upstream = request(
-      { host: address, port, method: req.method, path: `${url.pathname}${url.search}`, headers },
+      { host: address, port, method, path: `${url.pathname}${url.search}`, headers },
       (answer) => {
+        this.log(
+          grant.sandbox,
+          grant,
+          row(url.hostname, port, method, bindingId, answer.statusCode ?? 0, Date.now() - started),
+        );
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         answer.pipe(res);
       },
@@ -353,6 +566,21 @@ export class EgressProxy {
     });
     req.pipe(upstream);
   }
+}
+
+function row(
+  host: string,
+  port: number,
+  method: string,
+  bindingId: string | null,
+  status: number | null,
+  latencyMs: number,
+): Row {
+  return { host, port, method, binding_id: bindingId, status, latency_ms: latencyMs, refused: false, reason: null };
+}
+
+function refusedRow(host: string, port: number, method: string, reason: string): Row {
+  return { host, port, method, binding_id: null, status: null, latency_ms: null, refused: true, reason };
 }
 
 function refusedBody(host: string, reason: string): string {

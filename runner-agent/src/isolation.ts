@@ -1,6 +1,7 @@
 import { execFile, execFileSync } from 'node:child_process';
-import { accessSync, constants, statSync } from 'node:fs';
+import { accessSync, constants, lstatSync, statSync } from 'node:fs';
 import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
+import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import type { RunAs } from './network.ts';
 
 /**
@@ -84,6 +85,15 @@ function within(path: string, parent: string): boolean {
 
 function depth(path: string): number {
   return path.split(sep).filter(Boolean).length;
+}
+
+/** A regular file, not a symbolic link (bubblewrap binds onto it as it is). */
+function isFile(path: string): boolean {
+  try {
+    return lstatSync(path).isFile();
+  } catch {
+    return false;
+  }
 }
 
 function isDirectory(path: string): boolean {
@@ -200,7 +210,7 @@ export class Isolation {
    * runtimes' CLIs, in a project's node_modules, or node under an nvm HOME), hidden paths
    * below those hidden again, then the sandbox's own directory and its bridge sockets.
    */
-  bwrapArgs(dir: string | undefined, cwd: string, bridges: Bridges | undefined): string[] {
+  bwrapArgs(dir: string | undefined, cwd: string, bridges: Bridges | undefined, trust?: string): string[] {
     const shown = new Set<string>();
     for (const entry of (process.env.PATH ?? '').split(delimiter)) {
       if (!isAbsolute(entry) || !this.hidden.some((h) => within(entry, h))) continue;
@@ -247,6 +257,8 @@ export class Isolation {
       ...mounts.flatMap((m) => m.args),
       ...(dir ? ['--bind', dir, dir] : []),
       ...(bridges ? ['--bind', bridges.socketDir, BRIDGE_DIR] : []),
+      // A brokered sandbox's bundle, with its CA, stands in for the system's.
+      ...(trust ? SYSTEM_TRUST_BUNDLES.filter(isFile).flatMap((path) => ['--ro-bind', trust, path]) : []),
       '--chdir',
       cwd,
       '--',
@@ -257,7 +269,7 @@ export class Isolation {
    * The sandbox in `dir`'s confinement: undefined in mode `none` (processes are spawned as
    * they are). Throws when the machine cannot isolate (see assertAvailable).
    */
-  confinement(dir: string, bridges: Bridges | undefined): Confine | undefined {
+  confinement(dir: string, bridges: Bridges | undefined, trust?: string): Confine | undefined {
     if (this.mode === 'none') return undefined;
     this.assertAvailable();
     const script = bridgeScript(bridges?.ports ?? []);
@@ -267,7 +279,7 @@ export class Isolation {
       }
       return {
         command: 'bwrap',
-        args: [...this.bwrapArgs(dir, cwd, bridges), '/bin/sh', '-c', script, 'svc-sandbox', command, ...args],
+        args: [...this.bwrapArgs(dir, cwd, bridges, trust), '/bin/sh', '-c', script, 'svc-sandbox', command, ...args],
         cwd: '/',
         ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
       };

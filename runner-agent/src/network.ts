@@ -1,5 +1,6 @@
-import type { RunnerEvent } from '@svc/core';
-import { EgressProxy, type OnRefused, splitHostPort } from './egress-proxy.ts';
+import type { BrokerBinding, RunnerEvent } from '@svc/core';
+import { SandboxBroker, SandboxCa } from './broker.ts';
+import { EgressProxy, type OnEgress, type OnRefused, splitHostPort } from './egress-proxy.ts';
 import { installFirewall } from './firewall.ts';
 import type { Bridges, Isolation } from './isolation.ts';
 
@@ -17,7 +18,7 @@ export interface SandboxEgress {
    * unrestricted and nothing goes through the proxy). Each conversation has its own
    * credential, so a refusal is reported to the conversation whose process made it.
    */
-  env(conversationId: string): Record<string, string>;
+  env(conversationId: string, bindings?: readonly BrokerBinding[]): Record<string, string>;
   /** An isolated sandbox's bridges out of its network namespace (see Isolation). */
   bridges?: Bridges;
 }
@@ -59,6 +60,7 @@ export class RunnerEgress {
   constructor(
     readonly runAs: RunAs | null,
     private readonly onRefused: OnRefused,
+    private readonly onEgress: OnEgress = () => {},
   ) {}
 
   /** `uid <n>` when the rule holds, else `none: <why>`; the rule is installed on first call. */
@@ -76,7 +78,7 @@ export class RunnerEgress {
   }
 
   private started(): Promise<EgressProxy> {
-    this.proxy ??= EgressProxy.start(this.onRefused);
+    this.proxy ??= EgressProxy.start(this.onRefused, this.onEgress);
     return this.proxy;
   }
 
@@ -93,6 +95,8 @@ export class RunnerEgress {
       conversationId: string;
       network?: { allowed_hosts: string[] } | null;
       reach?: string[] | undefined;
+      /** Present when its egress is brokered: its requests then always go through the proxy. */
+      broker?: readonly BrokerBinding[] | undefined;
     },
     emit: Emit,
     /** How the sandbox is isolated: with `namespaces`, the proxy is its one way out. */
@@ -112,7 +116,7 @@ export class RunnerEgress {
     const isolated = isolation?.mode === 'namespaces';
     const firewall = isolated ? 'network namespace' : await this.firewallState();
     const enforced = isolated || firewall.startsWith('uid ');
-    if (network === null && !enforced) return { env: () => ({}) };
+    if (network === null && !enforced && spec.broker === undefined) return { env: () => ({}) };
     emit({ ...base, state: 'started' });
     try {
       const proxy = await this.started();
@@ -132,9 +136,15 @@ export class RunnerEgress {
       } else if (!network) data.note = 'only HTTP(S) through the runner’s proxy leaves the machine';
       emit({ ...base, state: 'done', duration_ms: Date.now() - startedAt, data: JSON.stringify(data) });
       const urls = new Map<string, string>();
+      const broker = () => this.brokers.get(sandbox);
       return {
         ...(bridges ? { bridges: { socketDir: bridges.socketDir, ports: bridges.ports } } : {}),
-        env: (conv): Record<string, string> => {
+        env: (conv, bindings): Record<string, string> => {
+          const held = broker();
+          if (held && bindings) {
+            held.add(bindings);
+            held.conversationId = conv;
+          }
           let url = urls.get(conv);
           if (!url) {
             url = proxy.grant({ sandbox, incarnation, conversationId: conv, allowedHosts, reach }, bridges?.proxyPort);
@@ -157,8 +167,46 @@ export class RunnerEgress {
     }
   }
 
+  /** Each brokered sandbox's broker (prepared by `prepareBroker`), by sandbox. */
+  private readonly brokers = new Map<string, SandboxBroker>();
+
+  /**
+   * Runs stage `broker` for a brokered sandbox (after `network`): a certificate authority of its
+   * own, whose certificate (PEM) the caller gives the sandbox to trust and whose key stays here,
+   * and the build's bound secrets. From then on the proxy reads the sandbox's requests, writes
+   * bound secrets for their hosts, refuses placeholders elsewhere, and logs them (OnEgress).
+   */
+  async prepareBroker(
+    spec: { id: string; incarnation: number; conversationId: string; broker?: readonly BrokerBinding[] | undefined },
+    emit: Emit,
+  ): Promise<SandboxBroker> {
+    const base = {
+      conversation_id: spec.conversationId,
+      kind: 'stage' as const,
+      stream: 'stage' as const,
+      stage: 'broker',
+    };
+    const startedAt = Date.now();
+    emit({ ...base, state: 'started' });
+    try {
+      const proxy = await this.started();
+      const broker = new SandboxBroker(await SandboxCa.create(spec.id), spec.conversationId);
+      broker.add(spec.broker ?? []);
+      this.brokers.set(spec.id, broker);
+      proxy.setBroker(spec.id, spec.incarnation, broker);
+      const data = { ca: 'made for this sandbox; its key stays with the runner', bindings: (spec.broker ?? []).length };
+      emit({ ...base, state: 'done', duration_ms: Date.now() - startedAt, data: JSON.stringify(data) });
+      return broker;
+    } catch (err) {
+      const message = `the egress credential broker could not be prepared: ${(err as Error).message}`;
+      emit({ ...base, state: 'failed', duration_ms: Date.now() - startedAt, data: message });
+      throw new Error(message);
+    }
+  }
+
   /** The sandbox's proxy credentials stop working (it was destroyed or rebuilt). */
   async forget(sandbox: string): Promise<void> {
+    this.brokers.delete(sandbox);
     await this.proxy?.then((p) => p.revoke(sandbox)).catch(() => {});
   }
 

@@ -1,6 +1,7 @@
-import { chmod, chown, lchown, mkdir, readdir, stat } from 'node:fs/promises';
+import { chmod, chown, lchown, mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, relative, sep } from 'node:path';
-import type { RunnerEvent } from '@svc/core';
+import type { BrokerBinding, RunnerEvent } from '@svc/core';
+import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import { gitClone, pathInside } from './clone.ts';
 import type { Confine, Isolation } from './isolation.ts';
 import type { RunAs, RunnerEgress, SandboxEgress } from './network.ts';
@@ -18,6 +19,8 @@ export interface SandboxSpec {
   network?: { allowed_hosts: string[] } | null;
   /** The hosts its runtimes always reach (the model provider's, the service's). */
   reach?: string[] | undefined;
+  /** Present when its egress is brokered (stage `broker`): the build's bound secrets. */
+  broker?: BrokerBinding[] | undefined;
   repositories?: { url: string; mount_path: string }[] | undefined;
   packages?: { apt?: string[] | undefined; npm?: string[] | undefined } | undefined;
   skills?: SkillSpec[] | undefined;
@@ -47,6 +50,11 @@ export interface Sandbox {
   user?: RunAs;
   /** How its processes are started in its namespaces; absent: they are not isolated. */
   confine?: Confine;
+  /**
+   * A brokered sandbox's trust: its CA's certificate and the machine's bundle with it, which its
+   * processes are pointed at (and which an isolated sandbox sees as the system bundle).
+   */
+  trust?: { ca: string; bundle: string };
 }
 
 type Emit = (event: RunnerEvent) => void;
@@ -72,15 +80,32 @@ async function stage<T>(emit: Emit, conversationId: string, name: string, fn: ()
  * `conversationId`'s processes, which the sandbox's variables cannot override.
  */
 export function sandboxEnv(
-  sandbox: { dir: string; env: Record<string, string>; egress?: SandboxEgress },
+  sandbox: {
+    dir: string;
+    env: Record<string, string>;
+    egress?: SandboxEgress;
+    trust?: { ca: string; bundle: string } | undefined;
+  },
   conversationId?: string,
+  bindings?: readonly BrokerBinding[],
 ): Record<string, string> {
+  const { trust } = sandbox;
   const env: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
     HOME: sandbox.dir,
     LANG: 'C.UTF-8',
     ...sandbox.env,
-    ...(conversationId && sandbox.egress ? sandbox.egress.env(conversationId) : {}),
+    ...(conversationId && sandbox.egress ? sandbox.egress.env(conversationId, bindings) : {}),
+    // The broker's CA, for the clients that do not read the system bundle.
+    ...(trust
+      ? {
+          NODE_EXTRA_CA_CERTS: trust.ca,
+          SSL_CERT_FILE: trust.bundle,
+          REQUESTS_CA_BUNDLE: trust.bundle,
+          CURL_CA_BUNDLE: trust.bundle,
+          GIT_SSL_CAINFO: trust.bundle,
+        }
+      : {}),
   };
   env.PATH = `${npmBin(sandbox.dir)}:${env.PATH}`;
   return env;
@@ -147,7 +172,7 @@ async function buildSteps(root: string, spec: SandboxSpec, emit: Emit, options: 
     }
   });
   const sandbox = await sandboxOn(dir, spec, emit, options);
-  const env = sandboxEnv(sandbox, spec.conversationId);
+  const env = sandboxEnv(sandbox, spec.conversationId, spec.broker);
   const { confine } = sandbox;
   const output = (stream: 'stdout' | 'stderr', data: string) =>
     emit({ conversation_id: spec.conversationId, kind: 'output', stream, data });
@@ -273,9 +298,40 @@ async function sandboxOn(dir: string, spec: SandboxSpec, emit: Emit, options: Bu
     ...(user ? { user } : {}),
   };
   if (options.egress) sandbox.egress = await options.egress.apply(spec, emit, options.isolation);
-  const confine = options.isolation?.confinement(dir, sandbox.egress?.bridges);
+  if (options.egress && spec.broker !== undefined) {
+    const broker = await options.egress.prepareBroker(spec, emit);
+    sandbox.trust = await writeTrust(dir, broker.ca.certPem, user);
+  }
+  const confine = options.isolation?.confinement(dir, sandbox.egress?.bridges, sandbox.trust?.bundle);
   if (confine) sandbox.confine = confine;
   return sandbox;
+}
+
+/**
+ * Writes a brokered sandbox's trust into `<dir>/.svc/broker`: its CA's certificate, and the
+ * machine's bundle (the first of SYSTEM_TRUST_BUNDLES there is) with it. Readable by the
+ * sandbox's processes; `.svc` and the directory are the sandbox user's, as the rest of `.svc`.
+ */
+async function writeTrust(
+  dir: string,
+  caPem: string,
+  user: RunAs | undefined,
+): Promise<{ ca: string; bundle: string }> {
+  const at = join(dir, '.svc', 'broker');
+  await mkdir(at, { recursive: true });
+  let system = '';
+  for (const path of SYSTEM_TRUST_BUNDLES) {
+    system = await readFile(path, 'utf8').catch(() => '');
+    if (system) break;
+  }
+  const ca = join(at, 'ca.pem');
+  const bundle = join(at, 'ca-bundle.pem');
+  await writeFile(ca, caPem, { mode: 0o644 });
+  await writeFile(bundle, `${system.trimEnd()}\n${caPem}`, { mode: 0o644 });
+  if (user) {
+    for (const p of [join(dir, '.svc'), at, ca, bundle]) await lchown(p, user.uid, user.gid);
+  }
+  return { ca, bundle };
 }
 
 /** Gives a directory tree to `user` (symbolic links themselves, never what they point to). */

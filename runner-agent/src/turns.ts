@@ -155,7 +155,7 @@ export class Turns {
           command: command.runtime.command,
           args: command.runtime.args,
           cwd: built.dir,
-          env: sandboxEnv({ ...built, env: command.runtime.env }, command.conversation_id),
+          env: sandboxEnv({ ...built, env: command.runtime.env }, command.conversation_id, command.broker),
           ...(built.user ? { user: built.user } : {}),
           ...(built.confine ? { confine: built.confine } : {}),
           ...(command.runtime.model ? { model: command.runtime.model } : {}),

@@ -15,7 +15,7 @@ import {
   type TurnError,
   turnErrorOf,
 } from '@svc/core';
-import { conversations, logEvents, runners, type Sql, sandboxes } from '@svc/db';
+import { conversations, egressLog, logEvents, runners, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { AppendEvents } from '../log/log.append.ts';
 import type { AppendResult, NewEvent } from '../log/log.ts';
@@ -272,6 +272,10 @@ export class RunnerFabric {
           if (!s.draining) void this.drain(s);
           return;
         }
+        if (message.t === 'egress') {
+          if (s.epoch > 0) void this.egress(s, message.rows);
+          return;
+        }
         if (message.t === 'ack') {
           const p = s.pending.get(message.n);
           if (p) {
@@ -300,6 +304,42 @@ export class RunnerFabric {
       },
       closed: () => this.closed(s),
     };
+  }
+
+  /**
+   * A runner's egress log rows (its broker's requests and refusals): stored for the conversations
+   * of the runner's own account only; a row naming another's is dropped.
+   */
+  private async egress(s: Live, rows: Extract<RunnerMessage, { t: 'egress' }>['rows']): Promise<void> {
+    try {
+      const owned = new Map<string, boolean>();
+      for (const id of new Set(rows.map((r) => r.conversation_id))) {
+        owned.set(id, await conversations.exists(this.deps.sql, s.accountId, id));
+      }
+      await egressLog.insertEgressRows(
+        this.deps.sql,
+        rows
+          .filter((r) => owned.get(r.conversation_id))
+          .map((r) => ({
+            accountId: s.accountId,
+            conversationId: r.conversation_id,
+            at: new Date(r.at),
+            host: r.host,
+            port: r.port,
+            method: r.method,
+            bindingId: r.binding_id,
+            status: r.status,
+            latencyMs: r.latency_ms,
+            refused: r.refused,
+            reason: r.reason,
+          })),
+      );
+    } catch (err) {
+      this.deps.logger.warn(
+        { err: { message: (err as Error).message }, runner: s.runnerId },
+        'egress log rows not stored',
+      );
+    }
   }
 
   private async hello(s: Live, hello: Extract<RunnerMessage, { t: 'hello' }>): Promise<void> {

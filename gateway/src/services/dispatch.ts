@@ -1,5 +1,6 @@
 import {
   ApiError,
+  type BrokerBinding,
   commandLine,
   type McpHttpServer,
   type McpServerEntry,
@@ -45,6 +46,8 @@ interface TurnPlan {
     network: { allowed_hosts: string[] } | null;
     /** The hosts its runtimes always reach (the model provider's, the service's). */
     reach: string[];
+    /** The build's bound secrets (the setup script's placeholders); absent while the broker is off. */
+    broker: BrokerBinding[] | undefined;
     /** Repositories, packages and skills for stages `clone`, `packages` and `provision`. */
     stages: ReturnType<typeof buildStages>;
   } | null;
@@ -66,6 +69,8 @@ interface TurnPlan {
     homeFiles: { path: string; content: string }[];
     /** The runtime's MCP servers (the agent's, and the team's on a team conversation), for its ACP session. */
     mcpServers: McpServerEntry[];
+    /** The turn's bound secrets and inference credential for the broker; absent while it is off. */
+    broker: BrokerBinding[] | undefined;
   } | null;
 }
 
@@ -91,7 +96,7 @@ export async function runOnSandbox(
   },
 ): Promise<void> {
   const { agent, environment } = p;
-  const { env, runtimeEnv, token, args, model, sessionMeta, homeFiles } = await runtimeEnvironment(
+  const { env, runtimeEnv, token, args, model, sessionMeta, homeFiles, broker } = await runtimeEnvironment(
     deps,
     p.accountId,
     p.conversationId,
@@ -113,6 +118,7 @@ export async function runOnSandbox(
             setupScript: environment.setup_script || null,
             network: networkPolicy(deps, environment, agent),
             reach: alwaysReached(deps, agent),
+            broker,
             stages: buildStages(agent, environment),
           }
         : null,
@@ -127,6 +133,7 @@ export async function runOnSandbox(
           sessionMeta,
           homeFiles,
           mcpServers,
+          broker,
         }
       : null,
   });
@@ -171,6 +178,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         setup_script: plan.build.setupScript,
         network: plan.build.network,
         reach: plan.build.reach,
+        ...(plan.build.broker ? { broker: plan.build.broker } : {}),
         ...plan.build.stages,
         ...(waking ? { adopt: true } : {}),
       });
@@ -184,6 +192,7 @@ function runTurn(deps: LaunchDeps, plan: TurnPlan): void {
         conversation_id: conversationId,
         turn_id: plan.turn.id,
         prompt: plan.turn.prompt,
+        ...(plan.turn.broker ? { broker: plan.turn.broker } : {}),
         runtime: {
           command,
           args: [...args, ...plan.turn.args],

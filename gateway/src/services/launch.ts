@@ -66,6 +66,11 @@ export interface LaunchDeps {
    * an egress allowlist always lets the runtime reach its provider.
    */
   providerUrls: Record<string, string>;
+  /**
+   * EGRESS_BROKER is on: bound secrets and the inference credential reach sandboxes as
+   * placeholders, and the runner's broker writes them into requests to their hosts.
+   */
+  broker: boolean;
 }
 
 /** null permits every id, a list only its ids. */

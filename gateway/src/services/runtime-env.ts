@@ -1,5 +1,9 @@
+import { randomBytes } from 'node:crypto';
 import {
   ApiError,
+  type BindingShape,
+  type BrokerBinding,
+  bindingHeader,
   type McpServerEntry,
   Packages,
   providerOf,
@@ -7,7 +11,7 @@ import {
   type SandboxCreateCommand,
   TEAM_CHANNEL,
 } from '@svc/core';
-import { type agents, conversations, type environments } from '@svc/db';
+import { type agents, conversations, type environments, secretBindings } from '@svc/db';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
 import type { LaunchDeps } from './launch.ts';
@@ -111,11 +115,11 @@ export async function runtimeEnvironment(
   vaultId: string | null,
   credential: { env: string; value: string } | undefined,
 ) {
-  const env: Record<string, string> = {
-    ...environment.env_vars,
+  const secrets: Record<string, string> = {
     ...(await revealSecrets(deps, 'environment', accountId, environment.id)),
     ...(vaultId ? await revealSecrets(deps, 'vault', accountId, vaultId) : {}),
   };
+  const env: Record<string, string> = { ...environment.env_vars, ...secrets };
   // The conversation's own token (actor `sprite`): what the runtime uses to reach the API,
   // for example to start a sub-conversation. Revoked when the conversation ends.
   const token = await issueSandboxToken(deps.sql, accountId, conversationId);
@@ -132,6 +136,9 @@ export async function runtimeEnvironment(
     SVC_SANDBOX_TOKEN: token.key,
   };
   if (credential) runtimeEnv[credential.env] = credential.value;
+  const brokered = deps.broker
+    ? await broker(deps, accountId, { secrets, credential, providerUrl: providerUrlOf(agent, runtimeEnv, deps) })
+    : undefined;
   // What is secret or the tenant's own (DECISIONS: environment, vault, credential, token);
   // the service's address, the conversation's id, the model name and the instance's provider
   // endpoint are not.
@@ -140,16 +147,104 @@ export async function runtimeEnvironment(
     token.key,
     ...(credential ? [credential.value] : []),
   ]);
+  // Brokered, the sandbox sees placeholders where the bound values were, in every form the
+  // runtime is given them (variables, arguments, session fields, files in its HOME).
+  const swap = brokered ? placeholders(brokered.bindings) : (text: string) => text;
+  const swapAll = (record: Record<string, string>) =>
+    Object.fromEntries(Object.entries(record).map(([k, v]) => [k, swap(v)]));
   return {
-    env,
-    runtimeEnv,
+    env: swapAll(env),
+    runtimeEnv: swapAll(runtimeEnv),
+    /** The bound secrets the runner's broker writes for their hosts; absent while it is off. */
+    broker: brokered?.bindings.map(({ real: _real, ...binding }) => binding),
     /** The conversation's sandbox token of this turn (also in `runtimeEnv`), for its MCP servers. */
     token: token.key,
-    args: settings.args,
+    args: settings.args.map(swap),
     model: settings.sessionModel,
-    sessionMeta: settings.sessionMeta,
-    homeFiles: settings.homeFiles,
+    sessionMeta: settings.sessionMeta
+      ? (JSON.parse(swap(JSON.stringify(settings.sessionMeta))) as typeof settings.sessionMeta)
+      : settings.sessionMeta,
+    homeFiles: settings.homeFiles.map((f) => ({ ...f, content: swap(f.content) })),
   };
+}
+
+/**
+ * How each inference credential's variable reaches its provider's API, as the runtimes' clients
+ * send it: the header the broker writes the credential into.
+ */
+const CREDENTIAL_HEADERS: Record<string, { header: string; format: string }> = {
+  ANTHROPIC_API_KEY: { header: 'x-api-key', format: '{value}' },
+  CLAUDE_CODE_OAUTH_TOKEN: { header: 'authorization', format: 'Bearer {value}' },
+  OPENAI_API_KEY: { header: 'authorization', format: 'Bearer {value}' },
+  GEMINI_API_KEY: { header: 'x-goog-api-key', format: '{value}' },
+};
+
+/** The variables of the provider's base URL the runtimes read, by provider. */
+const BASE_URL_VARIABLES: Record<string, string> = {
+  anthropic: 'ANTHROPIC_BASE_URL',
+  openai: 'OPENAI_BASE_URL',
+  google: 'GOOGLE_GEMINI_BASE_URL',
+};
+
+/** The model provider's URL as the runtime calls it: its environment's base URL, else the instance's. */
+function providerUrlOf(agent: AgentRow, runtimeEnv: Record<string, string>, deps: LaunchDeps): string | undefined {
+  const provider = providerOf(agent.model) ?? '';
+  return runtimeEnv[BASE_URL_VARIABLES[provider] ?? ''] || deps.providerUrls[provider];
+}
+
+/** A placeholder: what a sandbox holds instead of a bound value (DECISIONS: `svc-placeholder-<random>`). */
+const newPlaceholder = () => `svc-placeholder-${randomBytes(18).toString('base64url')}`;
+
+/**
+ * The broker's bindings of a turn (DECISIONS "Sandboxes that hold"): every secret of the
+ * environment and vault whose name the account binds gets one placeholder, and a binding per
+ * host it is bound to; the inference credential gets one for its provider's host. The runner
+ * receives the values (it writes them into requests); the sandbox, the placeholders only.
+ */
+async function broker(
+  deps: LaunchDeps,
+  accountId: string,
+  input: {
+    secrets: Record<string, string>;
+    credential: { env: string; value: string } | undefined;
+    providerUrl: string | undefined;
+  },
+): Promise<{ bindings: (BrokerBinding & { real: string })[] }> {
+  const bindings: (BrokerBinding & { real: string })[] = [];
+  const rows = await secretBindings.bindingsForSecrets(deps.sql, accountId, Object.keys(input.secrets));
+  const placeholderOf = new Map<string, string>();
+  for (const row of rows) {
+    const real = input.secrets[row.secret_name];
+    if (real === undefined) continue;
+    const placeholder = placeholderOf.get(row.secret_name) ?? newPlaceholder();
+    placeholderOf.set(row.secret_name, placeholder);
+    const header = bindingHeader(row.shape as BindingShape, real);
+    bindings.push({ binding_id: row.id, placeholder, host: row.host, header: header.name, value: header.value, real });
+  }
+  const { credential, providerUrl } = input;
+  const shape = credential ? CREDENTIAL_HEADERS[credential.env] : undefined;
+  if (credential && shape && providerUrl) {
+    const url = new URL(providerUrl);
+    const host = url.port ? url.host : `${url.host}:${url.protocol === 'https:' ? 443 : 80}`;
+    const header = bindingHeader(shape, credential.value);
+    bindings.push({
+      binding_id: null,
+      placeholder: newPlaceholder(),
+      host,
+      header: header.name,
+      value: header.value,
+      real: credential.value,
+    });
+  }
+  return { bindings };
+}
+
+/** Replaces each bound value by its placeholder, longest value first (one may hold another). */
+function placeholders(bindings: readonly { placeholder: string; real: string }[]): (text: string) => string {
+  const pairs = [...new Map(bindings.map((b) => [b.real, b.placeholder])).entries()]
+    .filter(([real]) => real.length > 0)
+    .sort((a, b) => b[0].length - a[0].length);
+  return (text) => pairs.reduce((out, [real, placeholder]) => out.split(real).join(placeholder), text);
 }
 
 export async function findCredential(deps: LaunchDeps, accountId: string, runtime: Runtime, model: string) {
