@@ -1,6 +1,7 @@
 import { execFile, execFileSync } from 'node:child_process';
 import { accessSync, constants, lstatSync, statSync } from 'node:fs';
 import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import type { RunAs } from './network.ts';
 
@@ -78,6 +79,21 @@ export function findCommand(command: string, path: string, cwd: string): string 
   return null;
 }
 
+/** The machine's directories a sandbox has private ones of. */
+const PRIVATE_DIRS = ['/tmp', '/var/tmp', '/run'];
+
+/**
+ * The nearest directory above this module holding a node_modules directory: the project the
+ * runner-agent runs from (this workspace's root), or the lib of a global install. Undefined
+ * when there is none.
+ */
+function installRoot(): string | undefined {
+  for (let p = dirname(fileURLToPath(import.meta.url)); p !== dirname(p); p = dirname(p)) {
+    if (isDirectory(join(p, 'node_modules'))) return p;
+  }
+  return undefined;
+}
+
 /** Whether `path` is `parent` or lies under it. */
 function within(path: string, parent: string): boolean {
   return path === parent || path.startsWith(parent.endsWith(sep) ? parent : parent + sep);
@@ -143,6 +159,34 @@ export class Isolation {
     readonly unavailable: string | undefined,
     private readonly hidden: string[],
   ) {}
+
+  private shownPaths: string[] | undefined;
+
+  /**
+   * What the sandbox sees again, read-only, of a path it does not see (a hidden one, or the
+   * machine's /tmp, /var/tmp and /run, which it has private ones of): the directories of the
+   * runner's PATH there (a project's whole directory for its node_modules/.bin: the runtimes'
+   * CLIs), node's own prefix, and the project the runner-agent is installed in (the runtimes a
+   * workspace installs, the runner's own `mcp-bridge`). Hidden paths below one of them stay
+   * hidden: they are mounted after it (see bwrapArgs).
+   */
+  private shown(): string[] {
+    if (this.shownPaths) return this.shownPaths;
+    const covered = [...this.hidden, ...PRIVATE_DIRS];
+    const under = (path: string) => covered.some((h) => within(path, h));
+    const shown = new Set<string>();
+    for (const entry of (process.env.PATH ?? '').split(delimiter)) {
+      if (!isAbsolute(entry) || !under(entry)) continue;
+      const project = /^(.*)\/node_modules\/\.bin$/.exec(entry)?.[1];
+      shown.add(project ?? entry);
+    }
+    const nodePrefix = dirname(dirname(process.execPath));
+    if (under(nodePrefix)) shown.add(nodePrefix);
+    const install = installRoot();
+    if (install && under(install)) shown.add(install);
+    this.shownPaths = [...shown].filter((path) => isDirectory(path) && (!this.user || reachableBy(path, this.user)));
+    return this.shownPaths;
+  }
 
   /** No isolation: sandbox processes are the runner's own (`--isolation none`). */
   static none(runAs?: RunAs): Isolation {
@@ -211,19 +255,9 @@ export class Isolation {
    * below those hidden again, then the sandbox's own directory and its bridge sockets.
    */
   bwrapArgs(dir: string | undefined, cwd: string, bridges: Bridges | undefined, trust?: string): string[] {
-    const shown = new Set<string>();
-    for (const entry of (process.env.PATH ?? '').split(delimiter)) {
-      if (!isAbsolute(entry) || !this.hidden.some((h) => within(entry, h))) continue;
-      const project = /^(.*)\/node_modules\/\.bin$/.exec(entry)?.[1];
-      shown.add(project ?? entry);
-    }
-    const nodePrefix = dirname(dirname(process.execPath));
-    if (this.hidden.some((h) => within(nodePrefix, h))) shown.add(nodePrefix);
     const mounts = [
       ...this.hidden.map((path) => ({ path, args: ['--tmpfs', path] })),
-      ...[...shown]
-        .filter((path) => isDirectory(path) && (!this.user || reachableBy(path, this.user)))
-        .map((path) => ({ path, args: ['--ro-bind', path, path] })),
+      ...this.shown().map((path) => ({ path, args: ['--ro-bind', path, path] })),
     ].sort((a, b) => depth(a.path) - depth(b.path) || (a.args[0] === '--tmpfs' ? -1 : 1));
     return [
       '--unshare-user',

@@ -72,6 +72,8 @@ t.test('a claude conversation runs claude-agent-acp on a real svc-runner, watche
       // Isolated, the sandbox's network is its own loopback and the runner's bridges.
       'network started',
       'network done',
+      'broker started',
+      'broker done',
       'sandbox done',
       'turn started',
       'session started',

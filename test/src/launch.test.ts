@@ -114,6 +114,8 @@ for (const backend of backends()) {
           // Isolated, the sandbox's network is its own loopback and the runner's bridges.
           'network started',
           'network done',
+          'broker started',
+          'broker done',
           'setup started',
           'setup done',
           'sandbox done',
@@ -266,6 +268,8 @@ for (const backend of backends()) {
           // Isolated, the sandbox's network is its own loopback and the runner's bridges.
           'network started',
           'network done',
+          'broker started',
+          'broker done',
           'setup started',
           'setup done',
           'sandbox done',

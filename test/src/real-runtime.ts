@@ -167,8 +167,9 @@ export async function checkPlainTurn(
   const log = () => `${expected.log()}\nlast events: ${JSON.stringify(events.slice(-4))}`;
   t.ok(run.ended, 'the stream ended by itself at the end of the turn');
   const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
-  // An isolated sandbox always has its `network` stage (its bridges out of its namespace).
-  const network = ['network started', 'network done'];
+  // An isolated sandbox always has its `network` stage (its bridges out of its namespace), and
+  // with the broker on (the default there) its `broker` stage.
+  const network = ['network started', 'network done', 'broker started', 'broker done'];
   t.same(
     stages,
     [

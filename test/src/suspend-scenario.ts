@@ -187,6 +187,8 @@ export function suspendScenario(backend: Backend): void {
           // The woken sandbox's bridges out of its network namespace are opened again.
           'network started',
           'network done',
+          'broker started',
+          'broker done',
           'reattach done',
           'turn started',
           'session started',
@@ -221,6 +223,8 @@ export function suspendScenario(backend: Backend): void {
           // The woken sandbox's bridges out of its network namespace are opened again.
           'network started',
           'network done',
+          'broker started',
+          'broker done',
           'reattach done',
           'turn started',
           'session started',

@@ -146,6 +146,8 @@ export async function runtimeEnvironment(
     ...Object.values(env),
     token.key,
     ...(credential ? [credential.value] : []),
+    // A placeholder stands for a secret: it reads as one in the log too.
+    ...(brokered?.bindings.map((b) => b.placeholder) ?? []),
   ]);
   // Brokered, the sandbox sees placeholders where the bound values were, in every form the
   // runtime is given them (variables, arguments, session fields, files in its HOME).
