@@ -173,12 +173,14 @@ export class Isolation {
   private shown(): string[] {
     if (this.shownPaths) return this.shownPaths;
     const covered = [...this.hidden, ...PRIVATE_DIRS];
-    const under = (path: string) => covered.some((h) => within(path, h));
+    // Strictly inside a path it does not see: /tmp itself is never shown again, nor anything above.
+    const under = (path: string) => covered.some((h) => within(path, h) && path !== h);
     const shown = new Set<string>();
     for (const entry of (process.env.PATH ?? '').split(delimiter)) {
-      if (!isAbsolute(entry) || !under(entry)) continue;
-      const project = /^(.*)\/node_modules\/\.bin$/.exec(entry)?.[1];
-      shown.add(project ?? entry);
+      // npm puts every ancestor's node_modules/.bin on PATH, most of them absent.
+      if (!isAbsolute(entry) || !isDirectory(entry)) continue;
+      const project = /^(.*)\/node_modules\/\.bin$/.exec(entry)?.[1] ?? entry;
+      if (under(project)) shown.add(project);
     }
     const nodePrefix = dirname(dirname(process.execPath));
     if (under(nodePrefix)) shown.add(nodePrefix);

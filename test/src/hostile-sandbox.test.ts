@@ -7,8 +7,9 @@
  */
 
 import { createSocket } from 'node:dgram';
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
@@ -92,6 +93,10 @@ for (const provider of ['local', 'runner'] as const) {
     // A file of the instance's that anyone on the machine could read: only hiding keeps it.
     const decoy = marker('decoy');
     writeFileSync(join(svc.dataDir, 'decoy.txt'), decoy, { mode: 0o644 });
+    // And one in the machine's /tmp, which a sandbox has a private one of.
+    const tmpDecoy = join(tmpdir(), `${marker('svc-hostile-decoy')}.txt`);
+    writeFileSync(tmpDecoy, decoy, { mode: 0o644 });
+    t.teardown(() => rmSync(tmpDecoy, { force: true }));
 
     const attacker = await signUp(svc);
     const victim = provider === 'local' ? await signUp(svc) : attacker;
@@ -183,6 +188,7 @@ for (const provider of ['local', 'runner'] as const) {
       ['a user namespace of its own', 'unshare -U true && echo unshared'],
       ['what it is', `id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; ls -A /root | wc -l`],
       ['its own directory', 'echo mine > own.txt && cat own.txt && pwd'],
+      ['the machine’s /tmp', `cat ${tmpDecoy}; ls -A /tmp | grep -c svc-hostile-decoy`],
       ['a process left behind', 'setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo started'],
     ];
     const attack = await launch(attacker, attacks.map(([, line]) => `run64 ${b64(line)}`).join(' '), {
@@ -228,7 +234,9 @@ for (const provider of ['local', 'runner'] as const) {
       `the proxy’s refusal is in the log\n${stderr.join('')}`,
     );
 
-    t.match(out(12), 'started', why(12));
+    t.notMatch(out(12), decoy, why(12));
+    t.match(out(12), /(^|\n)0\n$/, 'the machine’s /tmp is not its /tmp');
+    t.match(out(13), 'started', why(13));
     t.ok(processesWith(mark).length >= 2, 'its runtime and the process it left run');
     const runnerPid =
       provider === 'local' ? svc.local.held().find((h) => h.sandboxId === attack.sandboxId)?.pid : runner?.child.pid;
