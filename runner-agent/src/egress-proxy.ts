@@ -351,9 +351,10 @@ export class EgressProxy {
   }
 
   /**
-   * A brokered sandbox's tunnel: TLS (its first byte a handshake) is terminated with a leaf
-   * certificate for the host from the sandbox's CA and its requests are served in the clear
-   * (`brokered`); anything else is tunnelled as it is, and logged as one CONNECT.
+   * A brokered sandbox's tunnel: TLS is terminated with a leaf certificate for the host from
+   * the sandbox's CA and its requests are served in the clear (`brokered`). Every tunnel is
+   * taken for TLS (a brokered sandbox's egress is HTTPS or plain http): one that is not fails
+   * its handshake.
    */
   private async intercept(
     socket: Socket,
@@ -362,33 +363,13 @@ export class EgressProxy {
   ): Promise<void> {
     const held = this.brokers.get(to.grant.sandbox);
     if (!held || socket.destroyed) return;
-    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-    const first =
-      head.length > 0
-        ? head
-        : await new Promise<Buffer | undefined>((resolve) => {
-            socket.once('data', (d: Buffer) => {
-              socket.pause();
-              resolve(d);
-            });
-            socket.once('close', () => resolve(undefined));
-          });
-    if (!first || socket.destroyed) return;
-    socket.unshift(first);
-    if (first[0] !== 0x16) {
-      const started = Date.now();
-      const upstream = connect(to.port, to.address);
-      upstream.once('connect', () => {
-        this.log(to.grant.sandbox, to.grant, row(to.host, to.port, 'CONNECT', null, 200, Date.now() - started));
-        socket.pipe(upstream).pipe(socket);
-        socket.resume();
-      });
-      upstream.once('error', () => socket.destroy());
-      socket.once('close', () => upstream.destroy());
-      return;
-    }
     const host = normalHost(to.host);
     const leaf = await held.broker.ca.leaf(host);
+    if (socket.destroyed) return;
+    // Bytes that came with the CONNECT go back in front of the stream, before TLS takes the
+    // socket over (it reads from the socket's handle from then on).
+    if (head.length > 0) socket.unshift(head);
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
     const tls = new TLSSocket(socket, {
       isServer: true,
       secureContext: createSecureContext({ key: leaf.key, cert: leaf.cert }),
@@ -403,7 +384,6 @@ export class EgressProxy {
       grant: to.grant,
     });
     this.clear.emit('connection', tls);
-    socket.resume();
   }
 
   /**

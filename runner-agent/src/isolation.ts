@@ -34,7 +34,18 @@ export interface Bridges {
  * `/`) and the user to spawn it as (the sandbox's; absent: the runner's own). Throws an
  * ENOENT Error when `command` is not found on the PATH of `env`, as spawn would.
  */
-export type Confine = (command: string, args: string[], cwd: string, env: Record<string, string>) => Confined;
+export type Confine = (
+  command: string,
+  args: string[],
+  cwd: string,
+  env: Record<string, string>,
+  /**
+   * Files the command runs from that the operator named (a runtime's command line: its
+   * executable, an interpreter's script), shown read-only with their project where they lie
+   * in a path the sandbox does not see. Never a tenant's argument.
+   */
+  show?: readonly string[],
+) => Confined;
 
 export interface Confined {
   command: string;
@@ -190,6 +201,29 @@ export class Isolation {
     return this.shownPaths;
   }
 
+  /**
+   * Where `files` (absolute paths the operator named) come from, for those in a path the
+   * sandbox does not see: the nearest directory above each holding a node_modules (its
+   * project), else the file's own directory.
+   */
+  private projectsOf(files: readonly string[]): string[] {
+    const covered = [...this.hidden, ...PRIVATE_DIRS];
+    const out: string[] = [];
+    for (const file of files) {
+      if (!isAbsolute(file) || !isFile(file)) continue;
+      let project = dirname(file);
+      for (let p = project; p !== dirname(p); p = dirname(p)) {
+        if (isDirectory(join(p, 'node_modules'))) {
+          project = p;
+          break;
+        }
+      }
+      if (!covered.some((h) => within(project, h) && project !== h)) continue;
+      if (!this.user || reachableBy(project, this.user)) out.push(project);
+    }
+    return out;
+  }
+
   /** No isolation: sandbox processes are the runner's own (`--isolation none`). */
   static none(runAs?: RunAs): Isolation {
     return new Isolation('none', runAs, undefined, []);
@@ -256,10 +290,17 @@ export class Isolation {
    * runtimes' CLIs, in a project's node_modules, or node under an nvm HOME), hidden paths
    * below those hidden again, then the sandbox's own directory and its bridge sockets.
    */
-  bwrapArgs(dir: string | undefined, cwd: string, bridges: Bridges | undefined, trust?: string): string[] {
+  bwrapArgs(
+    dir: string | undefined,
+    cwd: string,
+    bridges: Bridges | undefined,
+    trust?: string,
+    show: readonly string[] = [],
+  ): string[] {
+    const shown = new Set([...this.shown(), ...this.projectsOf(show)]);
     const mounts = [
       ...this.hidden.map((path) => ({ path, args: ['--tmpfs', path] })),
-      ...this.shown().map((path) => ({ path, args: ['--ro-bind', path, path] })),
+      ...[...shown].map((path) => ({ path, args: ['--ro-bind', path, path] })),
     ].sort((a, b) => depth(a.path) - depth(b.path) || (a.args[0] === '--tmpfs' ? -1 : 1));
     return [
       '--unshare-user',
@@ -309,13 +350,21 @@ export class Isolation {
     if (this.mode === 'none') return undefined;
     this.assertAvailable();
     const script = bridgeScript(bridges?.ports ?? []);
-    return (command, args, cwd, env) => {
+    return (command, args, cwd, env, show = []) => {
       if (!findCommand(command, env.PATH ?? '', cwd)) {
         throw Object.assign(new Error(`spawn ${command} ENOENT`), { code: 'ENOENT', errno: -2, path: command });
       }
       return {
         command: 'bwrap',
-        args: [...this.bwrapArgs(dir, cwd, bridges, trust), '/bin/sh', '-c', script, 'svc-sandbox', command, ...args],
+        args: [
+          ...this.bwrapArgs(dir, cwd, bridges, trust, show),
+          '/bin/sh',
+          '-c',
+          script,
+          'svc-sandbox',
+          command,
+          ...args,
+        ],
         cwd: '/',
         ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
       };

@@ -73,6 +73,8 @@ export interface AcpRuntimeOptions {
   user?: { uid: number; gid: number };
   /** The sandbox's confinement: the agent runs in its namespaces (see Isolation). */
   confine?: Confine | undefined;
+  /** Files of the command line the operator set (not the agent's settings), for `confine`. */
+  commandFiles?: readonly string[];
 }
 
 /** How many of the last stderr lines an unexpected exit quotes. */
@@ -230,7 +232,7 @@ export class AcpRuntime {
     }
     let run: Confined = { command: options.command, args: options.args, cwd: options.cwd, ...options.user };
     try {
-      if (options.confine) run = options.confine(options.command, options.args, options.cwd, env);
+      if (options.confine) run = options.confine(options.command, options.args, options.cwd, env, options.commandFiles);
     } catch (err) {
       throw new RuntimeSpawnError(options.command, err as NodeJS.ErrnoException);
     }

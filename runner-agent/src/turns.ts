@@ -158,6 +158,15 @@ export class Turns {
           env: sandboxEnv({ ...built, env: command.runtime.env }, command.conversation_id, command.broker),
           ...(built.user ? { user: built.user } : {}),
           ...(built.confine ? { confine: built.confine } : {}),
+          // The runtime's own command line (not the agent's settings after it) names files the
+          // sandbox must see to run it: its executable, an interpreter's script.
+          commandFiles: [
+            command.runtime.command,
+            ...command.runtime.args.slice(
+              0,
+              command.runtime.args.length - (command.runtime.settings_args ?? []).length,
+            ),
+          ],
           ...(command.runtime.model ? { model: command.runtime.model } : {}),
           ...(command.runtime.session_meta ? { sessionMeta: command.runtime.session_meta } : {}),
           mcpServers: [...(command.mcp_servers ?? []), ...(command.mcp_http_servers ?? [])],
