@@ -127,7 +127,7 @@ for (const backend of backends()) {
       // A pool connection may be between states at any one moment (the embedded pool closes
       // idle ones and opens them again, a connect timer running meanwhile), so the count is
       // given a few seconds to settle; a timer the waiters left behind would not go.
-      const settledTimers = await eventually(() => timers() <= before, 5_000).then(() => timers());
+      const settledTimers = await eventually(() => timers() <= before, 15_000).then(() => timers());
       t.ok(settledTimers <= before, `and the timer is gone with them (${before} before, ${settledTimers} after)`);
     });
 
