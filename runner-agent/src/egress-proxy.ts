@@ -13,6 +13,7 @@ import {
 } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Duplex } from 'node:stream';
 import { createSecureContext, TLSSocket } from 'node:tls';
 import type { RunnerEgressRow } from '@svc/core';
 import { brokerHeaders, type SandboxBroker } from './broker.ts';
@@ -351,10 +352,10 @@ export class EgressProxy {
   }
 
   /**
-   * A brokered sandbox's tunnel: TLS is terminated with a leaf certificate for the host from
-   * the sandbox's CA and its requests are served in the clear (`brokered`). Every tunnel is
-   * taken for TLS (a brokered sandbox's egress is HTTPS or plain http): one that is not fails
-   * its handshake.
+   * A brokered sandbox's tunnel: TLS (its first byte a handshake) is terminated with a leaf
+   * certificate for the host from the sandbox's CA and its requests are served in the clear
+   * (`brokered`); anything else (plain http some clients tunnel too) is tunnelled as it is, and
+   * logged as one CONNECT.
    */
   private async intercept(
     socket: Socket,
@@ -363,14 +364,37 @@ export class EgressProxy {
   ): Promise<void> {
     const held = this.brokers.get(to.grant.sandbox);
     if (!held || socket.destroyed) return;
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    const first =
+      head.length > 0
+        ? head
+        : await new Promise<Buffer | undefined>((resolve) => {
+            socket.once('data', (d: Buffer) => {
+              socket.pause();
+              resolve(d);
+            });
+            socket.once('close', () => resolve(undefined));
+          });
+    if (!first || socket.destroyed) return;
+    if (first[0] !== 0x16) {
+      const started = Date.now();
+      const upstream = connect(to.port, to.address);
+      upstream.once('connect', () => {
+        this.log(to.grant.sandbox, to.grant, row(to.host, to.port, 'CONNECT', null, 200, Date.now() - started));
+        upstream.write(first);
+        socket.pipe(upstream).pipe(socket);
+        socket.resume();
+      });
+      upstream.once('error', () => socket.destroy());
+      socket.once('close', () => upstream.destroy());
+      return;
+    }
     const host = normalHost(to.host);
     const leaf = await held.broker.ca.leaf(host);
     if (socket.destroyed) return;
-    // Bytes that came with the CONNECT go back in front of the stream, before TLS takes the
-    // socket over (it reads from the socket's handle from then on).
-    if (head.length > 0) socket.unshift(head);
-    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-    const tls = new TLSSocket(socket, {
+    // TLS over a stream that gives the bytes already read first, then the socket's: a TLS
+    // socket made on the socket itself would read from its handle and miss them.
+    const tls = new TLSSocket(replaying(socket, first), {
       isServer: true,
       secureContext: createSecureContext({ key: leaf.key, cert: leaf.cert }),
     });
@@ -546,6 +570,33 @@ export class EgressProxy {
     });
     req.pipe(upstream);
   }
+}
+
+/** A duplex over `socket` whose readable side gives `first`, then what the socket reads. */
+function replaying(socket: Socket, first: Buffer): Duplex {
+  const stream = new Duplex({
+    read() {
+      socket.resume();
+    },
+    write(chunk, encoding, done) {
+      socket.write(chunk, encoding, done);
+    },
+    final(done) {
+      socket.end();
+      done();
+    },
+    destroy(err, done) {
+      socket.destroy();
+      done(err);
+    },
+  });
+  stream.push(first);
+  socket.on('data', (chunk: Buffer) => {
+    if (!stream.push(chunk)) socket.pause();
+  });
+  socket.once('end', () => stream.push(null));
+  socket.once('close', () => stream.destroy());
+  return stream;
 }
 
 function row(
