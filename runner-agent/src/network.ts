@@ -85,7 +85,10 @@ export class RunnerEgress {
   /**
    * Runs stage `network` for a sandbox: applies `network` (null: unrestricted) and reports what
    * holds in the stage's data, `{"mode": "proxy" | "unrestricted", "allowed_hosts": [...],
-   * "firewall": "uid <n>" | "none: <why>"}`, with a `note` where the proxy is only advisory.
+   * "firewall": "network namespace" | "uid <n>" | "none: <why>", "isolation": "namespaces" |
+   * "none", "note"}`. An isolated sandbox gets its bridges out of its network namespace here
+   * (the proxy, and the loopback ports it always reaches); without isolation the proxy is
+   * advisory unless the `--run-as` firewall holds, and the note says which.
    * Fails the stage (and the build) when an allowlist cannot be applied at all.
    */
   async apply(
