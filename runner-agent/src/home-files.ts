@@ -1,5 +1,6 @@
-import { spawn } from 'node:child_process';
-import type { Confine, Confined } from './isolation.ts';
+import type { ChildProcessByStdio } from 'node:child_process';
+import type { Readable, Writable } from 'node:stream';
+import { type Confine, type Confined, spawnConfined } from './isolation.ts';
 import type { RunAs } from './network.ts';
 
 /** A file a runtime reads from its HOME, by its path relative to HOME. */
@@ -51,12 +52,11 @@ export async function writeHomeFiles(home: string, files: HomeFile[], user?: Run
         ...(user ? { uid: user.uid, gid: user.gid } : {}),
       };
   await new Promise<void>((done, fail) => {
-    const child = spawn(run.command, run.args, {
-      cwd: run.cwd,
-      env,
-      stdio: ['pipe', 'ignore', 'pipe'],
-      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
-    });
+    const child = spawnConfined(run, { env, stdio: ['pipe', 'ignore', 'pipe'] }) as ChildProcessByStdio<
+      Writable,
+      null,
+      Readable
+    >;
     let stderr = '';
     child.stderr.setEncoding('utf8').on('data', (d: string) => {
       stderr += d;

@@ -1,9 +1,11 @@
-import { execFile, execFileSync } from 'node:child_process';
-import { accessSync, constants, lstatSync, statSync } from 'node:fs';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { accessSync, constants, lstatSync, readdirSync, statSync } from 'node:fs';
 import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { Writable } from 'node:stream';
 import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import type { RunAs } from './network.ts';
+import { seccompProgram } from './seccomp.ts';
 
 /**
  * `namespaces`: each sandbox's processes run in namespaces of their own (bubblewrap); `none`:
@@ -53,6 +55,36 @@ export interface Confined {
   cwd: string;
   uid?: number;
   gid?: number;
+  /** The seccomp filter bubblewrap reads from the child's fd 3 (see spawnConfined). */
+  seccomp?: Buffer;
+}
+
+/** The fd bubblewrap reads a sandbox's seccomp filter from (`--seccomp`). */
+const SECCOMP_FD = 3;
+
+/**
+ * Spawns `run` (a command as it runs confined, or as it is): in its cwd, as its user, with
+ * `stdio` for fds 0 to 2 and, when it carries a seccomp filter, a pipe on fd 3 that the filter
+ * is written to and closed (bubblewrap reads it to its end before it starts the command).
+ */
+export function spawnConfined(
+  run: Confined,
+  options: { env: NodeJS.ProcessEnv; stdio: ('pipe' | 'ignore')[]; detached?: boolean },
+): ChildProcess {
+  const child = spawn(run.command, run.args, {
+    cwd: run.cwd,
+    env: options.env,
+    detached: options.detached ?? false,
+    stdio: [...options.stdio, ...(run.seccomp ? (['pipe'] as const) : [])],
+    ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
+  });
+  if (run.seccomp) {
+    const filter = child.stdio[SECCOMP_FD] as Writable;
+    // EPIPE when bubblewrap exits before reading it: its exit says why.
+    filter.on('error', () => {});
+    filter.end(run.seccomp);
+  }
+  return child;
 }
 
 /**
@@ -92,6 +124,23 @@ export function findCommand(command: string, path: string, cwd: string): string 
 
 /** The machine's directories a sandbox has private ones of. */
 const PRIVATE_DIRS = ['/tmp', '/var/tmp', '/run'];
+
+/**
+ * The top-level directories of the system a sandbox sees (read-only). Every other one (/home,
+ * /root, /srv, /mnt, /media, a /work or /data of the operator's) is hidden, and in /var what
+ * daemons keep (their state, often their Unix sockets, and logs, spools and mail).
+ */
+const SYSTEM_DIRS = new Set(['bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'usr', 'etc', 'opt', 'var', 'nix', 'snap']);
+const SYSTEM_MOUNTS = new Set(['dev', 'proc', 'sys', 'tmp', 'run']);
+const DAEMON_DIRS = ['/var/lib', '/var/log', '/var/spool', '/var/mail', '/var/backups'];
+
+/** The machine's directories a sandbox does not see (see SYSTEM_DIRS). */
+function unsystemDirs(): string[] {
+  const top = readdirSync('/', { withFileTypes: true })
+    .filter((d) => d.isDirectory() && !SYSTEM_DIRS.has(d.name) && !SYSTEM_MOUNTS.has(d.name))
+    .map((d) => `/${d.name}`);
+  return [...top, ...DAEMON_DIRS.filter((p) => lstatSync(p, { throwIfNoEntry: false })?.isDirectory())];
+}
 
 /**
  * The nearest directory above this module holding a node_modules directory: the project the
@@ -152,14 +201,16 @@ function reachableBy(path: string, user: RunAs): boolean {
  * How this runner isolates its sandboxes (DECISIONS "Sandboxes that hold"). In mode
  * `namespaces` every process of a sandbox (its setup script, clones and npm installs, the
  * runtime and all it starts) runs under bubblewrap in its own user, mount, pid, ipc, uts and
- * network namespaces, with no capabilities, `no_new_privs`, no further user namespaces, and
- * `--die-with-parent`, so nothing of it outlives the runner-agent. It sees the machine's file
- * system read-only, its own directory read-write, a private `/tmp`, `/run`, `/dev` and `/proc`,
- * and neither the runner's root (other sandboxes), nor the runner's HOME, nor the `hidden`
- * paths (the service's DATA_DIR for the `local` provider). Its network namespace holds only
- * loopback: the bridges to the runner's egress proxy are the one way out. A runner that is
- * root runs sandboxes as its `--run-as` user, else as `nobody`, so files of the machine's
- * users stay theirs.
+ * network namespaces, with no capabilities, `no_new_privs`, no further user namespaces, a
+ * seccomp filter (seccomp.ts) and `--die-with-parent`, so nothing of it outlives the
+ * runner-agent. It sees the system's directories read-only (SYSTEM_DIRS), its own directory
+ * read-write, a private `/tmp`, `/run`, `/dev` and `/proc`, and nothing else of the machine:
+ * not the runner's root (other sandboxes), nor the runner's HOME, nor the `hidden` paths (the
+ * service's DATA_DIR for the `local` provider), nor any other top-level directory or daemon's
+ * state, save what it runs from (see shown). Its network namespace holds only loopback: the
+ * bridges to the runner's egress proxy are the one way out. A runner that is root runs
+ * sandboxes as its `--run-as` user, else as `nobody`, so files of the machine's users stay
+ * theirs.
  */
 export class Isolation {
   private constructor(
@@ -169,6 +220,8 @@ export class Isolation {
     /** Why sandboxes cannot be isolated here (mode `namespaces` only); then none is started. */
     readonly unavailable: string | undefined,
     private readonly hidden: string[],
+    /** The seccomp filter sandbox processes run under (undefined: none for this architecture). */
+    private readonly seccomp: Buffer | undefined = seccompProgram(),
   ) {}
 
   private shownPaths: string[] | undefined;
@@ -244,7 +297,9 @@ export class Isolation {
     if (options.mode === 'none') return Isolation.none(options.runAs);
     const root = resolve(options.root);
     const home = process.env.HOME && isAbsolute(process.env.HOME) ? resolve(process.env.HOME) : undefined;
-    const hidden = [...new Set([root, ...(options.hidden ?? []).map((p) => resolve(p)), ...(home ? [home] : [])])]
+    const hidden = [
+      ...new Set([root, ...(options.hidden ?? []).map((p) => resolve(p)), ...(home ? [home] : []), ...unsystemDirs()]),
+    ]
       // `/` or a system directory is never hidden as a whole (a HOME of `/`).
       .filter((p) => depth(p) > 0 && !['/usr', '/bin', '/lib', '/etc'].some((s) => within(s, p)));
     let user = options.runAs;
@@ -263,14 +318,15 @@ export class Isolation {
   }
 
   private withUnavailable(why: string): Isolation {
-    return new Isolation(this.mode, this.user, why, this.hidden);
+    return new Isolation(this.mode, this.user, why, this.hidden, this.seccomp);
   }
 
   /** The one line a start banner and stage `network` say about isolation. */
   describe(): string {
     if (this.mode === 'none') return 'none: sandbox processes run as plain processes of this machine';
     if (this.unavailable) return `unavailable: ${this.unavailable}`;
-    return `namespaces (bubblewrap)${this.user ? `, as ${this.user.name}` : ''}`;
+    const filter = this.seccomp ? 'a seccomp filter' : `no seccomp filter (none for ${process.arch})`;
+    return `namespaces (bubblewrap), ${filter}${this.user ? `, as ${this.user.name}` : ''}`;
   }
 
   /** Throws, naming the cause and the setting, when sandboxes cannot be isolated here. */
@@ -314,6 +370,7 @@ export class Isolation {
       '--new-session',
       '--cap-drop',
       'ALL',
+      ...(this.seccomp ? ['--seccomp', String(SECCOMP_FD)] : []),
       '--hostname',
       'sandbox',
       '--ro-bind',
@@ -367,22 +424,39 @@ export class Isolation {
         ],
         cwd: '/',
         ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
+        ...(this.seccomp ? { seccomp: this.seccomp } : {}),
       };
     };
   }
 
   /** Starts `/bin/true` confined in an empty sandbox; resolves with why it failed, or undefined. */
   private tryOnce(): Promise<string | undefined> {
-    const args = [...this.bwrapArgs(undefined, '/', undefined), '/bin/true'];
-    return new Promise((done) =>
-      execFile(
-        'bwrap',
-        args,
-        { cwd: '/', timeout: 10_000, ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}) },
-        (err, _out, stderr) =>
-          done(err ? `bubblewrap cannot start a sandbox here: ${stderr.trim() || err.message}` : undefined),
-      ),
+    const child = spawnConfined(
+      {
+        command: 'bwrap',
+        args: [...this.bwrapArgs(undefined, '/', undefined), '/bin/true'],
+        cwd: '/',
+        ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
+        ...(this.seccomp ? { seccomp: this.seccomp } : {}),
+      },
+      { env: process.env, stdio: ['ignore', 'ignore', 'pipe'] },
     );
+    let stderr = '';
+    child.stderr?.setEncoding('utf8').on('data', (d: string) => {
+      stderr += d;
+    });
+    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    return new Promise((done) => {
+      child.on('error', (err) => done(`bubblewrap cannot start a sandbox here: ${err.message}`));
+      child.on('close', (code, signal) => {
+        clearTimeout(timer);
+        done(
+          code === 0
+            ? undefined
+            : `bubblewrap cannot start a sandbox here: ${stderr.trim() || (signal ? `killed by ${signal}` : `exit ${code}`)}`,
+        );
+      });
+    });
   }
 }
 

@@ -1,5 +1,6 @@
-import { spawn } from 'node:child_process';
-import type { Confine, Confined } from './isolation.ts';
+import type { ChildProcessByStdio } from 'node:child_process';
+import type { Readable } from 'node:stream';
+import { type Confine, type Confined, spawnConfined } from './isolation.ts';
 
 /** How long one git clone, npm install or apt-get run may take before the build fails. */
 export const FETCH_TIMEOUT_MS = 10 * 60_000;
@@ -35,13 +36,11 @@ export function runStreamed(
       reject(new Error(`${what} could not start: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`));
       return;
     }
-    const child = spawn(run.command, run.args, {
-      cwd: run.cwd,
+    const child = spawnConfined(run, {
       env: options.env,
       detached: true,
       stdio: ['ignore', 'pipe', 'pipe'],
-      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
-    });
+    }) as ChildProcessByStdio<null, Readable, Readable>;
     child.stdout.setEncoding('utf8').on('data', (d: string) => onOutput('stdout', d));
     child.stderr.setEncoding('utf8').on('data', (d: string) => onOutput('stderr', d));
     child.on('error', (err: NodeJS.ErrnoException) =>

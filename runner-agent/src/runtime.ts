@@ -1,4 +1,4 @@
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { basename } from 'node:path';
 import { Readable, Writable } from 'node:stream';
 // The /unstable entrypoint of the exactly pinned SDK: ACP v1 carries a turn's token usage on the
@@ -7,7 +7,7 @@ import { Readable, Writable } from 'node:stream';
 import * as acp from '@agentclientprotocol/sdk/unstable';
 import type { McpServerEntry } from '@svc/core';
 import { AGENT_VERSION } from './agent.ts';
-import type { Confine, Confined } from './isolation.ts';
+import { type Confine, type Confined, spawnConfined } from './isolation.ts';
 import { acpMcpServers } from './mcp-bridge.ts';
 import { foldDumpedObjects } from './stderr-lines.ts';
 
@@ -236,13 +236,11 @@ export class AcpRuntime {
     } catch (err) {
       throw new RuntimeSpawnError(options.command, err as NodeJS.ErrnoException);
     }
-    const child = spawn(run.command, run.args, {
-      cwd: run.cwd,
+    const child = spawnConfined(run, {
       env,
       detached: true,
-      stdio: 'pipe',
-      ...(run.uid !== undefined ? { uid: run.uid, gid: run.gid } : {}),
-    });
+      stdio: ['pipe', 'pipe', 'pipe'],
+    }) as ChildProcessWithoutNullStreams;
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
       child.on('error', (err) => reject(new RuntimeSpawnError(options.command, err)));

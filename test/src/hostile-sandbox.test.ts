@@ -7,8 +7,8 @@
  */
 
 import { createSocket } from 'node:dgram';
-import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { chmodSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
@@ -42,22 +42,45 @@ function processesWith(text: string): number[] {
   return found;
 }
 
-/** A TCP and a UDP listener on the runner's loopback, counting what reaches them. */
+/**
+ * A TCP and a UDP listener on the runner's loopback, and two daemons' Unix sockets that anyone
+ * on the machine may connect to (one in /var/lib, where daemons keep them, one in a top-level
+ * directory of the operator's), counting what reaches them.
+ */
 async function startListeners(t: Test) {
-  const counts = { tcp: 0, udp: 0 };
+  const counts = { tcp: 0, udp: 0, unix: 0 };
+  const answer = (s: Socket) =>
+    s.end('HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhost!');
   const tcp = createServer((s) => {
     counts.tcp++;
-    s.end('HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhost!');
+    answer(s);
   });
   await new Promise<void>((resolve) => tcp.listen(0, '127.0.0.1', resolve));
   const udp = createSocket('udp4');
   udp.on('message', () => counts.udp++);
   await new Promise<void>((resolve) => udp.bind(0, '127.0.0.1', resolve));
+  const sockets: string[] = [];
+  const unix: Server[] = [];
+  for (const parent of ['/var/lib', '/srv']) {
+    const dir = join(parent, marker('svc-hostile-daemon'));
+    mkdirSync(dir, { recursive: true, mode: 0o755 });
+    t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+    const path = join(dir, 'daemon.sock');
+    const server = createServer((s) => {
+      counts.unix++;
+      answer(s);
+    });
+    await new Promise<void>((resolve) => server.listen(path, resolve));
+    chmodSync(path, 0o777);
+    sockets.push(path);
+    unix.push(server);
+  }
   t.teardown(() => {
     tcp.close();
     udp.close();
+    for (const server of unix) server.close();
   });
-  return { tcpPort: (tcp.address() as { port: number }).port, udpPort: udp.address().port, counts };
+  return { tcpPort: (tcp.address() as { port: number }).port, udpPort: udp.address().port, sockets, counts };
 }
 
 async function waitTurn(svc: TestService, token: string, id: string, done = (s: string) => s !== 'running') {
@@ -186,10 +209,19 @@ for (const provider of ['local', 'runner'] as const) {
       ],
       ['UDP to the machine', `echo hi > /dev/udp/127.0.0.1/${listeners.udpPort}; echo sent`],
       ['a user namespace of its own', 'unshare -U true && echo unshared'],
-      ['what it is', `id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; ls -A /root | wc -l`],
+      ['what it is', `id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; ls -A /root | wc -l`],
       ['its own directory', 'echo mine > own.txt && cat own.txt && pwd'],
       ['the machine’s /tmp', `cat ${tmpDecoy}; ls -A /tmp | grep -c svc-hostile-decoy`],
       ['a process left behind', 'setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo started'],
+      [
+        'a daemon’s Unix socket',
+        listeners.sockets.map((s) => `curl -sS --max-time 3 --unix-socket ${s} http://daemon/; echo`).join('; '),
+      ],
+      [
+        // The kernel's keyrings are not namespaced; io_uring has been a way into the kernel.
+        'the kernel’s keyrings and io_uring',
+        `perl -e 'my $r = syscall(${process.arch === 'arm64' ? 219 : 250}, 0, -3, 0); print "keyctl $r $!\\n"; my $p = "\\0" x 120; $r = syscall(425, 1, $p); print "io_uring $r $!\\n"'`,
+      ],
     ];
     const attack = await launch(attacker, attacks.map(([, line]) => `run64 ${b64(line)}`).join(' '), {
       env_vars: { HOSTILE_MARK: mark },
@@ -222,12 +254,15 @@ for (const provider of ['local', 'runner'] as const) {
     t.match(out(10), /^65534\n/, `it runs as nobody: ${why(10)}`);
     t.match(out(10), /CapEff:\s+0+\n/, 'with no capabilities');
     t.match(out(10), /NoNewPrivs:\s+1\n/, 'and no_new_privs');
+    t.match(out(10), /Seccomp:\s+2\n/, 'under a seccomp filter');
     t.match(out(10), /\n0\n$/, 'the service’s HOME is empty to it');
     const ownDir = sandboxDirOf(attacker.accountId, attack.sandboxId);
     t.match(out(11), `mine\n${ownDir}`, why(11));
     t.equal(readFileSync(join(ownDir, 'own.txt'), 'utf8'), 'mine\n', 'its own file is on the machine');
     await sleep(200);
-    t.same(listeners.counts, { tcp: 0, udp: 0 }, 'nothing reached the machine’s listeners');
+    t.notMatch(out(14), 'host!', why(14));
+    t.match(out(15), /^keyctl -1 Operation not permitted\nio_uring -1 Function not implemented\n$/, why(15));
+    t.same(listeners.counts, { tcp: 0, udp: 0, unix: 0 }, 'nothing reached the machine’s listeners');
     const stderr = events.filter((e) => e.stream === 'stderr').map((e) => e.data ?? '');
     t.ok(
       stderr.some((l) => l.includes('svc-runner: network: refused 127.0.0.2 (a private or loopback address)')),
