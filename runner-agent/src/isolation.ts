@@ -143,12 +143,11 @@ function unsystemDirs(): string[] {
 }
 
 /**
- * The nearest directory above this module holding a node_modules directory: the project the
- * runner-agent runs from (this workspace's root), or the lib of a global install. Undefined
- * when there is none.
+ * The nearest directory holding a node_modules directory from `dir` up (`dir` itself
+ * included): the project a file there belongs to. Undefined when there is none.
  */
-function installRoot(): string | undefined {
-  for (let p = dirname(fileURLToPath(import.meta.url)); p !== dirname(p); p = dirname(p)) {
+function projectOf(dir: string): string | undefined {
+  for (let p = dir; p !== dirname(p); p = dirname(p)) {
     if (isDirectory(join(p, 'node_modules'))) return p;
   }
   return undefined;
@@ -248,7 +247,8 @@ export class Isolation {
     }
     const nodePrefix = dirname(dirname(process.execPath));
     if (under(nodePrefix)) shown.add(nodePrefix);
-    const install = installRoot();
+    // The project the runner-agent runs from (this workspace's root), or a global install's lib.
+    const install = projectOf(dirname(fileURLToPath(import.meta.url)));
     if (install && under(install)) shown.add(install);
     this.shownPaths = [...shown].filter((path) => isDirectory(path) && (!this.user || reachableBy(path, this.user)));
     return this.shownPaths;
@@ -264,13 +264,7 @@ export class Isolation {
     const out: string[] = [];
     for (const file of files) {
       if (!isAbsolute(file) || !isFile(file)) continue;
-      let project = dirname(file);
-      for (let p = project; p !== dirname(p); p = dirname(p)) {
-        if (isDirectory(join(p, 'node_modules'))) {
-          project = p;
-          break;
-        }
-      }
+      const project = projectOf(dirname(file)) ?? dirname(file);
       if (!covered.some((h) => within(project, h) && project !== h)) continue;
       if (!this.user || reachableBy(project, this.user)) out.push(project);
     }
