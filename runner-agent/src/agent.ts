@@ -29,7 +29,10 @@ export const AGENT_VERSION = (
   JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
 ).version;
 
-/** At most this many egress log rows wait to be sent; more are dropped until they go. */
+/**
+ * At most this many egress log rows wait to be sent (those of a time disconnected among them);
+ * more are dropped, and counted, until they go.
+ */
 const EGRESS_ROWS_HELD = 5000;
 
 export interface AgentOptions {
@@ -73,6 +76,8 @@ export type AgentEvent =
   /** An event could not be written to the spool (a full disk): it is lost, numbering goes on. */
   | { type: 'output_lost'; sandbox: string; message: string }
   | { type: 'output_discarded'; sandbox: string; events: number; reason: string }
+  /** Egress log rows dropped while EGRESS_ROWS_HELD of them waited (a long time disconnected). */
+  | { type: 'egress_dropped'; rows: number }
   | { type: 'stopped'; reason: AgentStop; message: string };
 
 /** Why the agent stopped for good (each is an exit code of the CLI). */
@@ -302,6 +307,7 @@ export class RunnerAgent {
           // Whatever is not durable yet goes again; the log drops what it already holds.
           for (const log of this.outputs.values()) log.rewind();
           this.flush();
+          this.sendEgressSoon();
           break;
         }
         case 'appended':
@@ -501,18 +507,36 @@ export class RunnerAgent {
     });
   }
 
-  /** Egress log rows waiting to be sent (a short batch; none are kept while disconnected). */
+  /**
+   * Egress log rows waiting to be sent: a short batch, or all those of a time disconnected
+   * (up to EGRESS_ROWS_HELD), which go once the service welcomes the runner again.
+   */
   private egressRows: RunnerEgressRow[] = [];
   private egressTimer: NodeJS.Timeout | undefined;
+  private egressDropped = 0;
 
-  /** A row of a brokered sandbox's egress log, sent to the service within 100 ms. */
+  /** A row of a brokered sandbox's egress log, sent to the service within 100 ms of a welcome. */
   private egressRow(conversationId: string, row: Omit<RunnerEgressRow, 'conversation_id'>): void {
-    if (this.egressRows.length >= EGRESS_ROWS_HELD) return;
+    if (this.egressRows.length >= EGRESS_ROWS_HELD) {
+      this.egressDropped++;
+      return;
+    }
     this.egressRows.push({ conversation_id: conversationId, ...row });
+    this.sendEgressSoon();
+  }
+
+  /** Sends the waiting egress rows in 100 ms, when connected and welcomed (epoch set). */
+  private sendEgressSoon(): void {
+    if (this.epoch === 0 || this.egressRows.length === 0) return;
     this.egressTimer ??= setTimeout(() => {
       this.egressTimer = undefined;
+      if (this.epoch === 0) return;
       const rows = this.egressRows.splice(0, EGRESS_ROWS_HELD);
       for (let i = 0; i < rows.length; i += 1000) this.send({ t: 'egress', rows: rows.slice(i, i + 1000) });
+      if (this.egressDropped > 0) {
+        this.report({ type: 'egress_dropped', rows: this.egressDropped });
+        this.egressDropped = 0;
+      }
     }, 100);
   }
 

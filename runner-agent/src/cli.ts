@@ -243,6 +243,11 @@ const agent = new RunnerAgent(options, (e) => {
     case 'output_discarded':
       say(`${e.events} kept events of sandbox ${e.sandbox} discarded: ${e.reason}`);
       break;
+    case 'egress_dropped':
+      process.stderr.write(
+        `svc-runner: warning: ${e.rows} egress log rows were dropped while the service was out of reach\n`,
+      );
+      break;
     case 'stopped':
       break;
   }

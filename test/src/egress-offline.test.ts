@@ -1,0 +1,147 @@
+/**
+ * The egress log of a runner that lost the service for a while: a brokered request made while
+ * the runner is disconnected is listed once it is connected again (the runner holds the rows).
+ */
+import { chmodSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer as createHttpsServer } from 'node:https';
+import { type AddressInfo, connect, createServer, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { SandboxCa } from 'svc-runner';
+import t from 'tap';
+import { startFakeProvider } from './fakes/inference-provider.ts';
+import { primaryBackend, signUp, startTestService } from './harness.ts';
+import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const b64 = (s: string) => Buffer.from(s).toString('base64');
+
+async function until(check: () => boolean | Promise<boolean>, what: string, ms = 30_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+t.test('a brokered call made while the runner is disconnected is in the egress log once it is back', async (t) => {
+  const serverCa = await SandboxCa.create('test-server');
+  const leaf = await serverCa.leaf('127.0.0.2');
+  const caFile = join(mkdtempSync(join(tmpdir(), 'svc-egress-offline-ca-')), 'ca.pem');
+  writeFileSync(caFile, serverCa.certPem);
+  let calls = 0;
+  const api = createHttpsServer({ key: leaf.key, cert: leaf.cert }, (_req, res) => {
+    calls++;
+    res.end('api answered');
+  });
+  await new Promise<void>((resolve) => api.listen(0, '127.0.0.2', resolve));
+  const apiPort = (api.address() as AddressInfo).port;
+  t.teardown(() => api.close());
+  const model = await startFakeProvider();
+  t.teardown(() => model.close());
+  const svc = await startTestService(t, {
+    backend: primaryBackend(),
+    // The runner is away for a few seconds: its turn is not ended as adrift meanwhile.
+    env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND, ANTHROPIC_BASE_URL: model.url, RUNNER_GRACE_MS: '60000' },
+  });
+  const { http } = svc;
+  const { key: token } = await signUp(svc);
+  await http.put('/api/account/inference-credentials/anthropic_api_key', {
+    token,
+    body: { value: 'good-anthropic-key-0123456789' },
+  });
+  const vault = (await http.post('/api/vaults', { token, body: { name: 'prod' } })).body;
+  await http.post(`/api/vaults/${vault.id}/secrets`, { token, body: { key: 'API_TOKEN', value: 'real-0123456789' } });
+  const binding = await http.post('/api/secret-bindings', {
+    token,
+    body: { secret_name: 'API_TOKEN', host: `127.0.0.2:${apiPort}`, shape: 'bearer' },
+  });
+  t.equal(binding.status, 201, binding.text);
+  const env = (
+    await http.post('/api/environments', {
+      token,
+      body: { name: 'brokered', networking_config: { allowed_hosts: [`127.0.0.2:${apiPort}`] } },
+    })
+  ).body;
+  const agent = (
+    await http.post('/api/agents', {
+      token,
+      body: {
+        name: 'caller',
+        runtime: 'claude',
+        model: 'anthropic/claude-sonnet-4-5',
+        environment_id: env.id,
+        sandbox_provider: 'runner',
+      },
+    })
+  ).body;
+
+  // The runner reaches the service through a relay this test can cut.
+  let open = true;
+  const links = new Set<Socket>();
+  const relay = createServer((client) => {
+    if (!open) return client.destroy();
+    const upstream = connect(Number(new URL(svc.url).port), '127.0.0.1');
+    links.add(client);
+    client.on('close', () => links.delete(client));
+    client.pipe(upstream).pipe(client);
+    client.on('error', () => upstream.destroy());
+    upstream.on('error', () => client.destroy());
+    upstream.on('close', () => client.destroy());
+  });
+  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => relay.close());
+  const runnerRow = (await http.post('/api/runners', { token, body: { name: 'box' } })).body;
+  const before = process.env.NODE_EXTRA_CA_CERTS;
+  process.env.NODE_EXTRA_CA_CERTS = caFile;
+  const runner = await startRunnerProcess(
+    t,
+    `http://127.0.0.1:${(relay.address() as AddressInfo).port}`,
+    runnerRow.token,
+  );
+  if (before === undefined) delete process.env.NODE_EXTRA_CA_CERTS;
+  else process.env.NODE_EXTRA_CA_CERTS = before;
+
+  // The call waits for a gate the test opens once the runner is cut off (in the checkout: the
+  // machine's /tmp is not the sandbox's).
+  const gates = fileURLToPath(new URL('../../.tap/', import.meta.url));
+  mkdirSync(gates, { recursive: true });
+  const gateDir = mkdtempSync(join(gates, 'egress-offline-'));
+  chmodSync(gateDir, 0o755);
+  const gate = join(gateDir, 'go');
+  const line = `while [ ! -e ${gate} ]; do sleep 0.05; done; curl -sS https://127.0.0.2:${apiPort}/v1/me -H "authorization: Bearer $API_TOKEN"`;
+  const res = await http.post('/api/conversations', {
+    token,
+    body: { agent_id: agent.id, vault_id: vault.id, prompt: `run64 ${b64(line)}` },
+  });
+  t.equal(res.status, 201, JSON.stringify(res.body));
+  const id = res.body.id as string;
+  await until(() => /turn \S+ of conversation \S+ started/.test(runner.output), 'the turn to start on the runner');
+
+  open = false;
+  for (const link of links) link.destroy();
+  await until(() => /connection lost/.test(runner.output), 'the runner to notice');
+  writeFileSync(gate, '');
+  await until(() => calls === 1, 'the call to reach the bound host');
+  // The proxy's row is made when the response ends; give it a moment while still cut off.
+  await sleep(500);
+  open = true;
+
+  let turn = '';
+  await until(async () => {
+    turn = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data[0]?.state ?? '';
+    return turn !== '' && turn !== 'running';
+  }, 'the turn to end');
+  t.equal(turn, 'done', runner.output);
+  let rows: Record<string, unknown>[] = [];
+  await until(async () => {
+    rows = (await http.get(`/api/conversations/${id}/egress`, { token })).body.data;
+    return rows.some((r) => r.host === '127.0.0.2');
+  }, 'the egress row').catch(() => {});
+  t.match(
+    rows.find((r) => r.host === '127.0.0.2'),
+    { port: apiPort, binding_id: binding.body.id, status: 200, refused: false },
+    `the call made while disconnected is listed: ${JSON.stringify(rows)}\n${runner.output}`,
+  );
+});
