@@ -10,7 +10,7 @@
  */
 
 import { lookup } from 'node:dns/promises';
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -86,14 +86,19 @@ t.test("each runtime's own HTTPS client reaches its provider through the broker"
   // points) and the sandbox, with no network of its own, can only reach through the proxy.
   const host = hostname();
   const address = (await lookup(host).catch(() => undefined))?.address;
-  if (!address) {
-    t.plan(0, `this machine's host name ${host} does not resolve`);
+  // `localhost` would be the sandbox's own (NO_PROXY), not a way through the proxy.
+  if (!address || host === 'localhost') {
+    t.plan(0, `this machine's host name (${host}) does not resolve, or is localhost`);
     return;
   }
   const testCa = await SandboxCa.create('test-providers');
   const leaf = await testCa.leaf(host);
-  const caFile = join(mkdtempSync(join(tmpdir(), 'svc-provider-ca-')), 'ca.pem');
-  writeFileSync(caFile, testCa.certPem);
+  const caDir = mkdtempSync(join(tmpdir(), 'svc-provider-ca-'));
+  t.teardown(() => rmSync(caDir, { recursive: true, force: true }));
+  // What the runner trusts: what this machine's Node processes already do, and the test CA.
+  const caFile = join(caDir, 'ca.pem');
+  const machine = process.env.NODE_EXTRA_CA_CERTS;
+  writeFileSync(caFile, `${machine ? readFileSync(machine, 'utf8').trimEnd() : ''}\n${testCa.certPem}`);
 
   const anthropic = await startFakeAnthropic({
     apiKey: KEYS.anthropic,
@@ -158,12 +163,13 @@ t.test("each runtime's own HTTPS client reaches its provider through the broker"
   }
 
   // Only the runner trusts the providers' CA (NODE_EXTRA_CA_CERTS is read when it starts), as
-  // a runner trusts the public CAs of real providers: the sandbox trusts its broker's CA only.
+  // a runner trusts the public CAs of real providers; the sandbox never sees it, only its broker's.
   const before = process.env.NODE_EXTRA_CA_CERTS;
   process.env.NODE_EXTRA_CA_CERTS = caFile;
-  const runner = await startRunnerAgent(t, svc, token, closeFakes);
-  if (before === undefined) delete process.env.NODE_EXTRA_CA_CERTS;
-  else process.env.NODE_EXTRA_CA_CERTS = before;
+  const runner = await startRunnerAgent(t, svc, token, closeFakes).finally(() => {
+    if (before === undefined) delete process.env.NODE_EXTRA_CA_CERTS;
+    else process.env.NODE_EXTRA_CA_CERTS = before;
+  });
 
   /**
    * Each runtime: its agent's model, its environment's variables, the variable its credential
@@ -277,7 +283,9 @@ t.test("each runtime's own HTTPS client reaches its provider through the broker"
       );
       t.notOk(JSON.stringify(run.events).includes(r.key), 'nor does the event log');
 
-      // The egress log: the calls, to the provider's host, brokered, answered.
+      // The egress log: the calls, to the provider's host, brokered, answered. A row with the
+      // request's method is one the broker read in the clear, its TLS terminated; a tunnel it
+      // could not read would be a CONNECT row.
       const port = Number(new URL(r.front.url).port);
       let rows: Record<string, unknown>[] = [];
       for (let i = 0; i < 100; i++) {
@@ -290,8 +298,16 @@ t.test("each runtime's own HTTPS client reaches its provider through the broker"
         { binding_id: null, status: 200, refused: false, reason: null, latency_ms: Number },
         `the egress log lists the call to ${host}:${port}: ${JSON.stringify(rows)}`,
       );
+      t.notOk(
+        rows.some((row) => row.host === host && row.method === 'CONNECT'),
+        'none of it tunnelled unread',
+      );
       // Other hosts a runtime tries on its own (Claude Code's plugin blocklist, Gemini CLI's
       // usage reports) are refused here, having no name this machine resolves; its provider's never.
+      const elsewhere = rows
+        .filter((row) => row.host !== host)
+        .map((row) => `${row.method} ${row.host}: ${row.reason ?? row.status}`);
+      if (elsewhere.length) t.comment(`${runtime} also tried: ${[...new Set(elsewhere)].join('; ')}`);
       t.notOk(
         rows.some((row) => row.host === host && row.refused),
         'no call to the provider was refused',
