@@ -96,7 +96,10 @@ export function sandboxEnv(
     LANG: 'C.UTF-8',
     ...sandbox.env,
     ...(conversationId && sandbox.egress ? sandbox.egress.env(conversationId, bindings) : {}),
-    // The broker's CA, for the clients that do not read the system bundle.
+    // The broker's CA, for the clients that do not read the system bundle (bound over with
+    // it by the confinement). Of the runtimes, Claude Code and Gemini CLI (Node) trust it
+    // through NODE_EXTRA_CA_CERTS alone, Codex through SSL_CERT_FILE or the bundle, opencode
+    // (Bun) through either variable or the bundle (test/src/broker-runtimes.test.ts).
     ...(trust
       ? {
           NODE_EXTRA_CA_CERTS: trust.ca,
