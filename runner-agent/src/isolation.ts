@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { accessSync, constants, lstatSync, readdirSync, statSync } from 'node:fs';
+import { accessSync, constants, lstatSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Writable } from 'node:stream';
@@ -57,6 +57,50 @@ export interface Confined {
   gid?: number;
   /** The seccomp filter bubblewrap reads from the child's fd 3 (see spawnConfined). */
   seccomp?: Buffer;
+  /**
+   * Set when what is spawned is bubblewrap: a signal to it ends everything inside at once
+   * (SIGKILL, --die-with-parent), so a graceful end signals what it confines (signalConfined).
+   */
+  confined?: true;
+}
+
+/** The pids of every process below `pid` (its children, theirs, and so on), read from /proc. */
+function descendantsOf(pid: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      // pid (comm) state ppid ...: the comm may hold spaces and parentheses.
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(entry)]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const found: number[] = [];
+  for (let queue = [pid]; queue.length > 0; ) {
+    const next = children.get(queue.shift() as number) ?? [];
+    found.push(...next);
+    queue.push(...next);
+  }
+  return found;
+}
+
+/**
+ * Sends `signal` to every process confined by the bubblewrap process `pid` (the command and
+ * all it started, in whatever session or group), but not to bubblewrap's own: ending them ends
+ * the sandbox at once. So a SIGTERM gives a runtime its time to write its last files.
+ */
+export function signalConfined(pid: number, signal: NodeJS.Signals): void {
+  for (const p of descendantsOf(pid)) {
+    try {
+      if (readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'bwrap') continue;
+      process.kill(p, signal);
+    } catch {
+      // gone meanwhile
+    }
+  }
 }
 
 /** The fd bubblewrap reads a sandbox's seccomp filter from (`--seccomp`). */
@@ -419,6 +463,7 @@ export class Isolation {
         cwd: '/',
         ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
         ...(this.seccomp ? { seccomp: this.seccomp } : {}),
+        confined: true,
       };
     };
   }

@@ -7,7 +7,7 @@ import { Readable, Writable } from 'node:stream';
 import * as acp from '@agentclientprotocol/sdk/unstable';
 import type { McpServerEntry } from '@svc/core';
 import { AGENT_VERSION } from './agent.ts';
-import { type Confine, type Confined, spawnConfined } from './isolation.ts';
+import { type Confine, type Confined, signalConfined, spawnConfined } from './isolation.ts';
 import { acpMcpServers } from './mcp-bridge.ts';
 import { foldDumpedObjects } from './stderr-lines.ts';
 
@@ -150,14 +150,17 @@ export class AcpRuntime {
   private turnRunning = false;
   /** Answers of the permission requests still open, so `cancel()` can answer them. */
   private readonly openPermissions = new Set<(answer: PermissionAnswer) => void>();
+  /** Whether the process is bubblewrap confining the agent (see Confined.confined). */
+  private readonly confined: boolean;
 
   /** The id of the session `start()` opened (ACP `session/new`). */
   get sessionId(): string {
     return this.session;
   }
 
-  private constructor(child: ChildProcessWithoutNullStreams, options: AcpRuntimeOptions) {
+  private constructor(child: ChildProcessWithoutNullStreams, options: AcpRuntimeOptions, confined: boolean) {
     this.pid = child.pid as number;
+    this.confined = confined;
     this.label = `ACP agent ${basename(options.command)} (pid ${this.pid})`;
 
     let partial = '';
@@ -245,7 +248,7 @@ export class AcpRuntime {
       child.once('spawn', resolve);
       child.on('error', (err) => reject(new RuntimeSpawnError(options.command, err)));
     });
-    const runtime = new AcpRuntime(child, options);
+    const runtime = new AcpRuntime(child, options, run.confined === true);
     try {
       await runtime.open(options);
     } catch (err) {
@@ -346,13 +349,15 @@ export class AcpRuntime {
   }
 
   /**
-   * Ends the agent: SIGTERM to its whole process group, SIGKILL to the group if anything of it
-   * is left after 2 s. Resolves once the agent process has exited. Idempotent.
+   * Ends the agent: SIGTERM to its whole process group (confined: to every process of its
+   * sandbox's), SIGKILL to the group if anything of it is left after 2 s. Resolves once the
+   * agent process has exited. Idempotent.
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
       this.connection.close(new Error(`${this.label} was closed`));
-      signalGroup(this.pid, 'SIGTERM');
+      if (this.confined) signalConfined(this.pid, 'SIGTERM');
+      else signalGroup(this.pid, 'SIGTERM');
       const deadline = Date.now() + KILL_GRACE_MS;
       while ((this.exit === undefined || groupExists(this.pid)) && Date.now() < deadline) await sleep(20);
       // A zombie left to a parent that does not reap counts as a member; SIGKILL is harmless then.
