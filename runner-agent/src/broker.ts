@@ -2,6 +2,7 @@
 import 'reflect-metadata';
 import { webcrypto } from 'node:crypto';
 import { isIP } from 'node:net';
+import { PassThrough, Transform } from 'node:stream';
 import * as x509 from '@peculiar/x509';
 import type { BrokerBinding } from '@svc/core';
 import { hostAllowed } from './egress-proxy.ts';
@@ -26,7 +27,7 @@ export const PLACEHOLDER_REFUSED = 'a secret placeholder sent to a host it is no
  * Writes the bound secrets of `host:port` into `headers` (in place: each binding's header set
  * to its value, whatever the sandbox sent there) and refuses a request that still carries a
  * placeholder in its target or any header: a placeholder on its way to a host it is not bound
- * to is a secret leaving. The body is not read.
+ * to is a secret leaving. The body goes through a placeholderGuard.
  */
 export function brokerHeaders(
   headers: Record<string, string | string[] | undefined>,
@@ -44,6 +45,30 @@ export function brokerHeaders(
   const sent = [target, ...Object.values(headers).flat()].join('\n');
   if (bindings.some((b) => sent.includes(b.placeholder))) return { ok: false, reason: PLACEHOLDER_REFUSED };
   return { ok: true, binding: used };
+}
+
+/**
+ * What a brokered request's body, or a tunnel's bytes, pass through on their way out: each
+ * chunk passed on at once (an interactive protocol is not held up), but a chunk that completes
+ * a placeholder (searched for across the chunks before it too) fails the stream with
+ * PLACEHOLDER_REFUSED and is not passed on: at most the beginning of a placeholder leaves.
+ */
+export function placeholderGuard(bindings: readonly BrokerBinding[]): Transform {
+  const placeholders = [...new Set(bindings.map((b) => b.placeholder))];
+  if (placeholders.length === 0) return new PassThrough();
+  const keep = Math.max(...placeholders.map((p) => Buffer.byteLength(p))) - 1;
+  let tail = Buffer.alloc(0);
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      const seen = tail.length > 0 ? Buffer.concat([tail, chunk]) : chunk;
+      if (placeholders.some((p) => seen.includes(p))) {
+        done(Object.assign(new Error(PLACEHOLDER_REFUSED), { code: 'placeholder_refused' }));
+        return;
+      }
+      tail = Buffer.from(seen.subarray(Math.max(0, seen.length - keep)));
+      done(null, chunk);
+    },
+  });
 }
 
 /**

@@ -13,10 +13,16 @@ import {
 } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Duplex } from 'node:stream';
+import { Duplex, type Readable, type Writable } from 'node:stream';
 import { createSecureContext, TLSSocket } from 'node:tls';
 import type { RunnerEgressRow } from '@svc/core';
-import { brokerHeaders, type SandboxBroker } from './broker.ts';
+import {
+  type BrokerBinding,
+  brokerHeaders,
+  PLACEHOLDER_REFUSED,
+  placeholderGuard,
+  type SandboxBroker,
+} from './broker.ts';
 
 /** Who a proxy credential belongs to, and what it may reach (null: any host). */
 export interface EgressGrant {
@@ -171,8 +177,12 @@ export class EgressProxy {
   /** Each brokered sandbox's broker, by sandbox, with the incarnation it was prepared for. */
   private readonly brokers = new Map<string, { incarnation: number; broker: SandboxBroker }>();
   /** Where requests read in the clear (a brokered sandbox's TLS, its loopback bridges) are served. */
-  private readonly clear: Server = createServer((req, res) => this.brokered(req, res));
-  private readonly targets = new WeakMap<Socket, BrokerTarget>();
+  private readonly clear: Server = createServer((req, res) => this.brokered(req, res)).on(
+    'upgrade',
+    (req: IncomingMessage, socket: Duplex, head: Buffer) => this.brokeredUpgrade(req, socket, head),
+  );
+  /** What each connection the broker reads in the clear leads to (a socket, TLS, or a replay). */
+  private readonly targets = new WeakMap<object, BrokerTarget>();
   private onRefused: OnRefused = () => {};
   private onEgress: OnEgress = () => {};
 
@@ -377,12 +387,34 @@ export class EgressProxy {
           });
     if (!first || socket.destroyed) return;
     if (first[0] !== 0x16) {
+      if (HTTP_REQUEST_START.test(first.subarray(0, 16).toString('latin1'))) {
+        // Plain http through the tunnel: read and brokered like any other request.
+        const plain = replaying(socket, first);
+        this.targets.set(plain, {
+          protocol: 'http:',
+          host: normalHost(to.host),
+          address: to.address,
+          port: to.port,
+          sandbox: to.grant.sandbox,
+          grant: to.grant,
+        });
+        this.clear.emit('connection', plain);
+        return;
+      }
+      // Another protocol: passed on as it is, but never with a placeholder in it.
       const started = Date.now();
       const upstream = connect(to.port, to.address);
       upstream.once('connect', () => {
         this.log(to.grant.sandbox, to.grant, row(to.host, to.port, 'CONNECT', null, 200, Date.now() - started));
-        upstream.write(first);
-        socket.pipe(upstream).pipe(socket);
+        const out = placeholderGuard(held.broker.bindings);
+        out.on('error', () => {
+          this.onRefused(to.grant, to.host, PLACEHOLDER_REFUSED);
+          this.log(to.grant.sandbox, to.grant, refusedRow(to.host, to.port, 'CONNECT', PLACEHOLDER_REFUSED));
+          upstream.destroy();
+          socket.destroy();
+        });
+        out.write(first);
+        socket.pipe(out).pipe(upstream).pipe(socket);
         socket.resume();
       });
       upstream.once('error', () => socket.destroy());
@@ -428,9 +460,7 @@ export class EgressProxy {
     if (!outcome.ok) {
       if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
       this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
-      res
-        .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
-        .end(refusedBody(target.host, outcome.reason));
+      refuse(res, target.host, outcome.reason);
       return;
     }
     const bindingId = outcome.binding?.binding_id ?? null;
@@ -456,7 +486,9 @@ export class EgressProxy {
         answer.pipe(res);
       },
     );
+    let refused = false;
     upstream.on('error', (err) => {
+      if (refused) return;
       this.log(target.sandbox, target.grant, {
         ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
         reason: `cannot reach it: ${err.message}`,
@@ -467,7 +499,114 @@ export class EgressProxy {
           .end(`svc-runner: cannot reach ${target.host}: ${err.message}\n`);
       } else res.destroy();
     });
-    req.pipe(upstream);
+    this.sendBody(req, upstream, held.broker.bindings, () => {
+      refused = true;
+      if (target.grant) this.onRefused(target.grant, target.host, PLACEHOLDER_REFUSED);
+      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, PLACEHOLDER_REFUSED));
+      refuse(res, target.host, PLACEHOLDER_REFUSED);
+    });
+  }
+
+  /**
+   * Pipes a brokered request's body to `upstream` through a placeholderGuard; a placeholder in
+   * it ends the upstream request before the placeholder leaves, and `onRefused` answers.
+   */
+  private sendBody(
+    body: Readable,
+    upstream: Writable & { destroy(): void },
+    bindings: readonly BrokerBinding[],
+    onRefused: () => void,
+  ): void {
+    const guard = placeholderGuard(bindings);
+    guard.once('error', () => {
+      body.unpipe(guard);
+      upstream.destroy();
+      onRefused();
+    });
+    body.pipe(guard).pipe(upstream);
+  }
+
+  /**
+   * An upgrade (a WebSocket) of a brokered sandbox read in the clear: brokered as a request
+   * is, sent on to the real host, and its answer passed back; once switched, the two sides are
+   * joined, what the sandbox sends still watched for placeholders.
+   */
+  private brokeredUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
+    socket.on('error', () => socket.destroy());
+    const target = this.targets.get(req.socket);
+    const held = target ? this.brokers.get(target.sandbox) : undefined;
+    if (!target || !held) {
+      socket.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+      return;
+    }
+    const method = req.method ?? 'GET';
+    const headers = { ...req.headers };
+    const outcome = brokerHeaders(headers, req.url ?? '', target.host, target.port, held.broker.bindings);
+    if (!outcome.ok) {
+      if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
+      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
+      const body = refusedBody(target.host, outcome.reason);
+      socket.end(
+        `HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+      );
+      return;
+    }
+    const bindingId = outcome.binding?.binding_id ?? null;
+    const started = Date.now();
+    const send = target.protocol === 'https:' ? httpsRequest : request;
+    const upstream = send({
+      host: target.address,
+      port: target.port,
+      method,
+      path: req.url,
+      headers,
+      ...(target.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
+    });
+    const answer = (status: number, message: string, rawHeaders: string[], closing: boolean) => {
+      this.log(
+        target.sandbox,
+        target.grant,
+        row(target.host, target.port, method, bindingId, status, Date.now() - started),
+      );
+      let text = `HTTP/1.1 ${status} ${message}\r\n`;
+      for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+        const name = (rawHeaders[i] as string).toLowerCase();
+        // A body passed back decoded ends with the connection instead.
+        if (closing && (name === 'transfer-encoding' || name === 'connection')) continue;
+        text += `${rawHeaders[i]}: ${rawHeaders[i + 1]}\r\n`;
+      }
+      socket.write(`${text}${closing ? 'Connection: close\r\n' : ''}\r\n`);
+    };
+    upstream.on('upgrade', (res, upstreamSocket, upstreamHead) => {
+      answer(res.statusCode ?? 101, res.statusMessage ?? 'Switching Protocols', res.rawHeaders, false);
+      if (upstreamHead.length > 0) socket.write(upstreamHead);
+      upstreamSocket.on('error', () => socket.destroy());
+      socket.once('close', () => upstreamSocket.destroy());
+      upstreamSocket.once('close', () => socket.destroy());
+      upstreamSocket.pipe(socket);
+      const out = placeholderGuard(held.broker.bindings);
+      out.once('error', () => {
+        if (target.grant) this.onRefused(target.grant, target.host, PLACEHOLDER_REFUSED);
+        this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, PLACEHOLDER_REFUSED));
+        upstreamSocket.destroy();
+        socket.destroy();
+      });
+      if (head.length > 0) out.write(head);
+      socket.pipe(out).pipe(upstreamSocket);
+    });
+    upstream.on('response', (res) => {
+      // Not switched: the answer goes back as it is, and the connection closes after it.
+      answer(res.statusCode ?? 502, res.statusMessage ?? '', res.rawHeaders, true);
+      res.pipe(socket);
+    });
+    upstream.on('error', (err) => {
+      this.log(target.sandbox, target.grant, {
+        ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
+        reason: `cannot reach it: ${err.message}`,
+      });
+      socket.end(`HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+    });
+    upstream.end();
   }
 
   private open(req: IncomingMessage, socket: Socket, head: Buffer, address: string, port: number): void {
@@ -541,9 +680,7 @@ export class EgressProxy {
       if (!outcome.ok) {
         this.onRefused(grant, url.hostname, outcome.reason);
         this.log(grant.sandbox, grant, refusedRow(url.hostname, port, method, outcome.reason));
-        res
-          .writeHead(403, { 'content-type': 'text/plain', connection: 'close' })
-          .end(refusedBody(url.hostname, outcome.reason));
+        refuse(res, url.hostname, outcome.reason);
         return;
       }
       bindingId = outcome.binding?.binding_id ?? null;
@@ -561,15 +698,38 @@ export class EgressProxy {
         answer.pipe(res);
       },
     );
+    let refused = false;
     upstream.on('error', (err) => {
+      if (refused) return;
       if (!res.headersSent) {
         res
           .writeHead(502, { 'content-type': 'text/plain' })
           .end(`svc-runner: cannot reach ${url.host}: ${err.message}\n`);
       } else res.destroy();
     });
-    req.pipe(upstream);
+    if (!held) {
+      req.pipe(upstream);
+      return;
+    }
+    this.sendBody(req, upstream, held.broker.bindings, () => {
+      refused = true;
+      this.onRefused(grant, url.hostname, PLACEHOLDER_REFUSED);
+      this.log(grant.sandbox, grant, refusedRow(url.hostname, port, method, PLACEHOLDER_REFUSED));
+      refuse(res, url.hostname, PLACEHOLDER_REFUSED);
+    });
   }
+}
+
+/** A request line's start: an upper-case method and a space (what a plain http client sends first). */
+const HTTP_REQUEST_START = /^[A-Z]{3,10} /;
+
+/** Answers 403 naming why, or, when the answer has begun, cuts it off. */
+function refuse(res: ServerResponse, host: string, reason: string): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  res.writeHead(403, { 'content-type': 'text/plain', connection: 'close' }).end(refusedBody(host, reason));
 }
 
 /** A duplex over `socket` whose readable side gives `first`, then what the socket reads. */
@@ -615,9 +775,10 @@ function refusedRow(host: string, port: number, method: string, reason: string):
 }
 
 function refusedBody(host: string, reason: string): string {
-  return reason === 'not in allowed_hosts'
-    ? `svc-runner: ${host} is not in this sandbox's allowed_hosts (the environment's networking_config)\n`
-    : `svc-runner: ${host} is refused: ${reason} (only an allowed_hosts entry naming it reaches it)\n`;
+  if (reason === 'not in allowed_hosts')
+    return `svc-runner: ${host} is not in this sandbox's allowed_hosts (the environment's networking_config)\n`;
+  if (reason === PLACEHOLDER_REFUSED) return `svc-runner: the request to ${host} is refused: ${reason}\n`;
+  return `svc-runner: ${host} is refused: ${reason} (only an allowed_hosts entry naming it reaches it)\n`;
 }
 
 const REASONS: Record<number, string> = {

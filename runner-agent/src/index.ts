@@ -6,7 +6,7 @@
  */
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
 export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
-export { brokerHeaders, PLACEHOLDER_REFUSED, SandboxBroker, SandboxCa } from './broker.ts';
+export { brokerHeaders, PLACEHOLDER_REFUSED, placeholderGuard, SandboxBroker, SandboxCa } from './broker.ts';
 export { destination, type EgressGrant, EgressProxy, hostAllowed, insideAddress } from './egress-proxy.ts';
 export { firewallRules, installCommands, installFirewall, removeCommands, removeFirewall } from './firewall.ts';
 export { type Bridges, bridgeScript, findCommand, Isolation, type IsolationMode } from './isolation.ts';

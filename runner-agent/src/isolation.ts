@@ -1,8 +1,8 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { accessSync, constants, lstatSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
 import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import type { RunAs } from './network.ts';
 import { seccompProgram } from './seccomp.ts';
@@ -174,7 +174,20 @@ const PRIVATE_DIRS = ['/tmp', '/var/tmp', '/run'];
  * /root, /srv, /mnt, /media, a /work or /data of the operator's) is hidden, and in /var what
  * daemons keep (their state, often their Unix sockets, and logs, spools and mail).
  */
-const SYSTEM_DIRS = new Set(['bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'usr', 'etc', 'opt', 'var', 'nix', 'snap']);
+const SYSTEM_DIRS = new Set([
+  'bin',
+  'sbin',
+  'lib',
+  'lib32',
+  'lib64',
+  'libx32',
+  'usr',
+  'etc',
+  'opt',
+  'var',
+  'nix',
+  'snap',
+]);
 const SYSTEM_MOUNTS = new Set(['dev', 'proc', 'sys', 'tmp', 'run']);
 const DAEMON_DIRS = ['/var/lib', '/var/log', '/var/spool', '/var/mail', '/var/backups'];
 
