@@ -15,7 +15,7 @@ function isolationLine(config: Config): string {
   const onPath = (cmd: string) => (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, cmd)));
   const missing = ['bwrap', 'socat'].filter((c) => !onPath(c));
   return missing.length === 0
-    ? 'isolated in namespaces of their own (bubblewrap)'
+    ? `isolated in namespaces of their own (bubblewrap${['x64', 'arm64'].includes(process.arch) ? ', with a seccomp filter' : ''})`
     : `cannot be isolated: ${missing.join(' and ')} not installed (apt-get install bubblewrap socat), so none is built; SANDBOX_ISOLATION=none runs them without isolation`;
 }
 

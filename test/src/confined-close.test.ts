@@ -39,9 +39,5 @@ t.test('a confined runtime gets SIGTERM and its time when it is closed', async (
   });
   t.match(runtime.sessionId, /^sess_/, 'the agent answered through the shell');
   await runtime.close();
-  t.equal(
-    readFileSync(join(dir, 'left.txt'), 'utf8'),
-    'tidied\n',
-    'its SIGTERM handler ran before the sandbox ended',
-  );
+  t.equal(readFileSync(join(dir, 'left.txt'), 'utf8'), 'tidied\n', 'its SIGTERM handler ran before the sandbox ended');
 });

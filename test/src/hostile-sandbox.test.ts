@@ -49,8 +49,7 @@ function processesWith(text: string): number[] {
  */
 async function startListeners(t: Test) {
   const counts = { tcp: 0, udp: 0, unix: 0 };
-  const answer = (s: Socket) =>
-    s.end('HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhost!');
+  const answer = (s: Socket) => s.end('HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhost!');
   const tcp = createServer((s) => {
     counts.tcp++;
     answer(s);
