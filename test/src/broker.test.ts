@@ -16,10 +16,9 @@ import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
+import { ranIn, replyOf, run64, turnSettled } from './scripted-turns.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const b64 = (s: string) => Buffer.from(s).toString('base64');
 
 /** Every file under `dir` that holds `text` (symbolic links not followed). */
 function filesHolding(dir: string, text: string): string[] {
@@ -134,25 +133,13 @@ t.test(
     ];
     const res = await http.post('/api/conversations', {
       token,
-      body: { agent_id: agent.id, vault_id: vault.id, prompt: lines.map((l) => `run64 ${b64(l)}`).join(' ') },
+      body: { agent_id: agent.id, vault_id: vault.id, prompt: run64(lines) },
     });
     t.equal(res.status, 201, JSON.stringify(res.body));
     const id = res.body.id as string;
-    for (let i = 0; i < 400; i++) {
-      const turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data;
-      if (turns[0]?.state && turns[0].state !== 'running') break;
-      await sleep(50);
-    }
-    const events = (await http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body
-      .data as WireEvent[];
-    const reply = events
-      .flatMap((e) => (e.stream === 'acp' ? (e.blocks ?? []) : []))
-      .filter((b) => b.kind === 'text')
-      .map((b) => b.body)
-      .join('');
-    const said = [...reply.matchAll(/run64 (\d+) => ([A-Za-z0-9+/=]+)\./g)].map(
-      (m) => JSON.parse(Buffer.from(m[2] as string, 'base64').toString('utf8')) as { code: number; out: string },
-    );
+    await turnSettled(http, token, id);
+    const { events, reply } = await replyOf(http, token, id);
+    const said = ranIn(reply);
     const log = () => `${JSON.stringify(events.filter((e) => e.stream !== 'acp'))}\n${runner.output}`;
     t.equal(said.length, lines.length, `every call ran\n${log()}`);
     const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);

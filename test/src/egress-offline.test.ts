@@ -13,17 +13,10 @@ import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { run64, turnSettled } from './scripted-turns.ts';
+import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const b64 = (s: string) => Buffer.from(s).toString('base64');
-
-async function until(check: () => boolean | Promise<boolean>, what: string, ms = 30_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(50);
-  }
-}
 
 t.test('a brokered call made while the runner is disconnected is in the egress log once it is back', async (t) => {
   const serverCa = await SandboxCa.create('test-server');
@@ -113,32 +106,27 @@ t.test('a brokered call made while the runner is disconnected is in the egress l
   const line = `while [ ! -e ${gate} ]; do sleep 0.05; done; curl -sS https://127.0.0.2:${apiPort}/v1/me -H "authorization: Bearer $API_TOKEN"`;
   const res = await http.post('/api/conversations', {
     token,
-    body: { agent_id: agent.id, vault_id: vault.id, prompt: `run64 ${b64(line)}` },
+    body: { agent_id: agent.id, vault_id: vault.id, prompt: run64([line]) },
   });
   t.equal(res.status, 201, JSON.stringify(res.body));
   const id = res.body.id as string;
-  await until(() => /turn \S+ of conversation \S+ started/.test(runner.output), 'the turn to start on the runner');
+  await until('the turn to start on the runner', () => /turn \S+ of conversation \S+ started/.test(runner.output));
 
   open = false;
   for (const link of links) link.destroy();
-  await until(() => /connection lost/.test(runner.output), 'the runner to notice');
+  await until('the runner to notice', () => /connection lost/.test(runner.output));
   writeFileSync(gate, '');
-  await until(() => calls === 1, 'the call to reach the bound host');
+  await until('the call to reach the bound host', () => calls === 1);
   // The proxy's row is made when the response ends; give it a moment while still cut off.
   await sleep(500);
   open = true;
 
-  let turn = '';
-  await until(async () => {
-    turn = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data[0]?.state ?? '';
-    return turn !== '' && turn !== 'running';
-  }, 'the turn to end');
-  t.equal(turn, 'done', runner.output);
+  t.equal(await turnSettled(http, token, id), 'done', runner.output);
   let rows: Record<string, unknown>[] = [];
-  await until(async () => {
+  await until('the egress row', async () => {
     rows = (await http.get(`/api/conversations/${id}/egress`, { token })).body.data;
     return rows.some((r) => r.host === '127.0.0.2');
-  }, 'the egress row').catch(() => {});
+  }).catch(() => {});
   t.match(
     rows.find((r) => r.host === '127.0.0.2'),
     { port: apiPort, binding_id: binding.body.id, status: 200, refused: false },

@@ -13,20 +13,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
-import { primaryBackend, signUp, startTestService, type TestService } from './harness.ts';
+import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { alive, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
+import { ranIn, replyOf, run64, turnSettled } from './scripted-turns.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const b64 = (s: string) => Buffer.from(s).toString('base64');
 const marker = (name: string) => `${name}-${Math.random().toString(36).slice(2)}`;
-
-/** What each `run64` of a reply said, in order. */
-function ran(reply: string): { code: number | null; out: string }[] {
-  return [...reply.matchAll(/run64 (\d+) => ([A-Za-z0-9+/=]+)\./g)].map(
-    (m) => JSON.parse(Buffer.from(m[2] as string, 'base64').toString('utf8')) as { code: number | null; out: string },
-  );
-}
 
 /** The pids of this machine's processes whose environment holds `text`. */
 function processesWith(text: string): number[] {
@@ -80,26 +73,6 @@ async function startListeners(t: Test) {
     for (const server of unix) server.close();
   });
   return { tcpPort: (tcp.address() as { port: number }).port, udpPort: udp.address().port, sockets, counts };
-}
-
-async function waitTurn(svc: TestService, token: string, id: string, done = (s: string) => s !== 'running') {
-  for (let i = 0; i < 600; i++) {
-    const turns = (await svc.http.get(`/api/conversations/${id}/turns`, { token })).body.data as { state: string }[];
-    if (turns[0] && done(turns[0].state)) return turns[0].state;
-    await sleep(50);
-  }
-  return 'timeout';
-}
-
-async function replyOf(svc: TestService, token: string, id: string) {
-  const events = (await svc.http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body
-    .data as WireEvent[];
-  const reply = events
-    .flatMap((e) => (e.stream === 'acp' ? (e.blocks ?? []) : []))
-    .filter((b) => b.kind === 'text')
-    .map((b) => b.body)
-    .join('');
-  return { events, reply };
 }
 
 for (const provider of ['local', 'runner'] as const) {
@@ -182,7 +155,7 @@ for (const provider of ['local', 'runner'] as const) {
       { env_vars: { VICTIM_ENV: envSecret }, setup_script: `echo ${marker('victim-file')} > victim.txt` },
       { VICTIM_VAULT: vaultSecret },
     );
-    t.equal(await waitTurn(svc, victim.key, victimConv.id), 'done', 'the victim’s turn answered and keeps talking');
+    t.equal(await turnSettled(http, victim.key, victimConv.id), 'done', 'the victim’s turn answered and keeps talking');
     const victimDir = sandboxDirOf(victim.accountId, victimConv.sandboxId);
     t.ok(readFileSync(join(victimDir, 'victim.txt'), 'utf8').startsWith('victim-file'), 'the victim’s file is there');
 
@@ -222,12 +195,12 @@ for (const provider of ['local', 'runner'] as const) {
         `perl -e 'my $r = syscall(${process.arch === 'arm64' ? 219 : 250}, 0, -3, 0); print "keyctl $r $!\\n"; my $p = "\\0" x 120; $r = syscall(425, 1, $p); print "io_uring $r $!\\n"'`,
       ],
     ];
-    const attack = await launch(attacker, attacks.map(([, line]) => `run64 ${b64(line)}`).join(' '), {
+    const attack = await launch(attacker, run64(attacks.map(([, line]) => line)), {
       env_vars: { HOSTILE_MARK: mark },
     });
-    t.equal(await waitTurn(svc, attacker.key, attack.id), 'done');
-    const { reply, events } = await replyOf(svc, attacker.key, attack.id);
-    const said = ran(reply);
+    t.equal(await turnSettled(http, attacker.key, attack.id), 'done');
+    const { reply, events } = await replyOf(http, attacker.key, attack.id);
+    const said = ranIn(reply);
     t.equal(
       said.length,
       attacks.length,

@@ -8,9 +8,7 @@ import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+import { ranIn, replyOf, run64, turnSettled } from './scripted-turns.ts';
 
 t.test('scopes', async (t) => {
   const model = await startFakeProvider();
@@ -81,25 +79,13 @@ t.test('scopes', async (t) => {
       body: {
         agent_id: agent.id,
         vault_id: own,
-        prompt: lines.map((l) => `run64 ${Buffer.from(l).toString('base64')}`).join(' '),
+        prompt: run64(lines),
       },
     });
     t.equal(res.status, 201, JSON.stringify(res.body));
-    for (let i = 0; i < 400; i++) {
-      const turns = (await http.get(`/api/conversations/${res.body.id}/turns`, { token: full })).body.data;
-      if (turns[0]?.state !== 'running') break;
-      await sleep(50);
-    }
-    const events = (await http.get(`/api/conversations/${res.body.id}/events?limit=1000&blocks=true`, { token: full }))
-      .body.data as WireEvent[];
-    const reply = events
-      .flatMap((e) => (e.stream === 'acp' ? (e.blocks ?? []) : []))
-      .filter((b) => b.kind === 'text')
-      .map((b) => b.body)
-      .join('');
-    const said = [...reply.matchAll(/run64 (\d+) => ([A-Za-z0-9+/=]+)\./g)].map((m) =>
-      JSON.parse(JSON.parse(Buffer.from(m[2] as string, 'base64').toString('utf8')).out),
-    );
+    await turnSettled(http, full, res.body.id);
+    const { reply } = await replyOf(http, full, res.body.id);
+    const said = ranIn(reply).map((r) => JSON.parse(r.out));
     t.match(said[0], { error: 'forbidden', message: /parent’s vault/ }, `another vault is refused: ${reply}`);
     t.match(said[1], { id: /^cnv_/ }, 'without one, the child is made');
     const child = (await http.get(`/api/conversations/${said[1]?.id}`, { token: full })).body;
