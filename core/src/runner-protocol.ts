@@ -45,7 +45,13 @@ export const RunnerHello = z.object({
   /** The directory sandboxes live under (`--root`). */
   root: z.string().min(1).max(4096),
   capabilities: z.array(z.string().max(64)).max(64),
+  /** The sandboxes this process holds (built, and their runtimes its own). */
   sandboxes: z.array(SandboxHeld).max(10_000),
+  /**
+   * The sandboxes whose directories are under its root but that it does not hold (an earlier
+   * process of the runner built them): each can be woken on its kept disk.
+   */
+  kept: z.array(z.string().min(1).max(64)).max(10_000).optional(),
 });
 
 export const RunnerHeartbeat = z.object({ t: z.literal('heartbeat') });

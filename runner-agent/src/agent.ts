@@ -21,7 +21,7 @@ import { Isolation, type IsolationMode } from './isolation.ts';
 import { type RunAs, RunnerEgress } from './network.ts';
 import { OutputLog, type OutputLogOptions } from './output.ts';
 import { type RuntimeCommands, withLocalRuntimeCommand } from './runtime-commands.ts';
-import { buildSandbox, type Sandbox, sandboxDir } from './sandbox.ts';
+import { buildSandbox, type Sandbox, sandboxDir, sandboxesOnDisk } from './sandbox.ts';
 import { recoverSpool } from './spool.ts';
 import { type TurnReport, Turns } from './turns.ts';
 
@@ -288,6 +288,10 @@ export class RunnerAgent {
         root: this.options.root,
         capabilities: [],
         sandboxes: [...this.sandboxes.values()].map((b) => ({ id: b.id, incarnation: b.incarnation })),
+        // What an earlier process built: the service wakes them on their kept disk when asked.
+        kept: sandboxesOnDisk(this.options.root)
+          .filter((id) => !this.building.has(id))
+          .slice(0, 10_000),
       });
     });
     ws.on('message', (data, isBinary) => {

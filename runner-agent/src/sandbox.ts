@@ -1,3 +1,4 @@
+import { readdirSync } from 'node:fs';
 import { chmod, chown, lchown, mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, relative, sep } from 'node:path';
 import type { BrokerBinding, RunnerEvent } from '@svc/core';
@@ -117,6 +118,17 @@ export function sandboxEnv(
 /** The directory a sandbox lives in under the runner's root. */
 export function sandboxDir(root: string, id: string): string {
   return join(root, 'sandboxes', id);
+}
+
+/** The ids of the sandbox directories under the runner's root (none when it has none yet). */
+export function sandboxesOnDisk(root: string): string[] {
+  try {
+    return readdirSync(join(root, 'sandboxes'), { withFileTypes: true })
+      .filter((d) => d.isDirectory() && /^[A-Za-z0-9_-]{1,64}$/.test(d.name))
+      .map((d) => d.name);
+  } catch {
+    return [];
+  }
 }
 
 /**

@@ -32,7 +32,8 @@ export function turnSettled(http: Client, token: string, conversationId: string,
       const turns = (await http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data as {
         state: string;
       }[];
-      const state = turns[0]?.state;
+      // Oldest first: the latest is the last.
+      const state = turns.at(-1)?.state;
       return state && state !== 'running' ? state : undefined;
     },
     timeoutMs,

@@ -278,3 +278,36 @@ export async function statusForShare(tx: Sql, id: string): Promise<SandboxStatus
   const rows = await tx<{ status: SandboxStatus }[]>`SELECT status FROM sandboxes WHERE id = ${id} FOR SHARE`;
   return rows[0]?.status;
 }
+
+/**
+ * A runner connected holding `held`: each of its built, `ready` sandboxes it does not hold
+ * (an earlier process of it built them and is gone, with their runtimes) moves to `suspended`
+ * when its directory is still under the runner's root (`kept`: the next prompt wakes it there,
+ * so `runner_id` stays), else to `failed`. Returns each sandbox moved (as it is now) and its
+ * live (not terminated) conversations.
+ */
+export async function settleUnheld(
+  sql: Sql,
+  runnerId: string,
+  held: string[],
+  kept: string[],
+): Promise<{ row: SandboxRow; conversations: string[] }[]> {
+  return transaction(sql, async (tx) => {
+    const rows = await tx<SandboxRow[]>`
+      SELECT * FROM sandboxes
+      WHERE runner_id = ${runnerId} AND status = 'ready' AND coalesce(built_incarnation, -1) >= incarnation
+        AND id <> ALL(${held}::text[])
+      ORDER BY id FOR UPDATE`;
+    const moved: { row: SandboxRow; conversations: string[] }[] = [];
+    for (const row of rows) {
+      const status: SandboxStatus = kept.includes(row.id) ? 'suspended' : 'failed';
+      const [now] = await tx<SandboxRow[]>`
+        UPDATE sandboxes SET status = ${status}, updated_at = now() WHERE id = ${row.id} RETURNING *`;
+      const on = await tx<{ id: string }[]>`
+        SELECT id FROM conversations
+        WHERE account_id = ${row.account_id} AND sandbox_id = ${row.id} AND status <> 'terminated' ORDER BY id`;
+      moved.push({ row: now as SandboxRow, conversations: on.map((c) => c.id) });
+    }
+    return moved;
+  });
+}

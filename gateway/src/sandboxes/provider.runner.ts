@@ -6,7 +6,8 @@ import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 /**
  * The `runner` sandbox provider: sandboxes live on the tenant's own connected runners
  * (`svc-runner`), which build and destroy machines themselves when the fabric tells them to.
- * It never starts or stops a machine, and never suspends one. A runner may be connected to any
+ * It never starts or stops a machine, and never suspends an idle one; a sandbox its runner
+ * came back without (a restart) is suspended on its kept disk and woken there. A runner may be connected to any
  * node, so presence is read as GET /api/runners shows it (connected, heard from lately).
  */
 export function runnerProvider(deps: {
@@ -45,11 +46,11 @@ export function runnerProvider(deps: {
     // The runner placed on builds the machine when told `sandbox.create`.
     create: async (sandbox) => held(sandbox),
     adopt: async (sandbox) => held(sandbox),
-    async wake() {
-      throw new ApiError('runner_offline', 'Sandboxes on a runner are never suspended, so never woken.');
-    },
+    // A sandbox its runner no longer held when it connected (it restarted) is woken there,
+    // on the disk it kept (`sandbox.create` with `adopt`).
+    wake: async (sandbox) => held(sandbox),
     async suspend() {
-      throw new Error('sandboxes on a runner are never suspended');
+      throw new Error('the service does not suspend sandboxes on a runner');
     },
     // The runner removed the machine when told `sandbox.destroy`; nothing is held here.
     async destroy() {},

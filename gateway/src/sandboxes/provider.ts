@@ -35,8 +35,9 @@ export interface SandboxProvider {
   /** The name stored on the sandbox and named by an agent's `sandbox_provider`. */
   readonly name: string;
   /**
-   * Whether its machines can be suspended (runner-agent stopped, disk kept) and woken. A
-   * provider that cannot never sees a `suspended` sandbox.
+   * Whether the service suspends its idle machines (runner-agent stopped, disk kept). A
+   * sandbox of any provider is also suspended when its runner comes back without its machine
+   * but with its directory (a restart of the runner), and is woken by `wake`.
    */
   readonly suspends: boolean;
   /** Whether a sandbox's wire shape names the tenant runner it lives on (`runner`). */
@@ -72,8 +73,8 @@ export interface SandboxProvider {
   adopt(sandbox: SandboxRef): Promise<string>;
   /**
    * Starts a suspended sandbox's machine again on its kept disk: resolves to the connected
-   * runner that then adopts it (`sandbox.create` with `adopt`). Rejects for a provider that
-   * does not suspend.
+   * runner that then adopts it (`sandbox.create` with `adopt`): a new machine of the provider's
+   * own, or the runner the disk is on (503 `runner_offline` when it has none).
    */
   wake(sandbox: SandboxRef): Promise<string>;
   /**

@@ -32,7 +32,8 @@ export async function machineOf(
   const provider = deps.providers.of(sandbox.provider);
   const health = await provider.health(sandbox);
   const unbuilt = unbuiltMachine(sandbox);
-  const asleep = provider.suspends && sandbox.status === 'suspended';
+  // Suspended by the idle worker, or by its runner's restart: its disk is kept, it is woken.
+  const asleep = sandbox.status === 'suspended';
   const gone =
     unbuilt || sandbox.status === 'failed' || sandbox.status === 'terminated' || (health === 'lost' && !asleep);
   let runnerId = sandbox.runner_id;
@@ -68,7 +69,14 @@ export async function claimMachine(
     }
   }
   if (machine.gone || asleep) {
-    const rebuilt = await sandboxes.rebuild(tx, row.id, asleep ? null : machine.runnerId, row.status, !machine.unbuilt);
+    // Asleep, it keeps the runner its disk is on (none for a machine the provider starts itself).
+    const rebuilt = await sandboxes.rebuild(
+      tx,
+      row.id,
+      asleep ? row.runner_id : machine.runnerId,
+      row.status,
+      !machine.unbuilt,
+    );
     if (!rebuilt) throw new ApiError('provisioning', 'The sandbox is being built again; try again shortly.');
     row = rebuilt;
   }

@@ -1,5 +1,5 @@
 import { ApiError, SANDBOX_STATUSES } from '@svc/core';
-import { admin, type Sql, sandboxes } from '@svc/db';
+import { admin, outbox, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
@@ -272,4 +272,43 @@ export async function checkCapacity(tx: Sql, accountId: string, limits: SandboxL
  */
 export async function sandboxBuilt(sql: Sql, id: string, incarnation: number, ok: boolean): Promise<boolean> {
   return ok ? sandboxes.markBuilt(sql, id, incarnation) : sandboxes.markBuildFailed(sql, id, incarnation);
+}
+
+/** What a conversation hears when its sandbox's runner came back without its machine. */
+const AFTER_RUNNER_RESTART = {
+  kept: JSON.stringify({
+    reason: 'the runner restarted, and its runtimes with it',
+    disk: 'kept',
+    wake: 'the next prompt wakes it (stage reattach); its runtime session starts afresh',
+  }),
+  gone: 'The runner restarted without this sandbox: its directory is gone from the runner. The next prompt builds it again from the start (a new incarnation, on an empty disk).',
+};
+
+/**
+ * A runner connected holding `held`, with the directories of `kept` under its root: its
+ * sandboxes it no longer holds (a restart lost their machines) are settled
+ * (sandboxes.settleUnheld), and each live conversation on one hears what comes next: a kept
+ * one is woken by the next prompt (stage `suspend` done), one whose directory is gone is built
+ * again by it (stage `reattach` failed, and the sandbox is `failed` at once).
+ */
+export async function settleRunnerSandboxes(sql: Sql, runnerId: string, held: string[], kept: string[]): Promise<void> {
+  for (const { row, conversations } of await sandboxes.settleUnheld(sql, runnerId, held, kept)) {
+    if (conversations.length === 0) continue;
+    const asleep = row.status === 'suspended';
+    await sql.begin((tx) =>
+      outbox.enqueue(
+        tx as unknown as Sql,
+        row.account_id,
+        conversations.map((conversationId) => ({
+          conversationId,
+          turnId: null,
+          kind: 'stage',
+          stream: 'stage',
+          stage: asleep ? 'suspend' : 'reattach',
+          state: asleep ? 'done' : 'failed',
+          data: asleep ? AFTER_RUNNER_RESTART.kept : AFTER_RUNNER_RESTART.gone,
+        })),
+      ),
+    );
+  }
 }

@@ -1,0 +1,84 @@
+/**
+ * `systemctl restart svc-runner`: a runner stopped with SIGTERM and started again with the same
+ * token and `--root` keeps its conversations. The sandboxes it finds under its root are woken
+ * on the next prompt (stage `reattach`, a fresh runtime session, the disk as it was); one whose
+ * directory is gone is shown `failed` at once, and its conversation says what happens next.
+ */
+import { existsSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { primaryBackend, signUp, startTestService } from './harness.ts';
+import { claudeOnRunner, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { ranIn, replyOf, run64, turnSettled } from './scripted-turns.ts';
+import type { WireEvent } from './sse-client.ts';
+import { until } from './until.ts';
+
+t.test('a runner restarted with the same token and root keeps its conversations', async (t) => {
+  const svc = await startTestService(t, {
+    backend: primaryBackend(),
+    env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND },
+  });
+  const { http } = svc;
+  const { key: token } = await signUp(svc);
+  const { agent, runnerRow, runner } = await claudeOnRunner(t, svc, token);
+  const launch = async () => {
+    const res = await http.post('/api/conversations', {
+      token,
+      body: { agent_id: agent.id, prompt: run64(['echo on-disk > kept.txt']) },
+    });
+    t.equal(res.status, 201, res.text);
+    t.equal(await turnSettled(http, token, res.body.id), 'done');
+    const sandboxId = (await http.get(`/api/conversations/${res.body.id}`, { token })).body.sandbox_id as string;
+    return { id: res.body.id as string, sandboxId, dir: join(runner.root, 'sandboxes', sandboxId) };
+  };
+  const kept = await launch();
+  const lost = await launch();
+  t.ok(existsSync(kept.dir) && existsSync(lost.dir), 'both sandboxes are on the runner’s disk');
+
+  // The restart: SIGTERM, then one directory removed while it is down, then a start.
+  runner.child.kill('SIGTERM');
+  await new Promise((resolve) => runner.child.once('exit', resolve));
+  rmSync(lost.dir, { recursive: true, force: true });
+  const again = await startRunnerProcess(t, svc.url, runnerRow.token, [], { root: runner.root });
+  t.match(again.output, /connected as runner/);
+
+  const sandbox = (id: string) => http.get(`/api/sandboxes/${id}`, { token }).then((r) => r.body);
+  t.equal(
+    await until(
+      'the lost sandbox to be failed',
+      async () => (await sandbox(lost.sandboxId)).status === 'failed' || undefined,
+    ),
+    true,
+    'the sandbox whose directory is gone is failed at once',
+  );
+  const lostEvents = (await http.get(`/api/conversations/${lost.id}/events?limit=1000`, { token })).body
+    .data as WireEvent[];
+  t.match(
+    lostEvents.at(-1),
+    { kind: 'stage', stage: 'reattach', state: 'failed', data: /directory is gone.*next prompt builds it again/s },
+    'and its conversation says what happens next',
+  );
+  t.equal((await sandbox(kept.sandboxId)).status, 'suspended', 'the kept one waits to be woken');
+
+  const before = (await http.get(`/api/conversations/${kept.id}/events?limit=1000`, { token })).body.data.length;
+  const prompt = await http.post(`/api/conversations/${kept.id}/prompts`, {
+    token,
+    body: { prompt: run64(['cat kept.txt']) },
+  });
+  t.equal(prompt.status, 201, prompt.text);
+  t.equal(await turnSettled(http, token, kept.id), 'done', again.output);
+  const events = (
+    (await http.get(`/api/conversations/${kept.id}/events?limit=1000`, { token })).body.data as WireEvent[]
+  ).slice(before);
+  const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
+  t.ok(stages.includes('reattach done'), `woken through stage reattach: ${stages}`);
+  t.notOk(stages.includes('setup started'), 'not built again');
+  t.equal((await sandbox(kept.sandboxId)).status, 'ready');
+  const said = ranIn((await replyOf(http, token, kept.id)).reply);
+  t.equal(said.at(-1)?.out, 'on-disk\n', 'on the disk it had');
+
+  const retry = await http.post(`/api/conversations/${lost.id}/prompts`, { token, body: { prompt: 'from scratch' } });
+  t.equal(retry.status, 201, retry.text);
+  t.equal(await turnSettled(http, token, lost.id), 'done', 'the lost one is built again by its next prompt');
+  t.ok(existsSync(lost.dir), 'in a new directory');
+});
