@@ -17,7 +17,10 @@ export const RUNNER_CONNECT_PATH = '/api/runners/connect';
  * The runner-agent prints what each means and whether it will try again.
  */
 export const RUNNER_CLOSE = {
-  /** A newer connection with the same token took over; this one must not come back. */
+  /**
+   * Another connection with the same token took over (this one had gone silent, or it is the
+   * same process's older one): the runner waits and tries again, as for `taken`.
+   */
   replaced: 4001,
   /** The owner deleted the runner: its token no longer works. */
   revoked: 4002,
@@ -27,6 +30,11 @@ export const RUNNER_CLOSE = {
   unsupported_protocol: 4004,
   /** No hello within the time allowed after connecting. */
   hello_timeout: 4005,
+  /**
+   * Another process holds a live connection with this runner token (heard from within the
+   * grace): this one is refused, and waits and tries again until that one has gone.
+   */
+  taken: 4006,
   /** The service is shutting down; reconnect (to another node). */
   going_away: 1001,
 } as const;

@@ -35,6 +35,9 @@ export const AGENT_VERSION = (
  */
 const EGRESS_ROWS_HELD = 5000;
 
+/** How long a runner whose token another live process holds waits between tries (about). */
+const TAKEN_RETRY_MS = 5000;
+
 export interface AgentOptions {
   /** The service's base URL (http(s)://, or ws(s)://). */
   url: string;
@@ -81,7 +84,7 @@ export type AgentEvent =
   | { type: 'stopped'; reason: AgentStop; message: string };
 
 /** Why the agent stopped for good (each is an exit code of the CLI). */
-export type AgentStop = 'bad_url' | 'bad_token' | 'unreachable' | 'revoked' | 'replaced' | 'refused' | 'closed';
+export type AgentStop = 'bad_url' | 'bad_token' | 'unreachable' | 'revoked' | 'refused' | 'closed';
 
 /** The WebSocket URL of the runner endpoint under a base URL; throws on anything else. */
 export function connectUrl(base: string): string {
@@ -118,9 +121,10 @@ const DESTROY_WAIT_MS = 10_000;
 /**
  * The runner's connection to the service: connects out, says hello, keeps heartbeats, and
  * reconnects with exponential backoff and jitter after a connection that had been accepted
- * drops. It stops for good, with a reason, when the service refuses the token, the runner is
- * deleted or replaced, or the very first connection cannot be made (a wrong URL should fail
- * loudly, not retry forever).
+ * drops. While another process holds a live connection with the same token it waits, trying
+ * again every 5 s or so (one token serves one machine; the one connected keeps it). It stops
+ * for good, with a reason, when the service refuses the token, the runner is deleted, or the
+ * very first connection cannot be made (a wrong URL should fail loudly, not retry forever).
  */
 export class RunnerAgent {
   readonly instance = randomBytes(12).toString('hex');
@@ -355,7 +359,10 @@ export class RunnerAgent {
       if (this.stopping || this.ws !== ws || handled) return;
       const reason = reasonBuffer.toString() || failure || (code === 1006 ? 'closed without a close frame' : '');
       if (code === RUNNER_CLOSE.revoked) return this.end('revoked', reason || 'this runner was deleted');
-      if (code === RUNNER_CLOSE.replaced) return this.end('replaced', reason || 'another connection took over');
+      if (code === RUNNER_CLOSE.taken || code === RUNNER_CLOSE.replaced) {
+        // One token serves one machine: while another process holds it, this one waits.
+        return this.scheduleReconnect(code, reason || 'another connection holds this runner token', TAKEN_RETRY_MS);
+      }
       if (code === RUNNER_CLOSE.unsupported_protocol || code === RUNNER_CLOSE.protocol_error) {
         return this.end('refused', reason || `closed with ${code}`);
       }
@@ -544,12 +551,15 @@ export class RunnerAgent {
     }, 100);
   }
 
-  private scheduleReconnect(code: number, reason: string): void {
+  /** Reconnects after a backoff that grows with the attempts, or after about `fixedMs`. */
+  private scheduleReconnect(code: number, reason: string, fixedMs?: number): void {
     if (this.stopping) return;
     const { first, max } = this.options.backoffMs ?? { first: 500, max: 30_000 };
     // Full jitter: a fleet of runners cut off at once does not come back at once.
     const ceiling = Math.min(max, first * 2 ** Math.min(this.attempt, 16));
-    const delay = Math.round(first / 2 + Math.random() * ceiling);
+    const delay = Math.round(
+      fixedMs !== undefined ? fixedMs * (0.75 + Math.random() / 2) : first / 2 + Math.random() * ceiling,
+    );
     this.report({ type: 'disconnected', code, reason, retryInMs: delay });
     this.retry = setTimeout(() => this.connect(), delay);
   }

@@ -24,7 +24,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { MCP_BRIDGE_COMMAND } from '@svc/core';
+import { MCP_BRIDGE_COMMAND, RUNNER_CLOSE } from '@svc/core';
 import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import { ISOLATION_MODES, Isolation, type IsolationMode } from './isolation.ts';
 import { runMcpBridge } from './mcp-bridge.ts';
@@ -34,7 +34,11 @@ import { runtimeCommandsFrom } from './runtime-commands.ts';
 // `svc-runner mcp-bridge <url>`: what a runtime without HTTP MCP runs as its stdio server.
 if (process.argv[2] === MCP_BRIDGE_COMMAND) await runMcpBridge(process.argv.slice(3));
 
-/** Exit codes: 0 stopped by a signal; the rest say why it could not go on. */
+/**
+ * Exit codes: 0 stopped by a signal; the rest say why it could not go on. (7 was "another
+ * process took the token over": a runner whose token another live process holds now waits
+ * and tries again instead.)
+ */
 export const EXIT: Record<AgentStop | 'usage', number> = {
   closed: 0,
   usage: 2,
@@ -42,7 +46,6 @@ export const EXIT: Record<AgentStop | 'usage', number> = {
   unreachable: 4,
   bad_token: 5,
   revoked: 6,
-  replaced: 7,
   refused: 8,
 };
 
@@ -217,6 +220,12 @@ const agent = new RunnerAgent(options, (e) => {
       );
       break;
     case 'disconnected':
+      if (e.code === RUNNER_CLOSE.taken || e.code === RUNNER_CLOSE.replaced) {
+        say(
+          `waiting: ${e.reason}; one token serves one machine, and the one connected keeps it; trying again in ${(e.retryInMs / 1000).toFixed(1)} s`,
+        );
+        break;
+      }
       say(
         `connection lost (${e.code}${e.reason ? `: ${e.reason}` : ''}); trying again in ${(e.retryInMs / 1000).toFixed(1)} s`,
       );
@@ -264,7 +273,6 @@ if (reason === 'closed') {
 const advice: Partial<Record<AgentStop, string>> = {
   bad_token: 'check the token; a deleted runner’s token stops working',
   revoked: 'the owner deleted this runner; create a new one to connect again',
-  replaced: 'another svc-runner started with this token; one token serves one machine',
   unreachable: 'check --url and that the service is running',
 };
 fail(EXIT[reason], `${message}${advice[reason] ? ` (${advice[reason]})` : ''}`);

@@ -109,11 +109,21 @@ for (const { backend, edge } of transportSetups()) {
       t.equal((await svc.http.get('/api/runners', { token: me.key })).body.data[0].online, true);
     });
 
-    t.test('a second svc-runner with the same token replaces the first, which stops saying why', async (t) => {
-      const second = start(['--url', svc.url, '--token', token, '--root', root]);
+    t.test('a second svc-runner with the same token waits while the first is connected, then takes over', async (t) => {
+      const second = start(['--url', svc.url, '--token', token, '--root', join(root, 'second')]);
+      t.ok(
+        await second.saw(
+          /waiting: another svc-runner on \S+ is connected with this runner token; one token serves one machine/,
+        ),
+        second.out() + second.err(),
+      );
+      t.ok(svc.fabric.isLive(id), 'the first stays connected');
+      t.notMatch(first.out() + first.err(), /connection lost \(4001/, 'and was never cut off');
+      t.equal(first.child.exitCode, null, 'and runs on');
+      first.child.kill('SIGTERM');
+      t.equal(await within(first.exited, 10_000), 0, 'the first stops when told to');
       t.ok(await second.saw(/connected as runner rnr_\w+ \(connection 4\)/), second.out() + second.err());
-      t.equal(await within(first.exited, 10_000), 7, 'the first exits with code 7');
-      t.match(first.err(), /another connection with this runner token took over.*one token serves one machine/);
+      t.equal(second.child.exitCode, null, 'the second took over, without exiting in between');
 
       const deleted = await svc.http.delete(`/api/runners/${id}`, { token: me.key });
       t.equal(deleted.status, 204);

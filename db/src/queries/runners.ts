@@ -81,12 +81,29 @@ export interface ConnectionChange {
   kind: 'self' | 'local';
 }
 
-/** Records an accepted connection with a new epoch (one more than the last). */
+/** The live connection of another process that keeps a runner's token (see `connected`). */
+export interface TokenTaken {
+  taken: { hostname: string | null; instance: string | null };
+}
+
+/**
+ * Records an accepted connection with a new epoch (one more than the last). Refused, with
+ * who holds it, while another process's connection is recorded connected and was heard from
+ * within `liveWithinMs`: the token serves one machine, and the one connected keeps it. Inside
+ * a transaction (the row is locked).
+ */
 export async function connected(
   sql: Sql,
   id: string,
   hello: { hostname: string; path: string; version: string; instance: string },
-): Promise<ConnectionChange | undefined> {
+  liveWithinMs: number,
+): Promise<ConnectionChange | TokenTaken | undefined> {
+  const [held] = await sql<{ hostname: string | null; instance: string | null }[]>`
+    SELECT hostname, instance FROM runners
+    WHERE id = ${id} AND connected AND instance IS DISTINCT FROM ${hello.instance}
+      AND last_seen_at > now() - make_interval(secs => ${liveWithinMs / 1000})
+    FOR UPDATE`;
+  if (held) return { taken: held };
   const rows = await sql<ConnectionChange[]>`
     UPDATE runners SET hostname = ${hello.hostname}, path = ${hello.path}, version = ${hello.version},
       instance = ${hello.instance}, epoch = epoch + 1, connected = true, last_seen_at = now()

@@ -369,12 +369,21 @@ export class RunnerFabric {
           this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'held sandboxes not settled'),
         );
     }
-    const epoch = await recordConnected(this.deps.sql, s.runnerId, {
-      hostname: hello.hostname,
-      path: hello.root,
-      version: hello.version,
-      instance: hello.instance,
-    });
+    const recorded = await recordConnected(
+      this.deps.sql,
+      s.runnerId,
+      { hostname: hello.hostname, path: hello.root, version: hello.version, instance: hello.instance },
+      this.options.silenceMs,
+    );
+    if (typeof recorded === 'object') {
+      // The token serves one machine: the process connected keeps it; this one waits.
+      return this.close(
+        s,
+        RUNNER_CLOSE.taken,
+        `another svc-runner${recorded.taken.hostname ? ` on ${recorded.taken.hostname}` : ''} is connected with this runner token`,
+      );
+    }
+    const epoch = recorded;
     if (s.closed) {
       if (epoch !== undefined) await recordDisconnected(this.deps.sql, s.runnerId, epoch);
       return;
@@ -384,11 +393,11 @@ export class RunnerFabric {
     const previous = this.live.get(s.runnerId);
     this.live.set(s.runnerId, s);
     if (previous && previous !== s) {
+      // The same process's older connection, or another's that went silent past the grace.
       if (previous.instance !== s.instance) {
-        // Two processes with one token would take turns forever; the older one is told to stop.
         this.deps.logger.warn(
           { runner: s.runnerId, old: previous.instance, new: s.instance },
-          'two runner-agent processes use one runner token; the older connection is closed',
+          'a runner token’s silent connection was taken over by another process',
         );
       }
       this.close(previous, RUNNER_CLOSE.replaced, 'another connection with this runner token took over');

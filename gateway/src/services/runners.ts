@@ -80,15 +80,19 @@ async function tellOwner(tx: Sql, change: runners.ConnectionChange | undefined):
 
 /**
  * Records an accepted connection of the runner with a new epoch, and the owner's `team` event
- * in the same transaction. Returns the epoch; undefined when the runner was deleted.
+ * in the same transaction. Returns the epoch; who holds the token when another process's
+ * connection is live (heard from within `liveWithinMs`: nothing is recorded then); undefined
+ * when the runner was deleted.
  */
 export async function recordConnected(
   sql: Sql,
   runnerId: string,
   hello: Parameters<typeof runners.connected>[2],
-): Promise<number | undefined> {
+  liveWithinMs: number,
+): Promise<number | runners.TokenTaken | undefined> {
   return transaction(sql, async (tx) => {
-    const change = await runners.connected(tx, runnerId, hello);
+    const change = await runners.connected(tx, runnerId, hello, liveWithinMs);
+    if (change && 'taken' in change) return change;
     await tellOwner(tx, change);
     return change?.epoch;
   });
