@@ -41,7 +41,7 @@ for (const backend of backends()) {
       });
       const { http } = svc;
       const token = (await signUp(svc)).key;
-      const { agent, runner } = await claudeOnRunner(t, svc, token);
+      const { agent, runner, runnerRow } = await claudeOnRunner(t, svc, token);
       const added = await http.post('/api/team', { token, body: { agent_id: agent.id } });
       t.equal(added.status, 201, added.text);
       const mate = async () => (await http.get(`/api/team/${agent.id}`, { token })).body;
@@ -63,6 +63,21 @@ for (const backend of backends()) {
       t.equal(res.status, 503);
       t.equal(res.body.error, 'runner_offline');
       t.equal((await mate()).last_turn.prompt, 'hi', 'nothing recorded');
+
+      // Deleted, the runner is not coming back: the answer says so at once, not "retry".
+      t.equal((await http.delete(`/api/runners/${runnerRow.id}`, { token })).status, 204);
+      const gone = await http.post(`/api/team/${agent.id}/messages`, { token, body: { prompt: 'anyone?' } });
+      t.equal(gone.status, 409, gone.text);
+      t.equal(gone.body.error, 'no_runner_online');
+      t.notOk(gone.headers.get('retry-after'), 'no Retry-After');
+      t.equal((await mate()).last_turn.prompt, 'hi', 'nothing recorded');
+      const events = (await http.get(`/api/conversations/${added.body.conversation.id}/events?limit=1000`, { token }))
+        .body.data as { stage?: string; state?: string; data?: string }[];
+      t.match(
+        events.at(-1),
+        { stage: 'reattach', state: 'failed', data: /runner was deleted.*next prompt builds it again/ },
+        'its conversation says what happened and what comes next',
+      );
     },
   );
 }

@@ -311,3 +311,22 @@ export async function settleUnheld(
     return moved;
   });
 }
+
+/**
+ * The runner is being deleted (inside that transaction): its sandboxes that hold or will hold
+ * a machine there move to `failed`, since that machine is gone for good. Returns each moved
+ * and its live (not terminated) conversations.
+ */
+export async function failOnRunner(tx: Sql, runnerId: string): Promise<{ row: SandboxRow; conversations: string[] }[]> {
+  const rows = await tx<SandboxRow[]>`
+    UPDATE sandboxes SET status = 'failed', updated_at = now()
+    WHERE runner_id = ${runnerId} AND status IN ('provisioning', 'ready', 'suspended') RETURNING *`;
+  const moved: { row: SandboxRow; conversations: string[] }[] = [];
+  for (const row of rows) {
+    const on = await tx<{ id: string }[]>`
+      SELECT id FROM conversations
+      WHERE account_id = ${row.account_id} AND sandbox_id = ${row.id} AND status <> 'terminated' ORDER BY id`;
+    moved.push({ row, conversations: on.map((c) => c.id) });
+  }
+  return moved;
+}

@@ -1,5 +1,5 @@
 import { newId, orNotFound, RUNNER_CLOSE } from '@svc/core';
-import { outbox, runners, type Sql, transaction } from '@svc/db';
+import { outbox, runners, type Sql, sandboxes, transaction } from '@svc/db';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
@@ -51,7 +51,9 @@ export async function createRunner(sql: Sql, who: ActorRef, name: string) {
 /**
  * Deletes the runner (its token stops working) and closes its connection on whichever node
  * holds it (`fabric.disconnectEverywhere`). A runner deleted while connected drops: its owner's
- * `team` event is written with the delete (the closed connection finds no row to change).
+ * `team` event is written with the delete (the closed connection finds no row to change). Its
+ * sandboxes are `failed` with it, and each live conversation on one hears so (stage `reattach`
+ * failed).
  */
 export async function deleteRunner(
   sql: Sql,
@@ -60,12 +62,35 @@ export async function deleteRunner(
   id: string,
 ) {
   await transaction(sql, async (tx) => {
+    // Its sandboxes' machines go with it: their next prompt builds them on another runner, or
+    // is 409 `no_runner_online` at once, not 503 for ever.
+    const failed = await sandboxes.failOnRunner(tx, id);
     const deleted = orNotFound(await runners.deleteRunner(tx, who.accountId, id), 'Runner');
     if (deleted.connected) await outbox.enqueue(tx, who.accountId, [changed('team')]);
+    for (const { row, conversations } of failed) {
+      if (conversations.length === 0) continue;
+      await outbox.enqueue(
+        tx,
+        row.account_id,
+        conversations.map((conversationId) => ({
+          conversationId,
+          turnId: null,
+          kind: 'stage',
+          stream: 'stage',
+          stage: 'reattach',
+          state: 'failed',
+          data: RUNNER_DELETED,
+        })),
+      );
+    }
   });
   await fabric.disconnectEverywhere({ runnerId: id }, RUNNER_CLOSE.revoked, 'this runner was deleted by its owner');
   await recordAudit(sql, who, 'runner.deleted', { type: 'runner', id });
 }
+
+/** What a conversation hears when its sandbox's runner is deleted. */
+const RUNNER_DELETED =
+  'Its runner was deleted, and the sandbox with it. The next prompt builds it again from the start on another runner of the account (409 no_runner_online while none is online).';
 
 /** How many silent runners one presence pass records gone at most; the next pass takes the rest. */
 const SILENT_BATCH = 100;
