@@ -72,6 +72,12 @@ const RUNTIMES: Record<string, { provider: string; credentials: string; baseUrl:
 export interface RuntimeIdentity {
   runtime?: string | undefined;
   command?: string | undefined;
+  /**
+   * Whose RUNTIME_<NAME>_COMMAND chose the command, so a failure names the setting to change:
+   * `runner` on a self-hosted runner (its own, on its machine, which wins over the service's),
+   * `service` on a runner-agent the service's `local` provider started (it runs the service's).
+   */
+  settings?: 'runner' | 'service' | undefined;
 }
 
 const AUTH = [
@@ -165,18 +171,24 @@ function classifyText(text: string, who: RuntimeIdentity): TurnError {
 
 /**
  * The failure of a runtime whose command could not be started: a missing command (ENOENT, or
- * EACCES for a file that is not executable) names the command and how to install it; anything
- * else is `agent_crashed`.
+ * EACCES for a file that is not executable) names the command, how to install it, and the
+ * setting that points at it where it is read (`who.settings`): a self-hosted runner's own
+ * RUNTIME_<NAME>_COMMAND on its machine, or the service's. Anything else is `agent_crashed`.
  */
 export function classifySpawnFailure(errno: string | undefined, detail: string, who: RuntimeIdentity): TurnError {
   if (errno === 'ENOENT' || errno === 'EACCES') {
     const known = who.runtime ? RUNTIMES[who.runtime] : undefined;
     const setting = who.runtime ? `RUNTIME_${who.runtime.toUpperCase()}_COMMAND` : 'RUNTIME_<NAME>_COMMAND';
     const command = who.command ?? 'of the runtime';
-    const install = known ? `install it with \`npm install -g ${known.pkg}\`` : 'install it';
+    const install = known ? `install it there with \`npm install -g ${known.pkg}\`` : 'install it there';
+    const where =
+      who.settings === 'runner'
+        ? `set ${setting} in svc-runner's environment on that machine to its command line`
+        : `set the service's ${setting} to its path`;
+    const machine = who.settings === 'runner' ? "the runner's machine" : 'the machine running the sandbox';
     return {
       code: 'agent_not_installed',
-      message: `The agent command ${command} is not installed on the machine running the sandbox (${errno === 'ENOENT' ? 'not found on PATH' : 'not executable'}): ${install}, or set the service's ${setting} to its path.`,
+      message: `The agent command ${command} is not installed on ${machine} (${errno === 'ENOENT' ? 'not found on PATH' : 'not executable'}): ${install}, or ${where}.`,
     };
   }
   return { code: 'agent_crashed', message: `The agent command could not start: ${said(detail)}` };

@@ -65,6 +65,12 @@ export interface AgentOptions {
   outputMemory?: { bytes?: number; events?: number };
   /** Runtime command lines set on this machine; they replace the service's (runtime-commands.ts). */
   runtimeCommands?: RuntimeCommands;
+  /**
+   * Started by the service's `local` sandbox provider (`--local-provider`): its turns run the
+   * service's RUNTIME_<NAME>_COMMAND lines, so a missing agent command names the service's
+   * setting, not this machine's.
+   */
+  localProvider?: boolean;
 }
 
 /** What the agent reports as it goes; the CLI prints these in plain words. */
@@ -142,10 +148,7 @@ export class RunnerAgent {
   private readonly building = new Map<string, Promise<Sandbox>>();
   /** Destroys under way: a stop waits for them (up to DESTROY_WAIT_MS), so a told destroy is done. */
   private readonly destroying = new Set<Promise<void>>();
-  private readonly turns = new Turns(
-    (sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e),
-    (report) => this.report({ type: 'turn', ...report }),
-  );
+  private readonly turns: Turns;
   private readonly egress: RunnerEgress;
   private readonly isolation: Promise<Isolation>;
   /** Refusals already reported, per conversation, turn and host: one line each. */
@@ -162,6 +165,11 @@ export class RunnerAgent {
     private readonly report: (event: AgentEvent) => void = () => {},
   ) {
     this.url = connectUrl(options.url);
+    this.turns = new Turns(
+      (sandbox, incarnation) => (e) => this.emit(sandbox, incarnation, e),
+      (report) => this.report({ type: 'turn', ...report }),
+      options.localProvider ? 'service' : 'runner',
+    );
     this.egress = new RunnerEgress(
       options.runAs ?? null,
       (grant, host, reason) => this.refused(grant, host, reason),

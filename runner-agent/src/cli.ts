@@ -17,8 +17,11 @@
  * sudo); without it a build with apt packages fails. `--isolation` (SVC_RUNNER_ISOLATION,
  * default `namespaces`) runs each sandbox's processes in namespaces of their own (bubblewrap;
  * isolation.ts); a machine that cannot isolate builds no sandbox, saying why, unless `none` is
- * given. `--hide` names a further path sandboxes must not see (repeatable). It says
- * what it is doing in plain words and exits non-zero with a clear message when it cannot go on.
+ * given. `--hide` names a further path sandboxes must not see (repeatable). `--local-provider`
+ * is passed by the service's `local` sandbox provider to the runner-agents it starts (their
+ * turns run the service's runtime commands, which their errors then name); not for operators.
+ * It says what it is doing in plain words and exits non-zero with a clear message when it
+ * cannot go on.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, statSync } from 'node:fs';
@@ -110,6 +113,7 @@ const { values } = (() => {
         'allow-apt': { type: 'boolean' },
         isolation: { type: 'string' },
         hide: { type: 'string', multiple: true },
+        'local-provider': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean' },
       },
@@ -205,6 +209,7 @@ const options = {
   allowApt,
   runtimeCommands,
   isolation,
+  ...(values['local-provider'] ? { localProvider: true } : {}),
   ...(name ? { hostname: name } : {}),
   ...(outputMemory ? { outputMemory } : {}),
   ...(runAs ? { runAs } : {}),

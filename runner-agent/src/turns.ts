@@ -72,6 +72,8 @@ export class Turns {
     private readonly emitFor: (sandbox: string, incarnation: number) => Emit,
     /** Told when each turn starts and ends (after its `turn` stage event is emitted). */
     private readonly onTurn: (report: TurnReport) => void = () => {},
+    /** Whose RUNTIME_<NAME>_COMMAND a missing agent command names (RuntimeIdentity.settings). */
+    private readonly settings: 'runner' | 'service' = 'runner',
   ) {}
 
   /**
@@ -122,7 +124,7 @@ export class Turns {
       }
       end('failed', { usage: null, code: error.code, error: error.message });
     };
-    const who = { runtime: command.runtime.name, command: command.runtime.command };
+    const who = { runtime: command.runtime.name, command: command.runtime.command, settings: this.settings };
 
     // The turn starts once its sandbox is built (the build's stages come first).
     let built: Sandbox;

@@ -37,19 +37,21 @@ export function alive(pid: number | undefined): boolean {
 
 /**
  * A real `svc-runner` process connected to the service with `token`, its sandboxes under
- * `opts.root` (default a fresh directory), with `args` added to its command line. Resolves
- * once it says it is connected; killed when the test ends.
+ * `opts.root` (default a fresh directory), with `args` added to its command line and
+ * `opts.env` to its environment (the settings of its machine). Resolves once it says it is
+ * connected; killed when the test ends.
  */
 export async function startRunnerProcess(
   t: Test,
   url: string,
   token: string,
   args: string[] = [],
-  opts: { root?: string } = {},
+  opts: { root?: string; env?: Record<string, string> } = {},
 ) {
   const root = opts.root ?? mkdtempSync(join(tmpdir(), 'svc-runner-root-'));
   const child = spawn(process.execPath, [BIN, '--url', url, '--token', token, '--root', root, ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    ...(opts.env ? { env: { ...process.env, ...opts.env } } : {}),
   });
   const runner = { child, root, output: '' };
   child.stdout.on('data', (d) => {

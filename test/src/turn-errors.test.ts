@@ -133,7 +133,7 @@ t.test('an agent command that is not installed fails the turn naming the command
   t.equal(turn?.error?.code, 'agent_not_installed');
   t.match(turn?.error?.message, 'The agent command claude-agent-acp-not-installed-here is not installed');
   t.match(turn?.error?.message, 'npm install -g @zed-industries/claude-agent-acp', 'how to install it');
-  t.match(turn?.error?.message, 'RUNTIME_CLAUDE_COMMAND', 'or where to point the service at it');
+  t.match(turn?.error?.message, 'RUNTIME_CLAUDE_COMMAND', 'or the setting that points at it');
   t.equal(turn?.error?.message, end.error, 'the record says what the stream said');
 });
 

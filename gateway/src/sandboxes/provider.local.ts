@@ -107,6 +107,8 @@ export class LocalSandboxes implements SandboxProvider {
     const args = [RUNNER_BIN, '--url', this.deps.baseUrl(), '--root', root];
     args.push('--isolation', this.deps.isolation ?? 'namespaces');
     for (const path of this.deps.hidden ?? []) args.push('--hide', path);
+    // Its turns run the service's RUNTIME_<NAME>_COMMAND lines: a failure names the service's.
+    args.push('--local-provider');
     const child = spawn(process.execPath, args, {
       env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? root, SVC_RUNNER_TOKEN: token },
       stdio: ['ignore', 'pipe', 'pipe'],
