@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ApiError, newId, processRunning } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
@@ -12,6 +12,14 @@ import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
 import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));
+/**
+ * Where the agent CLIs the service ships (gateway/package.json) are installed: the bin
+ * directories of its own install, the gateway workspace's and the root's node_modules.
+ */
+const SHIPPED_BINS = [
+  fileURLToPath(new URL('../../node_modules/.bin', import.meta.url)),
+  fileURLToPath(new URL('../../../node_modules/.bin', import.meta.url)),
+];
 /** How long a started runner-agent has to connect back. */
 const CONNECT_TIMEOUT_MS = 30_000;
 /** How long a runner-agent told to stop has to stop its runtimes and exit before it is killed. */
@@ -110,7 +118,7 @@ export class LocalSandboxes implements SandboxProvider {
     // Its turns run the service's RUNTIME_<NAME>_COMMAND lines: a failure names the service's.
     args.push('--local-provider');
     const child = spawn(process.execPath, args, {
-      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? root, SVC_RUNNER_TOKEN: token },
+      env: { PATH: runnerPath(process.env.PATH), HOME: process.env.HOME ?? root, SVC_RUNNER_TOKEN: token },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     this.children.set(sandboxId, { child, runnerId: runner.id });
@@ -211,6 +219,22 @@ export class LocalSandboxes implements SandboxProvider {
   get running(): number {
     return this.children.size;
   }
+}
+
+/**
+ * The PATH of a local runner-agent, which its runtimes and their sandboxes keep: the service's
+ * own bin directories first, so the default RUNTIME_<NAME>_COMMAND lines (bare names such as
+ * `claude-agent-acp`) find the CLIs the service ships however the service was started (`npm
+ * start` puts them on PATH, `node gateway/start.mjs` in the image does not), then the
+ * service's PATH, then the directory of the node running the service (the CLIs are
+ * `#!/usr/bin/env node` scripts) when PATH lacks one. A command set to a path, or to another
+ * name, is found as before.
+ */
+function runnerPath(path: string | undefined, shipped: readonly string[] = SHIPPED_BINS): string {
+  const own = shipped.filter((dir) => existsSync(dir));
+  const rest = (path ?? '').split(delimiter).filter((dir) => dir && !own.includes(dir));
+  const node = dirname(process.execPath);
+  return [...own, ...rest, ...(rest.includes(node) ? [] : [node])].join(delimiter);
 }
 
 /** One file per runner-agent this node started, `<runner id>.pid`, holding its pid. */
