@@ -17,7 +17,9 @@ COPY test/package.json test/
 # The root's postinstall applies these to installed dependencies (patch-package).
 COPY patches patches
 # Only what the service runs: the gateway and runner-agent workspaces (and core, db) without dev
-# tools, and the root's own dependency, patch-package, for that postinstall.
+# tools, and the root's own dependency, patch-package, for that postinstall. The gateway's
+# dependencies hold the agent CLIs the service ships (claude-agent-acp, codex-acp, gemini,
+# opencode), which local runner-agents find in node_modules/.bin.
 RUN npm ci --omit=dev --workspace gateway --workspace runner-agent --include-workspace-root --no-audit --no-fund && npm cache clean --force
 
 FROM node:20-bookworm-slim
@@ -26,13 +28,18 @@ ENV NODE_ENV=production \
     PORT=8080 \
     DATA_DIR=/data
 WORKDIR /app
-# Local sandboxes run in namespaces of their own (bubblewrap; socat bridges them out of their
+# What the `local` sandbox provider runs here besides node: git, which clones environments'
+# repositories (ca-certificates for https, and the system bundle a brokered sandbox's CA joins),
+# and isolation: each sandbox in namespaces of its own (bubblewrap; socat bridges it out of its
 # network namespace). Docker's default seccomp profile refuses the user namespaces they need:
 # run the container with `--security-opt seccomp=unconfined` (or a profile allowing unshare),
 # or set SANDBOX_ISOLATION=none for a single trusted tenant.
-RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap socat && rm -rf /var/lib/apt/lists/*
-COPY --from=deps /app/node_modules ./node_modules
-COPY package.json package-lock.json ./
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends bubblewrap ca-certificates git socat \
+ && rm -rf /var/lib/apt/lists/*
+# All that `npm ci` made, with the manifests: the root's node_modules and the workspaces' own
+# (gateway/node_modules holds the undici 7 the gateway pins; the root's is a development one).
+COPY --from=deps /app ./
 COPY core core
 COPY db db
 COPY gateway gateway

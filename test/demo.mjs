@@ -1,5 +1,5 @@
 // `npm run demo`: installs dependencies when they are missing (Claude Code's ACP adapter is a
-// devDependency of this workspace), then runs an agent turn end to end against a local
+// dependency of the gateway, which ships it), then runs an agent turn end to end against a local
 // stand-in for the model provider (see README). Plain JavaScript so it runs before install.
 import { execSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
