@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -10,9 +10,11 @@ import type { WireEvent } from './sse-client.ts';
 
 /*
  * The runner as an operator meets it: the package is packed, installed from its tarball into an
- * empty directory outside this repository, and started there with `npx svc-runner`; a turn of a
- * conversation runs on it. The service's own command for `claude` does not exist anywhere, so
+ * empty directory outside this repository, and started there from its installed bin; a turn of
+ * a conversation runs on it. The service's own command for `claude` does not exist anywhere, so
  * the turn runs only because the runner's machine names its agent (RUNTIME_CLAUDE_COMMAND).
+ * The package is not on the npm registry, and must not get there by accident: the name is
+ * not ours, so an install by name would fetch whatever someone else published under it.
  */
 
 const REPO = fileURLToPath(new URL('../../', import.meta.url));
@@ -40,7 +42,7 @@ function filesUnder(dir: string, pattern: RegExp): string[] {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-t.test('svc-runner installed from its tarball into an empty directory runs a turn with npx', async (t) => {
+t.test('svc-runner installed from its tarball into an empty directory runs a turn', async (t) => {
   const scratch = mkdtempSync(join(tmpdir(), 'svc-runner-package-'));
   t.teardown(() => rmSync(scratch, { recursive: true, force: true }));
 
@@ -63,6 +65,27 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
       'package/svc-runner.service',
     ],
     'the package holds the compiled runner, its README, its systemd unit and nothing else',
+  );
+  const manifest = JSON.parse(execFileSync('tar', ['-xOzf', tarball, 'package/package.json'], { encoding: 'utf8' }));
+  const targets = (value: unknown): string[] =>
+    typeof value === 'string' ? [value] : Object.values(value ?? {}).flatMap(targets);
+  const named = [...targets(manifest.exports), ...targets(manifest.bin), ...targets(manifest.main)];
+  t.same(
+    named.filter((file) => !contents.includes(`package/${file.replace(/^\.\//, '')}`)),
+    [],
+    `every file its exports and bin name is in it (${named.join(', ')})`,
+  );
+  t.equal(manifest.private, true, 'it is private: npm refuses to publish it');
+  // A publish of the tarball to a registry on a closed local port: refused before any request.
+  const publish = spawnSync(
+    'npm',
+    ['publish', tarball, '--registry', 'http://127.0.0.1:9/', '--//127.0.0.1:9/:_authToken=not-a-token'],
+    { cwd: scratch, env: machineEnv(), encoding: 'utf8' },
+  );
+  t.match(
+    { status: publish.status, stderr: publish.stderr },
+    { status: 1, stderr: /EPRIVATE/ },
+    'npm publish of the packed tarball is refused as private',
   );
 
   const machine = join(scratch, 'machine');
@@ -114,10 +137,11 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
   const tokenFile = join(scratch, 'token');
   writeFileSync(tokenFile, `${runnerRow.token}\n`, { mode: 0o600 });
 
-  // In its own process group, so the teardown stops npx and the runner it started together.
+  // Its installed bin, as README says (never `npx svc-runner`, which would fetch the name from
+  // the registry where it is not installed); in its own process group for the teardown.
   const runner: ChildProcess = spawn(
-    'npx',
-    ['svc-runner', '--url', svc.url, '--token-file', tokenFile, '--root', root],
+    join(machine, 'node_modules', '.bin', 'svc-runner'),
+    ['--url', svc.url, '--token-file', tokenFile, '--root', root],
     {
       cwd: machine,
       env: machineEnv({ RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND }),
@@ -172,4 +196,20 @@ t.test('svc-runner installed from its tarball into an empty directory runs a tur
     new RegExp(`svc-runner: turn ${turn?.id} of conversation ${id} ended: done after [0-9.]+ s\\n`),
     'and its end',
   );
+});
+
+t.test('the READMEs and the API reference install svc-runner from its tarball, never by its name', async (t) => {
+  // POST /api/runners's description in the OpenAPI document says how to run the runner too.
+  for (const file of ['README.md', 'runner-agent/README.md', 'gateway/src/api/routes/runners.ts']) {
+    const text = readFileSync(join(REPO, file), 'utf8');
+    t.notMatch(text, /npx\s+svc-runner/, `${file}: no npx svc-runner (npx fetches the name when it is not installed)`);
+    t.notMatch(
+      text,
+      /npm\s+(install|i|add)\s+(-g\s+|--global\s+)?svc-runner\b/,
+      `${file}: no npm install of svc-runner by name`,
+    );
+    t.notMatch(text, /svc-runner@(latest|\d)/, `${file}: no version of svc-runner from the registry`);
+    t.match(text, /npm install -g \.\/svc-runner-[^\s`]*\.tgz/, `${file}: the install of the packed tarball`);
+    t.match(text, /not on the npm registry/, `${file}: says why`);
+  }
 });

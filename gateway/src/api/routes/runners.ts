@@ -44,7 +44,7 @@ export function runnerRoutes(app: FastifyInstance, deps: ApiDeps): void {
       summary: 'Register a runner; its token is shown once',
       operationId: 'createRunner',
       description:
-        'Run it on the machine: `npx svc-runner --url <base> --token <token> --root <dir>`. Only a hash of the token is kept. Needs a full-scope key (403 `forbidden` otherwise): a runner receives the secrets and inference keys of the turns it runs.',
+        'Run it on the machine: install svc-runner from the tarball of a release of this service (`npm install -g ./svc-runner-<version>.tgz`; it is not on the npm registry, so never install it by name), keep the token in a file only you can read, and start `svc-runner --url <base> --token-file <file> --root <dir>`. Only a hash of the token is kept. Needs a full-scope key (403 `forbidden` otherwise): a runner receives the secrets and inference keys of the turns it runs.',
       body: RunnerFields,
       response: { 201: RunnerCreated, 403: ErrorBody, 422: ErrorBody },
     },
