@@ -226,12 +226,12 @@ export class LocalSandboxes implements SandboxProvider {
  * own bin directories first, so the default RUNTIME_<NAME>_COMMAND lines (bare names such as
  * `claude-agent-acp`) find the CLIs the service ships however the service was started (`npm
  * start` puts them on PATH, `node gateway/start.mjs` in the image does not), then the
- * service's PATH, then the directory of the node running the service (the CLIs are
+ * service's PATH, then the directory of the node running the service (most of the CLIs are
  * `#!/usr/bin/env node` scripts) when PATH lacks one. A command set to a path, or to another
  * name, is found as before.
  */
-function runnerPath(path: string | undefined, shipped: readonly string[] = SHIPPED_BINS): string {
-  const own = shipped.filter((dir) => existsSync(dir));
+function runnerPath(path: string | undefined): string {
+  const own = SHIPPED_BINS.filter((dir) => existsSync(dir));
   const rest = (path ?? '').split(delimiter).filter((dir) => dir && !own.includes(dir));
   const node = dirname(process.execPath);
   return [...own, ...rest, ...(rest.includes(node) ? [] : [node])].join(delimiter);
