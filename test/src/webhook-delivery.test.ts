@@ -370,10 +370,18 @@ for (const backend of backends()) {
       t.equal(worker.sending, 2);
       receiver.release({ status: 200 });
       await worker.settled();
-      t.equal(await deliver(), 2, 'the slow endpoint takes its other two once its slots free');
+      // Answered while they are held, as the first two were (not left to the worker's timeout,
+      // which would leave them due again, held again, in every later test's passes).
+      const rest = deliver();
+      await until('the slow receiver to hold the other two', () => receiver.held === 2);
       receiver.release({ status: 200 });
-      await worker.settled();
+      t.equal(await rest, 2, 'the slow endpoint takes its other two once its slots free');
       t.equal((await deliveries(slow.id)).length, 4);
+      t.same(
+        (await deliveries(slow.id)).map((d) => d.result),
+        [200, 200, 200, 200],
+        'each answered, none timed out',
+      );
     });
 
     t.test('an accepted delivery resets the count of exhausted events; so does PATCH status active', async (t) => {
