@@ -4,7 +4,8 @@
 // plain line `N passed, N failed` (test points). REDIS_URL / DATABASE_URL, when given, are
 // used instead of starting servers. Arguments are test files to run (e.g. one alone); without
 // any, every test/src/**/*.test.ts. TEST_JOBS files run at once; TEST_FILE_TIMEOUT_S is a
-// file's limit unless it sets its own.
+// file's limit unless it sets its own. TEST_CPU=1 also gives each file's CPU (user+sys of its
+// process tree, by GNU time) after its time, and writes them all to .tap/cpu.json.
 // TEST_COMMENTS=1 also prints the tests' own comments (t.comment). The files run compiled
 // (buildTestFiles); TEST_TSX=1 runs them through tsx instead.
 // Plain JavaScript: it must run before dependencies exist.
@@ -192,6 +193,8 @@ function stopAll() {
 
 const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
+/** GNU time, which TEST_CPU=1 runs each file under to read its CPU; undefined otherwise. */
+const CPU_TIME = process.env.TEST_CPU === '1' && existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
 /** Files run at once, besides the lane of WAITS. */
@@ -247,6 +250,16 @@ function testFiles(args) {
   };
   walk(join(root, 'test', 'src'));
   return found.sort();
+}
+
+/** User+sys seconds from GNU time's `%U %S` in `file`; undefined when it wrote none. */
+function cpuSeconds(file) {
+  try {
+    const [user, sys] = readFileSync(file, 'utf8').trim().split(/\s+/).slice(-2).map(Number);
+    return Number.isFinite(user + sys) ? user + sys : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 function readDurations(file) {
@@ -326,7 +339,12 @@ async function runFile(file, built, env, Parser, counts, failures) {
   const GRACE_MS = 30_000;
   let limitMs = FILE_TIMEOUT_S * 1000 + GRACE_MS;
   const argv = built ? ['--enable-source-maps', built] : ['--import=tsx', '--conditions=svc-workspace', file];
-  const child = spawn(process.execPath, argv, {
+  // TEST_CPU=1: the file's CPU (user+sys of its process tree, what it waited for) by GNU time.
+  const cpuFile = CPU_TIME ? join(root, '.tap', 'cpu', `${counts.files + 1}.txt`) : undefined;
+  const [command, args] = cpuFile
+    ? [CPU_TIME, ['-q', '-f', '%U %S', '-o', cpuFile, process.execPath, ...argv]]
+    : [process.execPath, argv];
+  const child = spawn(command, args, {
     cwd: root,
     env: { ...env, TAP: '1', TAP_TIMEOUT: String(FILE_TIMEOUT_S), TAP_CHILD_ID: String(counts.files + 1) },
     stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
@@ -360,8 +378,10 @@ async function runFile(file, built, env, Parser, counts, failures) {
     failures.push({ fullname: `${file} (${why}, ${seen} test points seen)`, diag: {} });
   }
   counts.ended++;
-  process.stdout.write(`${ok ? 'ok' : 'not ok'} ${counts.ended} - ${file} # time=${ms}ms\n`);
-  return ms;
+  const cpu = cpuFile ? cpuSeconds(cpuFile) : undefined;
+  const cpuNote = cpu === undefined ? '' : ` cpu=${cpu.toFixed(1)}s`;
+  process.stdout.write(`${ok ? 'ok' : 'not ok'} ${counts.ended} - ${file} # time=${ms}ms${cpuNote}\n`);
+  return { ms, cpu };
 }
 
 async function runTests(env, serviceBuilt) {
@@ -373,16 +393,23 @@ async function runTests(env, serviceBuilt) {
     (a, b) => (known[b] ?? Number.POSITIVE_INFINITY) - (known[a] ?? Number.POSITIVE_INFINITY),
   );
   const built = await buildTestFiles(files, serviceBuilt);
+  if (CPU_TIME) {
+    rmSync(join(root, '.tap', 'cpu'), { recursive: true, force: true });
+    mkdirSync(join(root, '.tap', 'cpu'), { recursive: true });
+  }
   const jobs = JOBS;
   const counts = { passed: 0, failed: 0, skipped: 0, todo: 0, files: 0, ended: 0, failedFiles: 0 };
   const failures = [];
   const times = {};
+  const cpus = {};
   const waiting = order.filter((f) => WAITS.test(f));
   const queue = order.filter((f) => !WAITS.test(f));
   const lane = async (...queues) => {
     for (const q of queues) {
       for (let file = q.shift(); file; file = q.shift()) {
-        times[file] = await runFile(file, built?.get(file), env, Parser, counts, failures);
+        const { ms, cpu } = await runFile(file, built?.get(file), env, Parser, counts, failures);
+        times[file] = ms;
+        if (cpu !== undefined) cpus[file] = Math.round(cpu * 10) / 10;
       }
     }
   };
@@ -402,6 +429,12 @@ async function runTests(env, serviceBuilt) {
     mkdirSync(dirname(recordedFile), { recursive: true });
     const sorted = Object.fromEntries(Object.entries(times).sort(([, a], [, b]) => b - a));
     writeFileSync(recordedFile, `${JSON.stringify(sorted, null, 2)}\n`);
+  }
+  if (CPU_TIME) {
+    const total = Object.values(cpus).reduce((a, b) => a + b, 0);
+    const sorted = Object.fromEntries(Object.entries(cpus).sort(([, a], [, b]) => b - a));
+    writeFileSync(join(root, '.tap', 'cpu.json'), `${JSON.stringify(sorted, null, 2)}\n`);
+    log(`CPU of the files: ${total.toFixed(1)} s (.tap/cpu.json)`);
   }
   log(`${counts.files} files, ${counts.skipped} skipped, ${counts.todo} todo`);
   return { passed: counts.passed, failed: counts.failed + counts.failedFiles, code: counts.failedFiles ? 1 : 0 };
