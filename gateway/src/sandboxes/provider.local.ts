@@ -137,8 +137,11 @@ export class LocalSandboxes implements SandboxProvider {
     await this.pidFiles.write(runner.id, child.pid);
     const deadline = Date.now() + CONNECT_TIMEOUT_MS;
     while (!this.deps.fabric.isLive(runner.id)) {
-      if (child.exitCode !== null || Date.now() > deadline) {
-        await this.stop(sandboxId);
+      // Stopped meanwhile (stopAll as the service closes, or a newer start): nothing will
+      // connect, and the wait must not outlive the service (a signal leaves exitCode null).
+      const stopped = this.children.get(sandboxId)?.child !== child;
+      if (stopped || child.exitCode !== null || child.signalCode !== null || Date.now() > deadline) {
+        if (!stopped) await this.stop(sandboxId);
         throw new ApiError('runner_offline', 'The local runner-agent did not connect.');
       }
       await new Promise((r) => setTimeout(r, 25));
