@@ -2,6 +2,7 @@ import { connect, type Socket } from 'node:net';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
+import { settlesWithin } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -79,7 +80,7 @@ t.test(`a watcher that reads nothing while 100 others read (${backend})`, async 
   t.equal(complete.length, 100, 'all 100 reading watchers got every event once, in order');
 
   slow.sock.resume();
-  const cut = await Promise.race([slow.closed.then(() => true), sleep(5000).then(() => false)]);
+  const cut = await settlesWithin(slow.closed, 5000);
   t.ok(cut, 'the watcher that read nothing was disconnected');
   t.ok(slow.seen.length < sent, `it got ${slow.seen.length} of ${sent} before the cut; it resumes with Last-Event-ID`);
   t.ok(

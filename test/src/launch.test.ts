@@ -7,6 +7,7 @@ import t from 'tap';
 import { backends, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
+import { settlesWithin } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
@@ -98,7 +99,7 @@ for (const backend of backends()) {
       const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=0`, {
         authorization: `Bearer ${token}`,
       });
-      const ended = await Promise.race([watch.closed.then(() => true), sleep(30_000).then(() => false)]);
+      const ended = await settlesWithin(watch.closed, 30_000);
       t.ok(ended, 'the stream ended by itself at the end of the turn (wait=false)');
       const events = frames(watch.text())
         .map(parseFrame)
@@ -254,7 +255,7 @@ for (const backend of backends()) {
       const watch = rawGet(svc, `/api/conversations/${res.body.id}/stream?blocks=true&last_event_id=0`, {
         authorization: `Bearer ${token}`,
       });
-      t.ok(await Promise.race([watch.closed.then(() => true), sleep(40_000).then(() => false)]), 'the turn ended');
+      t.ok(await settlesWithin(watch.closed, 40_000), 'the turn ended');
       const events = frames(watch.text())
         .map(parseFrame)
         .filter((e) => e.data !== undefined)
@@ -311,7 +312,7 @@ for (const backend of backends()) {
         const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=0`, {
           authorization: `Bearer ${token}`,
         });
-        t.ok(await Promise.race([watch.closed.then(() => true), sleep(40_000).then(() => false)]), 'the stream ended');
+        t.ok(await settlesWithin(watch.closed, 40_000), 'the stream ended');
         const raw = frames(watch.text()).join('\n\n');
         const events = frames(watch.text())
           .map(parseFrame)

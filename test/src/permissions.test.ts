@@ -8,6 +8,7 @@ import { issueSandboxToken } from '../../gateway/src/services/credentials.ts';
 import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
+import { settlesWithin } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const BIN = fileURLToPath(new URL('../../runner-agent/bin/svc-runner.mjs', import.meta.url));
@@ -198,7 +199,7 @@ t.test('permission requests answered over the API, with a real svc-runner and AC
       { id: requestId, status: 'resolved', resolution: 'answered', option_id: 'reject' },
     ]);
 
-    t.ok(await Promise.race([watch.closed.then(() => true), sleep(20_000).then(() => false)]), 'the stream ended');
+    t.ok(await settlesWithin(watch.closed, 20_000), 'the stream ended');
     const streamed = frames(watch.text())
       .map(parseFrame)
       .filter((e) => e.data !== undefined)

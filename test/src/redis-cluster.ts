@@ -9,6 +9,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { settlesWithin } from './until.ts';
 
 const run = promisify(execFile);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -65,7 +66,7 @@ export async function startRedisCluster(masters = 3): Promise<TestRedisCluster> 
         if (n.child.exitCode === null && n.child.signalCode === null) {
           const exited = new Promise((r) => n.child.once('exit', r));
           n.child.kill('SIGTERM');
-          await Promise.race([exited, sleep(3000)]);
+          await settlesWithin(exited, 3000);
           if (n.child.exitCode === null && n.child.signalCode === null) n.child.kill('SIGKILL');
         }
         rmSync(n.dir, { recursive: true, force: true });

@@ -30,8 +30,17 @@ function runner(args: string[]) {
   };
 }
 
+/** `p`'s value, or 'timeout' once `ms` have passed; the timer is cleared either way. */
 async function within<T>(p: Promise<T>, ms: number): Promise<T | 'timeout'> {
-  return Promise.race([p, sleep(ms).then(() => 'timeout' as const)]);
+  let timer: NodeJS.Timeout | undefined;
+  const lapsed = new Promise<'timeout'>((resolve) => {
+    timer = setTimeout(() => resolve('timeout'), ms);
+  });
+  try {
+    return await Promise.race([p, lapsed]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 for (const { backend, edge } of transportSetups()) {

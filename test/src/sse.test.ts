@@ -4,6 +4,7 @@ import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { signUp, startTestService, transportSetups } from './harness.ts';
 import { frames, rawGet } from './sse-client.ts';
+import { settlesWithin } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -241,7 +242,7 @@ for (const { backend, edge } of transportSetups()) {
           Array.from({ length: total }, (_, i) => i),
           'in order, once each',
         );
-        await Promise.race([slow.closed, sleep(5000)]);
+        await settlesWithin(slow.closed, 5000);
         t.ok(slow.text().endsWith('\r\n0\r\n\r\n'), 'the stream ended as it should, not cut short');
         slow.sock.destroy();
       });
@@ -272,7 +273,7 @@ for (const { backend, edge } of transportSetups()) {
         t.equal(got, sent, 'the reading watcher got every event');
         // A paused socket notices nothing; once it reads again it finds the connection cut short.
         slow.sock.resume();
-        const closedInTime = await Promise.race([slow.closed.then(() => true), sleep(5000).then(() => false)]);
+        const closedInTime = await settlesWithin(slow.closed, 5000);
         t.ok(closedInTime, 'the slow watcher was disconnected');
         const slowGot = (slow.text().match(/"data":"\d+:x/g) ?? []).length;
         t.ok(slowGot < sent, `it received ${slowGot} of ${sent} before the cut; it resumes with Last-Event-ID`);

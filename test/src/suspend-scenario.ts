@@ -8,6 +8,7 @@ import t, { type Test } from 'tap';
 import { type Backend, signUp, startTestService, type TestService } from './harness.ts';
 import { alive, SCRIPTED_AGENT_COMMAND } from './runner-process.ts';
 import { frames, parseFrame, rawGet, type WireEvent } from './sse-client.ts';
+import { settlesWithin } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -99,7 +100,7 @@ async function watchTurn(svc: TestService, token: string, id: string, lastId: nu
   const watch = rawGet(svc, `/api/conversations/${id}/stream?blocks=true&last_event_id=${lastId}`, {
     authorization: `Bearer ${token}`,
   });
-  const ended = await Promise.race([watch.closed.then(() => true), sleep(40_000).then(() => false)]);
+  const ended = await settlesWithin(watch.closed, 40_000);
   if (!ended) watch.sock.destroy();
   return frames(watch.text())
     .map(parseFrame)

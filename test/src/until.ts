@@ -29,3 +29,20 @@ export async function until<T>(
     await sleep(50);
   }
 }
+
+/**
+ * Whether `promise` resolves within `ms`: true as soon as it does, false once `ms` have passed
+ * (its rejection rejects). The timer goes with the answer: a sleep that lost a race kept the
+ * file's process alive until it fired, as long as 40 s after the file's last test.
+ */
+export async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const lapsed = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true as const), lapsed]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
