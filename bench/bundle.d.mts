@@ -2,3 +2,6 @@
 export const SERVE: string;
 export const SERVE_BUNDLE: string;
 export function ensureServeBundle(): Promise<boolean>;
+export const CLI_DIST: string;
+export const CLI_BUNDLE: string;
+export function ensureCliBundle(): Promise<boolean>;

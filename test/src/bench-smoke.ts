@@ -11,11 +11,20 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import t, { type Test } from 'tap';
+import { CLI_BUNDLE, ensureCliBundle } from '../../bench/bundle.mjs';
 import type { ResultFile } from '../../bench/src/lib/report.ts';
 import type { Scenario } from '../../bench/src/lib/scenario.ts';
 import { scenarios } from '../../bench/src/scenarios/index.ts';
 
 const run = promisify(execFile);
+
+/**
+ * The CLI `npm run bench` runs, from its build (bench/bundle.mjs, which test/run.mjs makes
+ * before the run) when it can be made current, else its source through tsx as npm's script.
+ */
+const CLI: Promise<string[]> = ensureCliBundle().then((built) =>
+  built ? [CLI_BUNDLE] : ['--import', 'tsx', 'bench/src/cli.ts'],
+);
 
 /** The scenarios of each bench-smoke file, by name. */
 export const GROUPS: Record<string, string[]> = {
@@ -35,11 +44,10 @@ export function smokeScenarios(group: string): void {
 function smokeScenario(scenario: Scenario): void {
   t.test(`bench ${scenario.name} --smoke produces figures`, { timeout: 240_000 }, async (t) => {
     const out = mkdtempSync(join(tmpdir(), `bench-smoke-${scenario.name}-`));
-    const res = await run(
-      process.execPath,
-      ['--import', 'tsx', 'bench/src/cli.ts', scenario.name, '--smoke', '--quiet', '--out', out],
-      { maxBuffer: 16 * 1024 * 1024, timeout: 230_000 },
-    ).catch((err: { stdout: string; stderr: string; code: number }) => err);
+    const res = await run(process.execPath, [...(await CLI), scenario.name, '--smoke', '--quiet', '--out', out], {
+      maxBuffer: 16 * 1024 * 1024,
+      timeout: 230_000,
+    }).catch((err: { stdout: string; stderr: string; code: number }) => err);
     t.equal('code' in res ? res.code : 0, 0, `exit status (${String(res.stderr).slice(-2000)})`);
     const files = readdirSync(out);
     const json = files.find((f) => f.startsWith(`${scenario.name}-`) && f.endsWith('.json'));

@@ -6,7 +6,7 @@
  * fleets keep their own message protocols; this module forks, places, meters and stops.
  */
 import { type ChildProcess, fork, type Serializable } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { benchModule } from './child-module.ts';
 import { repoRoot } from './machine.ts';
 import { cpuSecondsOf, stopChild } from './proc.ts';
 
@@ -43,7 +43,7 @@ function freshAddress(): string {
 }
 
 /**
- * Forks `module` (a child speaking its fleet's protocol over IPC, run with the `tsx` loader)
+ * Forks `module` (a child speaking its fleet's protocol over IPC; benchModule says how it runs)
  * enough times that none holds more than `perProcess` of `sockets` sockets, and at least
  * `processes` times. The sockets are shared out evenly in order; consecutive children share
  * a fresh source address while together they hold at most `perAddress` sockets.
@@ -54,6 +54,7 @@ export function forkLoadClients(
   limits: { perProcess: number; perAddress: number; processes?: number },
 ): LoadClients {
   const n = Math.max(limits.processes ?? 1, Math.ceil(sockets / limits.perProcess));
+  const entry = benchModule(module);
   const clients: LoadClient[] = [];
   let first = 0;
   let localAddress = freshAddress();
@@ -65,9 +66,9 @@ export function forkLoadClients(
       onAddress = 0;
     }
     onAddress += count;
-    const child = fork(fileURLToPath(module), [], {
+    const child = fork(entry.script, [], {
       cwd: repoRoot,
-      execArgv: ['--import', 'tsx'],
+      execArgv: entry.execArgv,
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     });
     clients.push({ child, first, count, localAddress });

@@ -1,4 +1,4 @@
-import { fileURLToPath } from 'node:url';
+import { benchModule } from '../lib/child-module.ts';
 import { rssOf, startProcess } from '../lib/proc.ts';
 
 export interface UwsFloor {
@@ -13,11 +13,11 @@ export interface UwsFloor {
  * loopback port; the same `/sub/<channel>` and `/pub/<channel>` paths as Nchan.
  */
 export async function startUwsFloor(nodeArgs: string[] = []): Promise<UwsFloor> {
-  const started = await startProcess(
-    process.execPath,
-    [...nodeArgs, '--import', 'tsx', fileURLToPath(new URL('./uws-sse-server.ts', import.meta.url))],
-    { ready: /listening on (\d+)/, name: 'uWebSockets.js floor' },
-  );
+  const server = benchModule(new URL('./uws-sse-server.ts', import.meta.url));
+  const started = await startProcess(process.execPath, [...nodeArgs, ...server.execArgv, server.script], {
+    ready: /listening on (\d+)/,
+    name: 'uWebSockets.js floor',
+  });
   const pid = started.child.pid as number;
   return { port: Number(started.ready[1]), pid, rss: () => rssOf(pid), stop: started.stop };
 }

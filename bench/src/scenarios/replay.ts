@@ -1,6 +1,7 @@
 import { fork } from 'node:child_process';
 import { join } from 'node:path';
 import type { ReaderJob, ReaderResult } from '../clients/replay-reader.ts';
+import { benchModule } from '../lib/child-module.ts';
 import { repoRoot } from '../lib/machine.ts';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
@@ -16,9 +17,10 @@ const PAGE = 1000;
 
 /** One reader in its own process; resolves with its result and the CPU it used. */
 async function runReader(job: ReaderJob): Promise<ReaderResult & { cpuSeconds: number }> {
-  const child = fork(join(repoRoot, 'bench/src/clients/replay-reader.ts'), [], {
+  const reader = benchModule(join(repoRoot, 'bench/src/clients/replay-reader.ts'));
+  const child = fork(reader.script, [], {
     cwd: repoRoot,
-    execArgv: ['--import', 'tsx'],
+    execArgv: reader.execArgv,
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   });
   try {

@@ -1,5 +1,6 @@
 import { join } from 'node:path';
 import { startFleet } from '../clients/fleet.ts';
+import { benchModule } from '../lib/child-module.ts';
 import { repoRoot } from '../lib/machine.ts';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
@@ -102,15 +103,12 @@ export const runners: Scenario = {
     let echoTrips = new Histogram();
     const echoSeries: [number, number][] = [];
     try {
-      const echo = await startProcess(
-        process.execPath,
-        ['--import', 'tsx', join(repoRoot, 'bench/src/clients/ws-echo.ts')],
-        {
-          ready: /listening (\d+)/,
-          cwd: repoRoot,
-          name: 'ws echo server',
-        },
-      );
+      const echoModule = benchModule(join(repoRoot, 'bench/src/clients/ws-echo.ts'));
+      const echo = await startProcess(process.execPath, [...echoModule.execArgv, echoModule.script], {
+        ready: /listening (\d+)/,
+        cwd: repoRoot,
+        name: 'ws echo server',
+      });
       defer(() => echo.stop());
       const pid = echo.child.pid as number;
       await sleep(1000);

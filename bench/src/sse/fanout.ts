@@ -1,5 +1,5 @@
 import { fork } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { benchModule } from '../lib/child-module.ts';
 import { type CoreSplit, pinTree } from '../lib/cores.ts';
 import { startOurs } from '../lib/ours.ts';
 import { startPostgres } from '../lib/postgres.ts';
@@ -297,8 +297,9 @@ export async function runFanout(system: System, plan: FanoutPlan, progress: Prog
       side.unshift({ name: 'server', pid });
       // One publisher process for the warm-up and the measurement, started before either, so
       // its start (loading its code) is not in the measured window.
-      const publisher = fork(fileURLToPath(new URL('./publisher.ts', import.meta.url)), [], {
-        execArgv: ['--import', 'tsx'],
+      const publisherModule = benchModule(new URL('./publisher.ts', import.meta.url));
+      const publisher = fork(publisherModule.script, [], {
+        execArgv: publisherModule.execArgv,
         stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
       });
       stops.push(() => stopChild(publisher));
