@@ -195,6 +195,8 @@ const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
 /** GNU time, which TEST_CPU=1 runs each file under to read its CPU; undefined otherwise. */
 const CPU_TIME = process.env.TEST_CPU === '1' && existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
+/** Seconds a file's process may outlive its tests (loading, tearing down) before the run says so. */
+const LINGER_S = 5;
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
 /** Files run at once, besides the lane of WAITS. */
@@ -309,6 +311,8 @@ async function runFile(file, built, env, Parser, counts, failures) {
   // Count leaf test points: an assert that is not the summary of a subtest.
   const parser = new Parser({ bail: false }, () => {});
   let seen = 0;
+  /** The time of the file's top-level tests, summed: what its process needed of its lifetime. */
+  let testsMs = 0;
   const watch = (p, path) => {
     const parents = new Set();
     p.on('child', (child) => {
@@ -322,6 +326,7 @@ async function runFile(file, built, env, Parser, counts, failures) {
       });
     }
     p.on('assert', (res) => {
+      if (path.length === 0 && typeof res.time === 'number') testsMs += res.time;
       if (parents.has(res.name)) return;
       seen++;
       if (res.todo) counts.todo++;
@@ -380,7 +385,11 @@ async function runFile(file, built, env, Parser, counts, failures) {
   counts.ended++;
   const cpu = cpuFile ? cpuSeconds(cpuFile) : undefined;
   const cpuNote = cpu === undefined ? '' : ` cpu=${cpu.toFixed(1)}s`;
-  process.stdout.write(`${ok ? 'ok' : 'not ok'} ${counts.ended} - ${file} # time=${ms}ms${cpuNote}\n`);
+  // A process that outlives its tests by seconds is held open by something they left (a timer,
+  // a child, a poll): it costs the run that time for nothing.
+  const idle = testsMs > 0 ? (ms - testsMs) / 1000 : 0;
+  const idleNote = idle > LINGER_S ? ` (${idle.toFixed(1)} s of it after its tests)` : '';
+  process.stdout.write(`${ok ? 'ok' : 'not ok'} ${counts.ended} - ${file} # time=${ms}ms${cpuNote}${idleNote}\n`);
   return { ms, cpu };
 }
 
@@ -450,9 +459,11 @@ try {
   // And `npm start`, which tests run as a user does, from the service's (gateway/bundle.mjs).
   const service = await import('../gateway/bundle.mjs');
   const serviceBuilt = await service.ensureBundle();
-  // And the bench's target, which the bench's smoke files start many times (bench/bundle.mjs).
-  const { ensureServeBundle } = await import('../bench/bundle.mjs');
+  // And the bench's target, which the bench's smoke files start many times, and its CLI with the
+  // processes it forks, which they run 13 times (bench/bundle.mjs).
+  const { ensureServeBundle, ensureCliBundle } = await import('../bench/bundle.mjs');
   await ensureServeBundle();
+  await ensureCliBundle();
   // So does the scripted ACP agent that stands in for the runtimes (test/src/runner-process.ts).
   const { build } = await import('esbuild');
   await build({
