@@ -43,6 +43,8 @@ export class LocalSandboxes implements SandboxProvider {
   } as const;
   readonly startTimeoutMs = CONNECT_TIMEOUT_MS;
   private readonly children = new Map<string, { child: ChildProcess; runnerId: string }>();
+  /** Set by stopAll: the service is closing, and no start waits for its runner-agent any more. */
+  private closing = false;
 
   constructor(
     private readonly deps: {
@@ -137,11 +139,13 @@ export class LocalSandboxes implements SandboxProvider {
     await this.pidFiles.write(runner.id, child.pid);
     const deadline = Date.now() + CONNECT_TIMEOUT_MS;
     while (!this.deps.fabric.isLive(runner.id)) {
-      // Stopped meanwhile (stopAll as the service closes, or a newer start): nothing will
-      // connect, and the wait must not outlive the service (a signal leaves exitCode null).
-      const stopped = this.children.get(sandboxId)?.child !== child;
-      if (stopped || child.exitCode !== null || child.signalCode !== null || Date.now() > deadline) {
-        if (!stopped) await this.stop(sandboxId);
+      // A newer start for the sandbox may have replaced this one meanwhile: that one is left
+      // alone. The service closing ends the wait at once (it must not outlive the service),
+      // as does this one exiting (by a signal too, which leaves exitCode null).
+      const replaced = this.children.get(sandboxId)?.child !== child;
+      const exited = !replaced && (child.exitCode !== null || child.signalCode !== null);
+      if (this.closing || exited || Date.now() > deadline) {
+        if (!replaced) await this.stop(sandboxId);
         throw new ApiError('runner_offline', 'The local runner-agent did not connect.');
       }
       await new Promise((r) => setTimeout(r, 25));
@@ -216,6 +220,7 @@ export class LocalSandboxes implements SandboxProvider {
   }
 
   async stopAll(): Promise<void> {
+    this.closing = true;
     await Promise.all([...this.children.keys()].map((id) => this.stop(id)));
   }
 
