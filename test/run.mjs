@@ -185,7 +185,7 @@ function stopAll() {
 
 // ---------------------------------------------------------------------------------------------
 // The scheduler: every test file in a node process of its own (as tap's runner spawns them),
-// TEST_JOBS at a time (default 3; the files of WAITS in a lane beside them), longest first by
+// TEST_JOBS at a time (default 4; the files of WAITS in a lane beside them), longest first by
 // the times recorded in test/durations.json (files not listed there first of all: a new file
 // may be long), so the longest files do not start last and leave the run waiting on them.
 // Each file's time is written to .tap/durations.json after a run; copy it over
@@ -199,8 +199,12 @@ const CPU_TIME = process.env.TEST_CPU === '1' && existsSync('/usr/bin/time') ? '
 const LINGER_S = 5;
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
-/** Files run at once, besides the lane of WAITS. */
-const JOBS = positiveInteger('TEST_JOBS', 3);
+/**
+ * Files run at once, besides the lane of WAITS. Four: a full run's files spent 887 s of CPU in
+ * 3,972 s of their times (a full run of 54eea39 in a fresh clone, TEST_CPU=1, three at a time), so
+ * most of a file's time is waiting (a runner, a sandbox, a deadline) and two cores take more.
+ */
+const JOBS = positiveInteger('TEST_JOBS', 4);
 /**
  * Files that mostly wait: the bench's smoke runs, whose scenarios load the service for set
  * durations and leave the cores idle for much of theirs (longest first put three side by
