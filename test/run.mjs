@@ -195,8 +195,11 @@ const durationsFile = join(root, 'test', 'durations.json');
 const recordedFile = join(root, '.tap', 'durations.json');
 /** GNU time, which TEST_CPU=1 runs each file under to read its CPU; undefined otherwise. */
 const CPU_TIME = process.env.TEST_CPU === '1' && existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
-/** Seconds a file's process may outlive its tests (loading, tearing down) before the run says so. */
-const LINGER_S = 5;
+/**
+ * Seconds a file's process may outlive its tests (loading and tearing down take up to 6 s on a
+ * loaded machine) before the run says so.
+ */
+const LINGER_S = 10;
 /** The per-file limit, in seconds: a file that runs longer is killed and fails. */
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
 /**
