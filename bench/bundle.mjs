@@ -26,7 +26,7 @@ export function ensureServeBundle() {
  * clients, the publisher, the peers' servers), built together into dist/cli/, each at its
  * path under src/ with .mjs for .ts, their shared code in chunks. Started from it, a smoke
  * run's CLI and each child it forks skip tsx's load (a second of CPU each); the CLI's children
- * find their builds beside it (src/lib/children.ts: benchModule).
+ * find their builds beside it (src/lib/child-module.ts: benchModule).
  */
 export const CLI_DIST = here('./dist/cli');
 export const CLI_BUNDLE = join(CLI_DIST, 'cli.mjs');
@@ -43,8 +43,11 @@ const CLI_CHILDREN = [
 /** Builds dist/cli/ unless it is current; false when it cannot be (the CLI then runs through tsx). */
 export async function ensureCliBundle() {
   const sources = [...SOURCES, here('./src'), here('./bundle.mjs'), here('../test/src/redis-cluster.ts')];
-  const built = newest(CLI_BUNDLE);
-  if (built > 0 && sources.every((s) => newest(s) <= built)) return true;
+  const fresh = () => {
+    const built = newest(CLI_BUNDLE);
+    return built > 0 && sources.every((s) => newest(s) <= built);
+  };
+  if (fresh()) return true;
   const staged = `${CLI_DIST}.${process.pid}.tmp`;
   try {
     const esbuild = await import('esbuild');
@@ -64,7 +67,7 @@ export async function ensureCliBundle() {
     return true;
   } catch (err) {
     rmSync(staged, { recursive: true, force: true });
-    if (newest(CLI_BUNDLE) > 0 && sources.every((s) => newest(s) <= newest(CLI_BUNDLE))) return true; // another made it
+    if (fresh()) return true; // another run built it meanwhile
     const why = String(err?.message ?? err).split('\n')[0];
     process.stderr.write(`bench: ${CLI_DIST} could not be built (${why}); the CLI runs through tsx\n`);
     return false;

@@ -204,8 +204,8 @@ const LINGER_S = 10;
 const FILE_TIMEOUT_S = positiveInteger('TEST_FILE_TIMEOUT_S', 180);
 /**
  * Files run at once, besides the lane of WAITS. Four: a full run's files spent 887 s of CPU in
- * 3,972 s of their times (a full run of 54eea39 in a fresh clone, TEST_CPU=1, three at a time), so
- * most of a file's time is waiting (a runner, a sandbox, a deadline) and two cores take more.
+ * 3,972 s of their times (54eea39 in a fresh clone, TEST_CPU=1, three at a time), so most of a
+ * file's time is waiting (a runner, a sandbox, a deadline) and two cores take more.
  */
 const JOBS = positiveInteger('TEST_JOBS', 4);
 /**
