@@ -1,6 +1,7 @@
 /**
  * A log event as stored and delivered, before it is shaped for the wire (snake_case there).
- * `id` is the tenant-wide event id; `ts` the append time (ISO 8601, UTC). Shared by the log
+ * `id` is the tenant-wide event id; `ts` its time (ISO 8601, UTC): when it happened, where its
+ * producer said (a runner's held output), else when it was appended. Shared by the log
  * adapters, the Postgres copy and the readers.
  *
  * `conversationId` is null for a tenant event: a `conversations`, `team` or `schedule` change
@@ -37,6 +38,8 @@ export interface NewEvent {
   stage?: string | null;
   state?: string | null;
   durationMs?: number | null;
+  /** When it happened (ISO 8601), where its producer said so; else its `ts` is the append time. */
+  at?: string;
 }
 
 /** Kinds of the tenant events, each sent as an SSE event of that name with `{reason: changed}`. */

@@ -78,6 +78,11 @@ export const RunnerEvent = z.object({
   stage: z.string().max(32).nullable().optional(),
   state: z.string().max(32).nullable().optional(),
   duration_ms: z.number().int().min(0).nullable().optional(),
+  /**
+   * When it happened on the runner (ms since the epoch): an event held while the runner was
+   * disconnected, or kept over its restart, carries its own time, not its arrival's.
+   */
+  at: z.number().int().positive().optional(),
 });
 export type RunnerEvent = z.infer<typeof RunnerEvent>;
 

@@ -390,7 +390,8 @@ export class RunnerAgent {
         log = new OutputLog(sandbox, incarnation, this.outputOptions);
         this.outputs.set(key, log);
       }
-      log.push(event);
+      // Stamped now: held while disconnected, or kept over a restart, it keeps its own time.
+      log.push(event.at === undefined ? { ...event, at: Date.now() } : event);
     } catch (err) {
       this.report({ type: 'output_lost', sandbox, message: (err as Error).message });
       return;

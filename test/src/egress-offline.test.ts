@@ -14,6 +14,7 @@ import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 import { run64, turnSettled } from './scripted-turns.ts';
+import type { WireEvent } from './sse-client.ts';
 import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -117,11 +118,20 @@ t.test('a brokered call made while the runner is disconnected is in the egress l
   await until('the runner to notice', () => /connection lost/.test(runner.output));
   writeFileSync(gate, '');
   await until('the call to reach the bound host', () => calls === 1);
-  // The proxy's row is made when the response ends; give it a moment while still cut off.
-  await sleep(500);
+  // The turn ends on the runner while it is still cut off (the proxy's row is made by then).
+  await until('the turn to end on the runner', () => /turn \S+ of conversation \S+ ended: done/.test(runner.output));
+  await sleep(100);
+  const reopenedAt = Date.now();
   open = true;
 
   t.equal(await turnSettled(http, token, id), 'done', runner.output);
+  const ended = (
+    (await http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body.data as WireEvent[]
+  ).find((e) => e.kind === 'stage' && e.stage === 'turn' && e.state === 'done');
+  t.ok(
+    ended && Date.parse(ended.ts) < reopenedAt,
+    `the turn's end, sent after the reconnect, carries the time it happened (${ended?.ts}), not its arrival's`,
+  );
   let rows: Record<string, unknown>[] = [];
   await until('the egress row', async () => {
     rows = (await http.get(`/api/conversations/${id}/egress`, { token })).body.data;

@@ -103,6 +103,8 @@ export interface WireEvent {
   state: string | null;
   duration_ms: number | null;
   turn_id: string | null;
+  /** When it happened (ISO 8601). */
+  ts: string;
   blocks?: {
     kind: string;
     body?: string;

@@ -518,6 +518,7 @@ export class RunnerFabric {
             stage: e.stage ?? null,
             state: e.state ?? null,
             durationMs: e.duration_ms ?? null,
+            ...eventTime(e.at),
           },
     );
     const tenant = sbx.accountId;
@@ -730,4 +731,19 @@ export class RunnerFabric {
     clearInterval(this.timer);
     for (const s of [...this.sessions]) this.close(s, RUNNER_CLOSE.going_away, 'the service is shutting down');
   }
+}
+
+/** How far back a runner's own time for an event is taken (a runner away for longer says "now"). */
+const EVENT_TIME_MAX_AGE_MS = 7 * 24 * 60 * 60 * 1000;
+
+/**
+ * A runner event's own time as the log stores it: never later than now (a runner's clock
+ * ahead of ours), and absent (the append time then) when the runner gave none or one older
+ * than a week.
+ */
+function eventTime(at: number | undefined): { at?: string } {
+  if (at === undefined) return {};
+  const now = Date.now();
+  if (at < now - EVENT_TIME_MAX_AGE_MS) return {};
+  return { at: new Date(Math.min(at, now)).toISOString() };
 }

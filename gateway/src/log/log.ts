@@ -73,7 +73,7 @@ export function storedFields(e: NewEvent, ts: string, producer: string, seq: num
     stage: storable(e.stage),
     state: storable(e.state),
     durationMs: e.durationMs ?? null,
-    ts,
+    ts: e.at ?? ts,
     producer,
     seq,
   };
