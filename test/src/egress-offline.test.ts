@@ -2,7 +2,7 @@
  * The egress log of a runner that lost the service for a while: a brokered request made while
  * the runner is disconnected is listed once it is connected again (the runner holds the rows).
  */
-import { chmodSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer as createHttpsServer } from 'node:https';
 import { type AddressInfo, connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -102,6 +102,7 @@ t.test('a brokered call made while the runner is disconnected is in the egress l
   const gates = fileURLToPath(new URL('../../.tap/', import.meta.url));
   mkdirSync(gates, { recursive: true });
   const gateDir = mkdtempSync(join(gates, 'egress-offline-'));
+  t.teardown(() => rmSync(gateDir, { recursive: true, force: true }));
   chmodSync(gateDir, 0o755);
   const gate = join(gateDir, 'go');
   const line = `while [ ! -e ${gate} ]; do sleep 0.05; done; curl -sS https://127.0.0.2:${apiPort}/v1/me -H "authorization: Bearer $API_TOKEN"`;
