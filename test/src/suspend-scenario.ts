@@ -108,6 +108,23 @@ async function watchTurn(svc: TestService, token: string, id: string, lastId: nu
     .map((e) => JSON.parse(e.data as string) as WireEvent);
 }
 
+/**
+ * The stages of a prompt that wakes a suspended sandbox: reattach (with the bridges out of its
+ * network namespace and its broker opened again), then the turn in a fresh runtime session.
+ */
+const WOKEN_STAGES = [
+  'reattach started',
+  'network started',
+  'network done',
+  'broker started',
+  'broker done',
+  'reattach done',
+  'turn started',
+  'session started',
+  'session done',
+  'turn done',
+];
+
 export function suspendScenario(backend: Backend): void {
   t.test(`an idle local sandbox is suspended, keeps its disk, and a prompt wakes it (${backend})`, async (t) => {
     const s = await setUp(t, backend, '1500');
@@ -183,19 +200,7 @@ export function suspendScenario(backend: Backend): void {
       const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
       t.same(
         stages,
-        [
-          'reattach started',
-          // The woken sandbox's bridges out of its network namespace are opened again.
-          'network started',
-          'network done',
-          'broker started',
-          'broker done',
-          'reattach done',
-          'turn started',
-          'session started',
-          'session done',
-          'turn done',
-        ],
+        WOKEN_STAGES,
         'reattach started, then done, before the turn; no build stages; a fresh runtime session',
       );
       const reattach = events.find((e) => e.stage === 'reattach' && e.state === 'started');
@@ -217,23 +222,7 @@ export function suspendScenario(backend: Backend): void {
       attached = res.body.id as string;
       const events = await watchTurn(s.svc, token, attached, 0);
       const stages = events.filter((e) => e.kind === 'stage').map((e) => `${e.stage} ${e.state}`);
-      t.same(
-        stages,
-        [
-          'reattach started',
-          // The woken sandbox's bridges out of its network namespace are opened again.
-          'network started',
-          'network done',
-          'broker started',
-          'broker done',
-          'reattach done',
-          'turn started',
-          'session started',
-          'session done',
-          'turn done',
-        ],
-        'woken, not built',
-      );
+      t.same(stages, WOKEN_STAGES, 'woken, not built');
       t.equal((await settled(attached, 1)).state, 'done');
       t.equal((await sandboxOf(id)).status, 'ready');
       t.ok(existsSync(join(dir, 'kept.txt')), 'on the kept disk');
