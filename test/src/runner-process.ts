@@ -46,7 +46,8 @@ export async function startRunnerProcess(
   url: string,
   token: string,
   args: string[] = [],
-  opts: { root?: string; env?: Record<string, string> } = {},
+  /** `until`: what its output must show before this resolves (default: that it connected). */
+  opts: { root?: string; env?: Record<string, string>; until?: RegExp } = {},
 ) {
   const root = opts.root ?? mkdtempSync(join(tmpdir(), 'svc-runner-root-'));
   const child = spawn(process.execPath, [BIN, '--url', url, '--token', token, '--root', root, ...args], {
@@ -63,10 +64,11 @@ export async function startRunnerProcess(
   t.teardown(() => {
     child.kill('SIGKILL');
   });
-  for (let i = 0; i < 600 && !/connected as runner/.test(runner.output); i++) {
+  const until = opts.until ?? /connected as runner/;
+  for (let i = 0; i < 600 && !until.test(runner.output); i++) {
     await new Promise((r) => setTimeout(r, 50));
   }
-  if (!/connected as runner/.test(runner.output)) throw new Error(`svc-runner did not connect: ${runner.output}`);
+  if (!until.test(runner.output)) throw new Error(`svc-runner did not show ${until}: ${runner.output}`);
   return runner;
 }
 

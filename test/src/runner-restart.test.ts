@@ -81,4 +81,11 @@ t.test('a runner restarted with the same token and root keeps its conversations'
   t.equal(retry.status, 201, retry.text);
   t.equal(await turnSettled(http, token, lost.id), 'done', 'the lost one is built again by its next prompt');
   t.ok(existsSync(lost.dir), 'in a new directory');
+
+  // A second process with the token, on another root, while this one runs: it waits, and
+  // what it holds (nothing) changes nothing of the sandboxes the connected one holds.
+  const intruder = await startRunnerProcess(t, svc.url, runnerRow.token, [], { until: /waiting: another svc-runner/ });
+  t.match(intruder.output, /waiting: another svc-runner/, 'the second waits');
+  t.equal((await sandbox(kept.sandboxId)).status, 'ready', 'the connected runner’s sandboxes stay ready');
+  t.equal((await sandbox(lost.sandboxId)).status, 'ready');
 });

@@ -173,11 +173,6 @@ export class RunnerFabric {
       /** A runner connected holding these sandboxes: their running conversations are reattached. */
       onReattach?: (runnerId: string, sandboxIds: string[]) => Promise<unknown>;
       /**
-       * A runner connected holding `held`, with the directories of `kept` under its root: the
-       * sandboxes recorded on it that it no longer holds are settled (woken from `kept` later).
-       */
-      onHeld?: (runnerId: string, held: string[], kept: string[]) => Promise<unknown>;
-      /**
        * A turn's end arrived from its runner: record the result (once), with why it failed
        * (`error`, from the end's data; null when it names none).
        */
@@ -356,24 +351,15 @@ export class RunnerFabric {
       );
     }
     s.instance = hello.instance;
-    // Settled before the connection is recorded: once it is, commands come (a build on a
-    // machine just started), and until the welcome the runner drops them as not its epoch's.
-    if (this.deps.onHeld) {
-      await this.deps
-        .onHeld(
-          s.runnerId,
-          hello.sandboxes.map((h) => h.id),
-          hello.kept ?? [],
-        )
-        .catch((err: Error) =>
-          this.deps.logger.warn({ err: { message: err.message }, runner: s.runnerId }, 'held sandboxes not settled'),
-        );
-    }
+    // The sandboxes recorded on it that it no longer holds are settled in the same transaction
+    // (woken later from their kept directories, or failed): once the connection is recorded,
+    // commands come, and none may find a sandbox the runner does not have.
     const recorded = await recordConnected(
       this.deps.sql,
       s.runnerId,
       { hostname: hello.hostname, path: hello.root, version: hello.version, instance: hello.instance },
       this.options.silenceMs,
+      { held: hello.sandboxes.map((h) => h.id), kept: hello.kept ?? [] },
     );
     if (typeof recorded === 'object') {
       // The token serves one machine: the process connected keeps it; this one waits.

@@ -4,6 +4,7 @@ import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
+import { settleRunnerSandboxes } from './sandboxes.ts';
 import { changed } from './tenant-events.ts';
 
 /** Runner tokens are told apart from API keys by their prefix. */
@@ -104,8 +105,9 @@ async function tellOwner(tx: Sql, change: runners.ConnectionChange | undefined):
 }
 
 /**
- * Records an accepted connection of the runner with a new epoch, and the owner's `team` event
- * in the same transaction. Returns the epoch; who holds the token when another process's
+ * Records an accepted connection of the runner with a new epoch, and in the same transaction
+ * the owner's `team` event and its sandboxes it no longer holds (settleRunnerSandboxes: a
+ * restart of it). Returns the epoch; who holds the token when another process's
  * connection is live (heard from within `liveWithinMs`: nothing is recorded then); undefined
  * when the runner was deleted.
  */
@@ -114,11 +116,14 @@ export async function recordConnected(
   runnerId: string,
   hello: Parameters<typeof runners.connected>[2],
   liveWithinMs: number,
+  /** What the runner holds and keeps (its hello): its other sandboxes are settled with it. */
+  sandboxesOf: { held: string[]; kept: string[] } = { held: [], kept: [] },
 ): Promise<number | runners.TokenTaken | undefined> {
   return transaction(sql, async (tx) => {
     const change = await runners.connected(tx, runnerId, hello, liveWithinMs);
     if (change && 'taken' in change) return change;
     await tellOwner(tx, change);
+    if (change) await settleRunnerSandboxes(tx, runnerId, sandboxesOf.held, sandboxesOf.kept);
     return change?.epoch;
   });
 }

@@ -1,5 +1,5 @@
 import { ApiError, SANDBOX_STATUSES } from '@svc/core';
-import { admin, outbox, type Sql, sandboxes } from '@svc/db';
+import { admin, outbox, type Sql, sandboxes, transaction } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
@@ -285,8 +285,8 @@ const AFTER_RUNNER_RESTART = {
 };
 
 /**
- * A runner connected holding `held`, with the directories of `kept` under its root: its
- * sandboxes it no longer holds (a restart lost their machines) are settled
+ * A runner connected holding `held`, with the directories of `kept` under its root (inside
+ * the transaction recording the connection, or on its own): its sandboxes it no longer holds (a restart lost their machines) are settled
  * (sandboxes.settleUnheld), and each live conversation on one hears what comes next: a kept
  * one is woken by the next prompt (stage `suspend` done), one whose directory is gone is built
  * again by it (stage `reattach` failed, and the sandbox is `failed` at once).
@@ -295,9 +295,9 @@ export async function settleRunnerSandboxes(sql: Sql, runnerId: string, held: st
   for (const { row, conversations } of await sandboxes.settleUnheld(sql, runnerId, held, kept)) {
     if (conversations.length === 0) continue;
     const asleep = row.status === 'suspended';
-    await sql.begin((tx) =>
+    await transaction(sql, (tx) =>
       outbox.enqueue(
-        tx as unknown as Sql,
+        tx,
         row.account_id,
         conversations.map((conversationId) => ({
           conversationId,
