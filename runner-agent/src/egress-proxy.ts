@@ -536,7 +536,7 @@ export class EgressProxy {
     const target = this.targets.get(req.socket);
     const held = target ? this.brokers.get(target.sandbox) : undefined;
     if (!target || !held) {
-      socket.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+      rawReply(socket, 502, 'svc-runner: no broker\n');
       return;
     }
     const method = req.method ?? 'GET';
@@ -545,10 +545,7 @@ export class EgressProxy {
     if (!outcome.ok) {
       if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
       this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
-      const body = refusedBody(target.host, outcome.reason);
-      socket.end(
-        `HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
-      );
+      rawReply(socket, 403, refusedBody(target.host, outcome.reason));
       return;
     }
     const bindingId = outcome.binding?.binding_id ?? null;
@@ -604,7 +601,7 @@ export class EgressProxy {
         ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
         reason: `cannot reach it: ${err.message}`,
       });
-      socket.end(`HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+      rawReply(socket, 502, `svc-runner: cannot reach ${target.host}: ${err.message}\n`);
     });
     upstream.end();
   }
@@ -788,7 +785,7 @@ const REASONS: Record<number, string> = {
   502: 'Bad Gateway',
 };
 
-function rawReply(socket: Socket, status: number, body: string): void {
+function rawReply(socket: Duplex, status: number, body: string): void {
   const extra = status === 407 ? 'Proxy-Authenticate: Basic realm="svc-runner"\r\n' : '';
   socket.end(
     `HTTP/1.1 ${status} ${REASONS[status]}\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
