@@ -6,6 +6,7 @@ import { signUp, startTestService, type TestService, transportSetups } from './h
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 // Three setups of a heavy scenario on a shared machine: more than the default file timeout.
+t.setTimeout(transportSetups().length * 150_000);
 
 const WATCHERS = 40;
 const CHUNKS = 3000;
