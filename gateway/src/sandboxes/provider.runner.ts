@@ -7,8 +7,9 @@ import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
  * The `runner` sandbox provider: sandboxes live on the tenant's own connected runners
  * (`svc-runner`), which build and destroy machines themselves when the fabric tells them to.
  * It never starts or stops a machine, and never suspends an idle one; a sandbox its runner
- * came back without (a restart) is suspended on its kept disk and woken there. A runner may be connected to any
- * node, so presence is read as GET /api/runners shows it (connected, heard from lately).
+ * came back without (a restart) is suspended on its kept disk and woken there. A runner may be
+ * connected to any node, so presence is read as GET /api/runners shows it (connected, heard
+ * from lately).
  */
 export function runnerProvider(deps: {
   sql: Sql;
