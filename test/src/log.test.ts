@@ -293,3 +293,71 @@ t.test('text a stopped process held back is taken by the next one, neither lost 
     'a third process finds nothing held any more',
   );
 });
+
+t.test(
+  'text a stopped process held back reaches the log once, whatever the runner resends after the restart',
+  async (t) => {
+    const { createAppender, Redaction } = await import('../../gateway/src/log/log.append.ts');
+    const chunk = (text: string) =>
+      JSON.stringify({
+        sessionId: 's1',
+        update: { sessionUpdate: 'agent_message_chunk', content: { type: 'text', text } },
+      });
+    const reply = (seq: number, text: string) => ({
+      tenant: 'acme',
+      producer: 'sbx',
+      seq,
+      events: [
+        { conversationId: 'c1', turnId: 'trn_1', kind: 'output' as const, stream: 'acp' as const, data: chunk(text) },
+      ],
+    });
+    // The service's own event of the conversation (the reattach stage), from its outbox.
+    const reattach = (seq: number) => ({
+      tenant: 'acme',
+      producer: 'outbox',
+      seq,
+      events: [
+        {
+          conversationId: 'c1',
+          turnId: 'trn_1',
+          kind: 'stage' as const,
+          stream: 'stage' as const,
+          stage: 'reattach',
+          state: 'done',
+        },
+      ],
+    });
+    type Input = ReturnType<typeof reply> | ReturnType<typeof reattach>;
+    // What reaches the next process before the rest of the reply, in the order it arrives: the
+    // runner resends what was not yet durable (the frame that held text back, or one before it,
+    // as frames of their own), and the reattach stage may come before or after.
+    const cases: [string, Input[]][] = [
+      ['nothing resent (all of it was durable)', []],
+      ['the frame the held text came from resent', [reply(2, 'be very s')]],
+      ['both frames resent, one append each', [reply(1, 'You said: '), reply(2, 'be very s')]],
+      ['the reattach stage, then the held frame resent', [reattach(1), reply(2, 'be very s')]],
+      ['the reattach stage, then both frames resent', [reattach(1), reply(1, 'You said: '), reply(2, 'be very s')]],
+      ['both frames resent, then the reattach stage', [reply(1, 'You said: '), reply(2, 'be very s'), reattach(1)]],
+    ];
+    for (const [name, resent] of cases) {
+      const { store } = memorySecretStore();
+      const log = memoryEventLog();
+      const first = new Redaction(store);
+      await first.register('acme', 'c1', ['sk-ant-credential-123456']);
+      const before = createAppender(log, first);
+      await before(reply(1, 'You said: '));
+      // Ends on an 's' that could start the credential: held back when the process stops.
+      await before(reply(2, 'be very s'));
+      t.equal(await first.saveHeld(), 1, `${name}: the stopping process saves the held "s"`);
+      const after = createAppender(log, new Redaction(store));
+      for (const input of resent) await after(input);
+      await after(reply(3, 'low.'));
+      await after(reply(4, ' tick 0'));
+      const text = (await log.read('acme', { after: 0, limit: 100 }))
+        .filter((e) => e.stream === 'acp')
+        .map((e) => JSON.parse(e.data ?? '{}').update.content.text)
+        .join('');
+      t.equal(text, 'You said: be very slow. tick 0', `${name}: the reply is whole, once`);
+    }
+  },
+);
