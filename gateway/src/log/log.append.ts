@@ -64,11 +64,14 @@ export interface SecretStore {
 
 /**
  * What a conversation's redactors hold back, unredacted: per output stream its text, per ACP
- * chunk kind its text and the chunk (and turn) it is released as.
+ * chunk kind its text and the chunk (and turn) it is released as; and per producer the last
+ * `seq` whose events of the conversation that state already took in (`Conversation#taken`).
+ * A held text saved before `taken` was kept has none.
  */
 export interface HeldText {
   streams: Record<string, string>;
   chunks: Record<string, { text: string; last: TextChunk; turnId: string | null }>;
+  taken?: Record<string, number> | undefined;
 }
 
 /**
@@ -91,6 +94,14 @@ interface Conversation {
   turns: Set<string>;
   /** A load under way: everything of the conversation waits for it, in the order it came. */
   loading?: Promise<void> | undefined;
+  /**
+   * Per producer, the last `seq` whose events of the conversation are in the log through these
+   * redactors (or through those of the process whose held text was restored here). A resend at
+   * or below it is already in the redaction state, held text included: it must neither feed
+   * the redactors again nor release what they hold, or that text would reach the log twice (or
+   * be replaced and lost) after a restart, when the runner resends what was not yet durable.
+   */
+  taken: Map<string, number>;
 }
 
 const EMPTY = new SecretSet([]);
@@ -125,7 +136,15 @@ export class Redaction {
     const key = Redaction.keyOf(tenant, conversationId);
     let c = this.conversations.get(key);
     if (!c) {
-      c = { values: new Set(), set: EMPTY, streams: new Map(), chunks: new Map(), loaded: false, turns: new Set() };
+      c = {
+        values: new Set(),
+        set: EMPTY,
+        streams: new Map(),
+        chunks: new Map(),
+        loaded: false,
+        turns: new Set(),
+        taken: new Map(),
+      };
       this.conversations.set(key, c);
       if (this.store && this.conversations.size > MAX_CONVERSATIONS) this.evict();
     }
@@ -182,9 +201,11 @@ export class Redaction {
 
   /**
    * Held-back text another process saved: it is held here from now on (in place of what this
-   * node held for those streams, which that process's output came after).
+   * node held for those streams, which that process's output came after), as the state after
+   * the events that process took in.
    */
   private restore(c: Conversation, held: HeldText): void {
+    for (const [producer, seq] of Object.entries(held.taken ?? {})) Redaction.take(c, producer, seq);
     for (const [stream, text] of Object.entries(held.streams)) Redaction.streamOf(c, stream).hold(text);
     for (const [kind, h] of Object.entries(held.chunks)) {
       const redactor = new StreamRedactor(c.set);
@@ -209,7 +230,7 @@ export class Redaction {
     let saved = 0;
     for (const [key, c] of this.conversations) {
       if (!Redaction.holding(c)) continue;
-      const held: HeldText = { streams: {}, chunks: {} };
+      const held: HeldText = { streams: {}, chunks: {}, taken: Object.fromEntries(c.taken) };
       for (const [stream, r] of c.streams) if (r.holding) held.streams[stream] = r.heldText;
       for (const [kind, f] of c.chunks) {
         if (f.redactor.holding) held.chunks[kind] = { text: f.redactor.heldText, last: f.last, turnId: f.turnId };
@@ -233,6 +254,24 @@ export class Redaction {
       this.conversations.delete(key);
       n--;
     }
+  }
+
+  /**
+   * The last `seq` of the producer whose events of the conversation the redaction state took
+   * in (see `Conversation#taken`); -Infinity when none.
+   */
+  takenUpTo(tenant: string, conversationId: string, producer: string): number {
+    return this.existing(tenant, conversationId)?.taken.get(producer) ?? Number.NEGATIVE_INFINITY;
+  }
+
+  /** Records that the producer's events of the conversation up to `seq` are in the log, redacted here. */
+  taken(tenant: string, conversationId: string, producer: string, seq: number): void {
+    const c = this.existing(tenant, conversationId);
+    if (c) Redaction.take(c, producer, seq);
+  }
+
+  private static take(c: Conversation, producer: string, seq: number): void {
+    if (seq > (c.taken.get(producer) ?? Number.NEGATIVE_INFINITY)) c.taken.set(producer, seq);
   }
 
   forget(tenant: string, conversationId: string): void {
@@ -334,8 +373,12 @@ export class Redaction {
  * twice, and never overtakes what came before it. Everything else is redacted whole, in the
  * value's plain and JSON-escaped forms.
  *
- * What the producer already delivered (at or below its last known mark) is not redacted
- * again, so a resend does not disturb the redactors; the log drops it as a duplicate.
+ * What the producer already delivered (at or below its last known mark, or at or below what
+ * the conversation's redaction state took in: `Redaction#takenUpTo`, carried across a restart
+ * with the held text) is not redacted again, so a resend does not disturb the redactors; the
+ * log drops it as a duplicate. So a chunk whose end a stopping process held back reaches the
+ * log once, whether the runner resends it to the next process or not: the held text is tied to
+ * the `seq` it came from.
  */
 export type AppendEvents = (input: AppendInput) => Promise<AppendResult>;
 
@@ -343,7 +386,7 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
   const marks = new Map<string, number>();
 
   /** The event as it is appended: redacted, after what its arrival releases. */
-  function redacted(tenant: string, e: NewEvent, known: boolean): NewEvent[] {
+  function redacted(tenant: string, producer: string, e: NewEvent, seq: number, known: number): NewEvent[] {
     const conversationId = e.conversationId;
     // Secrets belong to a conversation's sandbox; a tenant event carries none.
     const set = conversationId === null ? undefined : redaction.setFor(tenant, conversationId);
@@ -351,7 +394,7 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
     const whole = typeof e.data === 'string' ? { ...e, data: set.redact(e.data) } : e;
     // Redacted whole, without touching stream state: a store that lost its marks would
     // take it again, and it must not carry a secret then either.
-    if (known) return [whole];
+    if (seq <= known || seq <= redaction.takenUpTo(tenant, conversationId, producer)) return [whole];
     if (e.kind === 'output' && typeof e.data === 'string') {
       if (e.stream !== 'acp') {
         return [{ ...e, data: redaction.streamFor(tenant, conversationId, e.stream).push(e.data) }];
@@ -377,7 +420,7 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
     const outSeqs: number[] = [];
     input.events.forEach((e, i) => {
       const seq = seqs[i] as number;
-      for (const out of redacted(input.tenant, e, seq <= known)) {
+      for (const out of redacted(input.tenant, input.producer, e, seq, known)) {
         events.push(out);
         outSeqs.push(seq);
       }
@@ -390,6 +433,12 @@ export function createAppender(log: EventLog, redaction: Redaction): AppendEvent
       seqs: outSeqs,
     });
     marks.set(markKey, result.hwm);
+    // What the log holds now (a `gap` refused the rest): the redaction state took it in.
+    input.events.forEach((e, i) => {
+      const seq = seqs[i] as number;
+      if (e.conversationId !== null && seq <= result.hwm)
+        redaction.taken(input.tenant, e.conversationId, input.producer, seq);
+    });
     return result;
   };
 }
