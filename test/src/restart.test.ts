@@ -76,6 +76,20 @@ t.test(
       }
     }
 
+    // The stop falls while the write path holds text back, as it can at any stop: the reply
+    // reads `You said: be very ` while the 's' of the chunk `ry s` could start the credential
+    // (the scripted agent's chunks are `...`, ` ve`, `ry s`, `low. `, ... 600 ms apart). Should
+    // the machine be too slow to catch that window, the stop falls later, as it did before.
+    let shown = '';
+    for (let i = 0; i < 400 && !shown.startsWith('You said: be very '); i++) {
+      const events = (
+        await a.http.get(`/api/conversations/${onRunner.body.id}/events?limit=1000&blocks=true`, { token })
+      ).body.data as WireEvent[];
+      shown = blockText(events);
+      if (!shown.startsWith('You said: be very ')) await sleep(20);
+    }
+    if (shown !== 'You said: be very ') t.comment(`stopped past the held 's': the reply read ${JSON.stringify(shown)}`);
+
     // The service stops mid-turn and another process takes its place.
     const shared = {
       DATABASE_URL: a.config.DATABASE_URL as string,
