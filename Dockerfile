@@ -31,9 +31,10 @@ WORKDIR /app
 # What the `local` sandbox provider runs here besides node: git, which clones environments'
 # repositories (ca-certificates for https, and the system bundle a brokered sandbox's CA joins),
 # and isolation: each sandbox in namespaces of its own (bubblewrap; socat bridges it out of its
-# network namespace). Docker's default seccomp profile refuses the user namespaces they need:
-# run the container with `--security-opt seccomp=unconfined` (or a profile allowing unshare),
-# or set SANDBOX_ISOLATION=none for a single trusted tenant.
+# network namespace). Docker's defaults refuse the user namespaces they need and the fresh
+# /proc each sandbox mounts: run the container with `--security-opt seccomp=unconfined
+# --security-opt systempaths=unconfined` (and apparmor=unconfined on an AppArmor host), as
+# docker-compose.yml does, or set SANDBOX_ISOLATION=none for a single trusted tenant.
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends bubblewrap ca-certificates git socat \
  && rm -rf /var/lib/apt/lists/*
