@@ -5,6 +5,7 @@ import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
 import { settleRunnerSandboxes } from './sandboxes.ts';
+import { stageEvent } from './stage-events.ts';
 import { changed } from './tenant-events.ts';
 
 /** Runner tokens are told apart from API keys by their prefix. */
@@ -73,15 +74,7 @@ export async function deleteRunner(
       await outbox.enqueue(
         tx,
         row.account_id,
-        conversations.map((conversationId) => ({
-          conversationId,
-          turnId: null,
-          kind: 'stage',
-          stream: 'stage',
-          stage: 'reattach',
-          state: 'failed',
-          data: RUNNER_DELETED,
-        })),
+        conversations.map((conversationId) => stageEvent(conversationId, null, 'reattach', 'failed', RUNNER_DELETED)),
       );
     }
   });

@@ -1,5 +1,5 @@
 import { ApiError, SANDBOX_STATUSES } from '@svc/core';
-import { admin, outbox, type Sql, sandboxes, transaction } from '@svc/db';
+import { admin, outbox, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
@@ -7,6 +7,7 @@ import { recordAudit } from './audit.ts';
 import { csv } from './conversations.ts';
 import type { ActorRef } from './principal.ts';
 import { runnerOnline } from './runners.ts';
+import { stageEvent } from './stage-events.ts';
 
 /** What a retirement is about: the identity sandboxes were built for. */
 export interface RetireTarget {
@@ -285,30 +286,19 @@ const AFTER_RUNNER_RESTART = {
 };
 
 /**
- * A runner connected holding `held`, with the directories of `kept` under its root (inside
- * the transaction recording the connection, or on its own): its sandboxes it no longer holds (a restart lost their machines) are settled
- * (sandboxes.settleUnheld), and each live conversation on one hears what comes next: a kept
- * one is woken by the next prompt (stage `suspend` done), one whose directory is gone is built
- * again by it (stage `reattach` failed, and the sandbox is `failed` at once).
+ * A runner connected holding `held`, with the directories of `kept` under its root (inside the
+ * transaction `tx` that records the connection): its sandboxes it no longer holds (a restart
+ * lost their machines) are settled (sandboxes.settleUnheld), and each live conversation on one
+ * hears what comes next: a kept one is woken by the next prompt (stage `suspend` done), one
+ * whose directory is gone is built again by it (stage `reattach` failed, and the sandbox is
+ * `failed` at once).
  */
-export async function settleRunnerSandboxes(sql: Sql, runnerId: string, held: string[], kept: string[]): Promise<void> {
-  for (const { row, conversations } of await sandboxes.settleUnheld(sql, runnerId, held, kept)) {
-    if (conversations.length === 0) continue;
-    const asleep = row.status === 'suspended';
-    await transaction(sql, (tx) =>
-      outbox.enqueue(
-        tx,
-        row.account_id,
-        conversations.map((conversationId) => ({
-          conversationId,
-          turnId: null,
-          kind: 'stage',
-          stream: 'stage',
-          stage: asleep ? 'suspend' : 'reattach',
-          state: asleep ? 'done' : 'failed',
-          data: asleep ? AFTER_RUNNER_RESTART.kept : AFTER_RUNNER_RESTART.gone,
-        })),
-      ),
-    );
+export async function settleRunnerSandboxes(tx: Sql, runnerId: string, held: string[], kept: string[]): Promise<void> {
+  for (const { row, conversations } of await sandboxes.settleUnheld(tx, runnerId, held, kept)) {
+    const event =
+      row.status === 'suspended'
+        ? (id: string) => stageEvent(id, null, 'suspend', 'done', AFTER_RUNNER_RESTART.kept)
+        : (id: string) => stageEvent(id, null, 'reattach', 'failed', AFTER_RUNNER_RESTART.gone);
+    await outbox.enqueue(tx, row.account_id, conversations.map(event));
   }
 }

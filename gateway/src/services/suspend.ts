@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { recordAudit } from './audit.ts';
+import { stageEvent } from './stage-events.ts';
 
 export interface SuspendDeps {
   sql: Sql;
@@ -45,15 +46,7 @@ export async function suspendIdleSandboxes(deps: SuspendDeps, idleMs: number): P
         outbox.enqueue(
           tx as unknown as Sql,
           row.account_id,
-          conversations.map((conversationId) => ({
-            conversationId,
-            turnId: null,
-            kind: 'stage',
-            stream: 'stage',
-            stage: 'suspend',
-            state: 'done',
-            data,
-          })),
+          conversations.map((conversationId) => stageEvent(conversationId, null, 'suspend', 'done', data)),
         ),
       );
       await deps.relay.flush(row.account_id);

@@ -16,6 +16,7 @@ import { recordAudit } from './audit.ts';
 import { type Billing, chargeEndedTurn } from './billing.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
 import { RUNNER_STAYED_AWAY } from './runners.ts';
+import { stageEvent } from './stage-events.ts';
 import { changed } from './tenant-events.ts';
 
 /*
@@ -388,7 +389,7 @@ async function endTurnAdrift(
     state,
     null,
     [
-      { ...stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed'), data: error },
+      stageEvent(t.conversation_id, t.turn_id, 'reattach', 'failed', error),
       turnEndEvent(t.conversation_id, t.turn_id, state, error, failed?.code),
       changed('conversations'),
     ],
@@ -412,8 +413,4 @@ export async function reattached(sql: Sql, runnerId: string, sandboxIds: string[
       ]),
     );
   }
-}
-
-function stageEvent(conversationId: string, turnId: string, stage: string, state: string) {
-  return { conversationId, turnId, kind: 'stage', stream: 'stage', stage, state };
 }
