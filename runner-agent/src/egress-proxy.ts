@@ -1,7 +1,14 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { lookup } from 'node:dns/promises';
 import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
-import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from 'node:http';
+import {
+  type ClientRequest,
+  createServer,
+  type IncomingMessage,
+  request,
+  type Server,
+  type ServerResponse,
+} from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import {
   BlockList,
@@ -448,63 +455,85 @@ export class EgressProxy {
    * (over TLS when it came over TLS, verified against the runner's trust) and logged.
    */
   private brokered(req: IncomingMessage, res: ServerResponse): void {
-    const target = this.targets.get(req.socket);
-    const held = target ? this.brokers.get(target.sandbox) : undefined;
-    if (!target || !held) {
-      res.writeHead(502, { 'content-type': 'text/plain', connection: 'close' }).end('svc-runner: no broker\n');
+    const p = this.prepare(req);
+    if ('status' in p) {
+      res.writeHead(p.status, { 'content-type': 'text/plain', connection: 'close' }).end(p.body);
       return;
     }
-    const method = req.method ?? 'GET';
-    const headers = { ...req.headers };
-    const outcome = brokerHeaders(headers, req.url ?? '', target.host, target.port, held.broker.bindings);
-    if (!outcome.ok) {
-      if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
-      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
-      refuse(res, target.host, outcome.reason);
-      return;
-    }
-    const bindingId = outcome.binding?.binding_id ?? null;
-    const started = Date.now();
-    const send = target.protocol === 'https:' ? httpsRequest : request;
-    const upstream = send(
-      {
-        host: target.address,
-        port: target.port,
-        method,
-        path: req.url,
-        headers,
-        ...(target.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
-      },
-      (answer) => {
-        const latency = Date.now() - started;
-        this.log(
-          target.sandbox,
-          target.grant,
-          row(target.host, target.port, method, bindingId, answer.statusCode ?? 0, latency),
-        );
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      },
-    );
+    const { target, upstream } = p;
+    upstream.on('response', (answer) => {
+      this.log(target.sandbox, target.grant, p.row(answer.statusCode ?? 0));
+      res.writeHead(answer.statusCode ?? 502, answer.headers);
+      answer.pipe(res);
+    });
     let refused = false;
     upstream.on('error', (err) => {
       if (refused) return;
-      this.log(target.sandbox, target.grant, {
-        ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
-        reason: `cannot reach it: ${err.message}`,
-      });
+      this.log(target.sandbox, target.grant, { ...p.row(null), reason: `cannot reach it: ${err.message}` });
       if (!res.headersSent) {
         res
           .writeHead(502, { 'content-type': 'text/plain' })
           .end(`svc-runner: cannot reach ${target.host}: ${err.message}\n`);
       } else res.destroy();
     });
-    this.sendBody(req, upstream, held.broker.bindings, () => {
+    this.sendBody(req, upstream, p.bindings, () => {
       refused = true;
-      if (target.grant) this.onRefused(target.grant, target.host, PLACEHOLDER_REFUSED);
-      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, PLACEHOLDER_REFUSED));
+      this.refusedClear(target, p.method, PLACEHOLDER_REFUSED);
       refuse(res, target.host, PLACEHOLDER_REFUSED);
     });
+  }
+
+  /**
+   * A request of a brokered sandbox read in the clear, made ready to go on: its target, its
+   * headers with the bound secrets written for the host, and the request to the real host
+   * (over TLS when it came over TLS, verified against the runner's trust; not ended), with
+   * the log row it makes once answered. Or, refused (logged, and heard by onRefused), the
+   * status and text to answer it with.
+   */
+  private prepare(req: IncomingMessage):
+    | {
+        target: BrokerTarget;
+        method: string;
+        bindings: readonly BrokerBinding[];
+        upstream: ClientRequest;
+        /** Its log row with the status it got (null: none came), timed from now. */
+        row: (status: number | null) => Row;
+      }
+    | { status: number; body: string } {
+    const target = this.targets.get(req.socket);
+    const held = target ? this.brokers.get(target.sandbox) : undefined;
+    if (!target || !held) return { status: 502, body: 'svc-runner: no broker\n' };
+    const method = req.method ?? 'GET';
+    const headers = { ...req.headers };
+    const outcome = brokerHeaders(headers, req.url ?? '', target.host, target.port, held.broker.bindings);
+    if (!outcome.ok) {
+      this.refusedClear(target, method, outcome.reason);
+      return { status: 403, body: refusedBody(target.host, outcome.reason) };
+    }
+    const bindingId = outcome.binding?.binding_id ?? null;
+    const started = Date.now();
+    const send = target.protocol === 'https:' ? httpsRequest : request;
+    const upstream = send({
+      host: target.address,
+      port: target.port,
+      method,
+      path: req.url,
+      headers,
+      ...(target.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
+    });
+    return {
+      target,
+      method,
+      bindings: held.broker.bindings,
+      upstream,
+      row: (status) => row(target.host, target.port, method, bindingId, status, Date.now() - started),
+    };
+  }
+
+  /** A request read in the clear refused: logged, and heard by onRefused. */
+  private refusedClear(target: BrokerTarget, method: string, reason: string): void {
+    if (target.grant) this.onRefused(target.grant, target.host, reason);
+    this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, reason));
   }
 
   /**
@@ -533,38 +562,14 @@ export class EgressProxy {
    */
   private brokeredUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
     socket.on('error', () => socket.destroy());
-    const target = this.targets.get(req.socket);
-    const held = target ? this.brokers.get(target.sandbox) : undefined;
-    if (!target || !held) {
-      rawReply(socket, 502, 'svc-runner: no broker\n');
+    const p = this.prepare(req);
+    if ('status' in p) {
+      rawReply(socket, p.status, p.body);
       return;
     }
-    const method = req.method ?? 'GET';
-    const headers = { ...req.headers };
-    const outcome = brokerHeaders(headers, req.url ?? '', target.host, target.port, held.broker.bindings);
-    if (!outcome.ok) {
-      if (target.grant) this.onRefused(target.grant, target.host, outcome.reason);
-      this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, outcome.reason));
-      rawReply(socket, 403, refusedBody(target.host, outcome.reason));
-      return;
-    }
-    const bindingId = outcome.binding?.binding_id ?? null;
-    const started = Date.now();
-    const send = target.protocol === 'https:' ? httpsRequest : request;
-    const upstream = send({
-      host: target.address,
-      port: target.port,
-      method,
-      path: req.url,
-      headers,
-      ...(target.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
-    });
+    const { target, upstream } = p;
     const answer = (status: number, message: string, rawHeaders: string[], closing: boolean) => {
-      this.log(
-        target.sandbox,
-        target.grant,
-        row(target.host, target.port, method, bindingId, status, Date.now() - started),
-      );
+      this.log(target.sandbox, target.grant, p.row(status));
       let text = `HTTP/1.1 ${status} ${message}\r\n`;
       for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
         const name = (rawHeaders[i] as string).toLowerCase();
@@ -581,10 +586,9 @@ export class EgressProxy {
       socket.once('close', () => upstreamSocket.destroy());
       upstreamSocket.once('close', () => socket.destroy());
       upstreamSocket.pipe(socket);
-      const out = placeholderGuard(held.broker.bindings);
+      const out = placeholderGuard(p.bindings);
       out.once('error', () => {
-        if (target.grant) this.onRefused(target.grant, target.host, PLACEHOLDER_REFUSED);
-        this.log(target.sandbox, target.grant, refusedRow(target.host, target.port, method, PLACEHOLDER_REFUSED));
+        this.refusedClear(target, p.method, PLACEHOLDER_REFUSED);
         upstreamSocket.destroy();
         socket.destroy();
       });
@@ -597,10 +601,7 @@ export class EgressProxy {
       res.pipe(socket);
     });
     upstream.on('error', (err) => {
-      this.log(target.sandbox, target.grant, {
-        ...row(target.host, target.port, method, bindingId, null, Date.now() - started),
-        reason: `cannot reach it: ${err.message}`,
-      });
+      this.log(target.sandbox, target.grant, { ...p.row(null), reason: `cannot reach it: ${err.message}` });
       rawReply(socket, 502, `svc-runner: cannot reach ${target.host}: ${err.message}\n`);
     });
     upstream.end();
