@@ -12,7 +12,7 @@ import { SandboxCa } from 'svc-runner';
 import t from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
-import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
+import { claudeAgent, SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
 import { run64, turnSettled } from './scripted-turns.ts';
 import type { WireEvent } from './sse-client.ts';
 import { until } from './until.ts';
@@ -41,9 +41,8 @@ t.test('a brokered call made while the runner is disconnected is in the egress l
   });
   const { http } = svc;
   const { key: token } = await signUp(svc);
-  await http.put('/api/account/inference-credentials/anthropic_api_key', {
-    token,
-    body: { value: 'good-anthropic-key-0123456789' },
+  const { agent } = await claudeAgent(t, http, token, 'runner', {
+    networking_config: { allowed_hosts: [`127.0.0.2:${apiPort}`] },
   });
   const vault = (await http.post('/api/vaults', { token, body: { name: 'prod' } })).body;
   await http.post(`/api/vaults/${vault.id}/secrets`, { token, body: { key: 'API_TOKEN', value: 'real-0123456789' } });
@@ -52,24 +51,6 @@ t.test('a brokered call made while the runner is disconnected is in the egress l
     body: { secret_name: 'API_TOKEN', host: `127.0.0.2:${apiPort}`, shape: 'bearer' },
   });
   t.equal(binding.status, 201, binding.text);
-  const env = (
-    await http.post('/api/environments', {
-      token,
-      body: { name: 'brokered', networking_config: { allowed_hosts: [`127.0.0.2:${apiPort}`] } },
-    })
-  ).body;
-  const agent = (
-    await http.post('/api/agents', {
-      token,
-      body: {
-        name: 'caller',
-        runtime: 'claude',
-        model: 'anthropic/claude-sonnet-4-5',
-        environment_id: env.id,
-        sandbox_provider: 'runner',
-      },
-    })
-  ).body;
 
   // The runner reaches the service through a relay this test can cut.
   let open = true;

@@ -17,9 +17,7 @@ import t, { type Test } from 'tap';
 import { startFakeProvider } from './fakes/inference-provider.ts';
 import { primaryBackend, signUp, startTestService } from './harness.ts';
 import { SCRIPTED_AGENT_COMMAND, startRunnerProcess } from './runner-process.ts';
-import type { WireEvent } from './sse-client.ts';
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+import { replyOf, turnSettled } from './scripted-turns.ts';
 
 /** A local HTTP server on `host` that answers `hello from <name>` and counts connections and requests. */
 async function startTarget(t: Test, host: string, name: string) {
@@ -363,18 +361,8 @@ async function startWorld(t: Test, runnerArgs: string[] = []) {
     const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt } });
     t.equal(res.status, 201, JSON.stringify(res.body));
     const id = res.body.id as string;
-    for (let i = 0; i < 400; i++) {
-      const turns = (await http.get(`/api/conversations/${id}/turns`, { token })).body.data as { state: string }[];
-      if (turns[0] && turns[0].state !== 'running') break;
-      await sleep(50);
-    }
-    const events = (await http.get(`/api/conversations/${id}/events?limit=1000&blocks=true`, { token })).body
-      .data as WireEvent[];
-    const reply = events
-      .flatMap((e) => (e.stream === 'acp' ? (e.blocks ?? []) : []))
-      .filter((b) => b.kind === 'text')
-      .map((b) => b.body)
-      .join('');
+    await turnSettled(http, token, id);
+    const { events, reply } = await replyOf(http, token, id);
     const network = events.find((e) => e.stage === 'network' && e.state === 'done');
     return {
       events,

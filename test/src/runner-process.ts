@@ -73,11 +73,18 @@ export async function startRunnerProcess(
 }
 
 /**
- * An environment `main`, an agent `coder` on runtime `claude` (on `provider`, else the
- * instance's default) and an Anthropic credential: what a launch needs besides a runner.
+ * An environment `main` (with the fields of `environment`), an agent `coder` on runtime
+ * `claude` (on `provider`, else the instance's default) and an Anthropic credential: what a
+ * launch needs besides a runner.
  */
-export async function claudeAgent(t: Test, http: TestService['http'], token: string, provider?: 'runner') {
-  const env = (await http.post('/api/environments', { token, body: { name: 'main' } })).body;
+export async function claudeAgent(
+  t: Test,
+  http: TestService['http'],
+  token: string,
+  provider?: 'runner',
+  environment: Record<string, unknown> = {},
+) {
+  const env = (await http.post('/api/environments', { token, body: { name: 'main', ...environment } })).body;
   const created = await http.post('/api/agents', {
     token,
     body: {
