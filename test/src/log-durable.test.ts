@@ -390,6 +390,52 @@ for (const backend of backends()) {
       );
     });
 
+    t.test(
+      'a read after an id the hot log holds asks nothing of Postgres; after one it dropped, it reaches below',
+      async (t) => {
+        const { accountId: ten } = await signUp(svc);
+        await haveConversations(sql, ten, 'h');
+        for (let i = 0; i < 20; i++)
+          await log.append({ tenant: ten, producer: 'p', seq: i + 1, events: [out('h', `h${i}`)] });
+        const events = await log.read(ten, { after: 0, limit: 100 });
+        await logEvents.storeBatch(sql, ten, events);
+        await log.trim(ten, { upTo: (events.at(-1) as { id: number }).id, keep: 5 });
+        t.equal((await log.read(ten, { after: 0, limit: 100 })).length, 5, 'the hot log keeps the newest 5');
+        let asked = 0;
+        const counting = new Proxy(sql, {
+          apply: (f, self, args) => {
+            asked++;
+            return Reflect.apply(f, self, args);
+          },
+        });
+        const id = (i: number) => (events[i] as { id: number }).id;
+        const texts = (from: number) => events.slice(from).map((e) => e.data);
+        const held = await readLog({ sql: counting, log }, ten, { after: id(16), limit: 100 });
+        t.same(
+          held.map((e) => e.data),
+          texts(17),
+        );
+        const heldOfConversation = await readLog({ sql: counting, log }, ten, {
+          after: id(15),
+          limit: 2,
+          conversationId: 'h',
+        });
+        t.same(
+          heldOfConversation.map((e) => e.data),
+          ['h16', 'h17'],
+          'a page of a conversation too',
+        );
+        t.equal(asked, 0, 'Postgres was not asked');
+        const dropped = await readLog({ sql: counting, log }, ten, { after: id(5), limit: 100 });
+        t.same(
+          dropped.map((e) => e.data),
+          texts(6),
+          'from an id the hot log dropped, the whole rest',
+        );
+        t.ok(asked > 0, 'part of it from Postgres');
+      },
+    );
+
     t.test('the copier trims the hot tail to its size, never above the copy mark', async (t) => {
       for (let i = 60; i < 80; i++)
         await log.append({ tenant, producer: 'p', seq: ++seq, events: [out('a', `line ${i}`)] });

@@ -1,7 +1,9 @@
 import { request } from 'node:http';
+import { logEvents } from '@svc/db';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { signUp, startTestService, type TestService, transportSetups } from './harness.ts';
+import { until } from './until.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -71,6 +73,42 @@ function chaoticWatcher(svc: TestService, path: string, key: string, from: numbe
     }
   })();
   return { received, finished };
+}
+
+/** How long a last resume reads: far shorter than any heartbeat, long enough for a slow machine. */
+const FINAL_READ_MS = 5000;
+
+/** One resume from `from`: the messages it is sent until it has `count` or FINAL_READ_MS pass. */
+function readFor(svc: TestService, path: string, key: string, from: number, count: number) {
+  const received: Received = { lastId: from, messages: [], connections: 1, silent: undefined };
+  const url = new URL(svc.url);
+  return new Promise<Received['messages']>((resolve) => {
+    const req = request(
+      {
+        host: url.hostname,
+        port: url.port,
+        path,
+        agent: false,
+        headers: { authorization: `Bearer ${key}`, 'last-event-id': String(from) },
+      },
+      (res) => {
+        res.setEncoding('utf8');
+        let pending = '';
+        res.on('data', (chunk: string) => {
+          pending += chunk;
+          for (let end = pending.indexOf('\n\n'); end >= 0; end = pending.indexOf('\n\n')) {
+            dispatch(received, pending.slice(0, end));
+            pending = pending.slice(end + 2);
+          }
+          if (received.messages.length >= count) req.destroy();
+        });
+        res.on('close', () => resolve(received.messages));
+      },
+    );
+    req.on('error', () => resolve(received.messages));
+    req.end();
+    setTimeout(() => req.destroy(), FINAL_READ_MS);
+  });
 }
 
 interface Received {
@@ -181,6 +219,41 @@ for (const { backend, edge } of transportSetups()) {
         watchers.every((w) => w.received.connections > 1),
         'every watcher dropped and resumed at least once',
       );
+
+      // A resume delivers at once, not at the next write: once the burst is copied to Postgres,
+      // each watcher resumes once more from its own place in the burst's tail (100 to 880
+      // events back) and reads for a while far shorter than the heartbeat (which is off here).
+      // On Postgres the durable copy is locked meanwhile: the hot log still holds the tail, so
+      // a resume must not wait on the copy.
+      await until(
+        'the burst is copied',
+        async () => (await logEvents.copiedUpTo(svc.db.sql, me.accountId)) >= lastAppended,
+      );
+      const resumeAll = () =>
+        Promise.all(
+          watchers.map(async (_, i) => {
+            const from = feed.length - 1 - (100 + i * 20);
+            const tail = expected.slice(from + 1);
+            const got = await readFor(
+              svc,
+              '/api/events/stream',
+              me.key,
+              (feed[from] as { id: number }).id,
+              tail.length,
+            );
+            return { tail, got: got.map((m) => [m.id, m.conversation_id, m.data]) };
+          }),
+        );
+      const resumed =
+        backend === 'postgres+redis'
+          ? await svc.db.sql.begin(async (tx) => {
+              await tx`LOCK TABLE log_events IN ACCESS EXCLUSIVE MODE`;
+              return resumeAll();
+            })
+          : await resumeAll();
+      for (const [i, r] of resumed.entries()) {
+        t.same(r.got, r.tail, `watcher ${i}'s last resume got its ${r.tail.length} events within ${FINAL_READ_MS} ms`);
+      }
     },
   );
 }
