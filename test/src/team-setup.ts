@@ -48,15 +48,35 @@ export async function teamSetUp(t: Test, backend: Backend, env: Record<string, s
   };
   const turnsOf = async (conversationId: string) =>
     (await http.get(`/api/conversations/${conversationId}/turns`, { token })).body.data as TurnWire[];
-  const settled = (conversationId: string, number: number) =>
-    until(
-      `turn ${number} of ${conversationId} ends`,
-      async () => {
-        const turn = (await turnsOf(conversationId)).find((x) => x.number === number);
-        return turn && turn.state !== 'running' ? turn : undefined;
-      },
-      30_000,
-    );
+  /** Where a conversation stands, for a failure's message: its turns and its last stage events. */
+  const standing = async (conversationId: string) => {
+    const turns = (await turnsOf(conversationId)).map((x) => `${x.number} ${x.state}`);
+    const events = (await http.get(`/api/conversations/${conversationId}/events?limit=1000`, { token })).body.data as {
+      kind: string;
+      stage?: string;
+      state?: string;
+      data?: string;
+    }[];
+    const stages = events
+      .filter((e) => e.kind !== 'output')
+      .slice(-15)
+      .map((e) => `${e.kind}:${e.stage ?? ''}:${e.state ?? ''}`);
+    return `turns [${turns.join(', ')}], last events [${stages.join(' ')}]`;
+  };
+  const settled = async (conversationId: string, number: number) => {
+    try {
+      return await until(
+        `turn ${number} of ${conversationId} ends`,
+        async () => {
+          const turn = (await turnsOf(conversationId)).find((x) => x.number === number);
+          return turn && turn.state !== 'running' ? turn : undefined;
+        },
+        30_000,
+      );
+    } catch (err) {
+      throw new Error(`${(err as Error).message}: ${await standing(conversationId)}`);
+    }
+  };
   const presenceOf = async (agentId: string) =>
     (await http.get(`/api/team/${agentId}`, { token })).body.presence as { state: string; label: string };
   /** Resolves once the teammate's machine is built and idle. */
