@@ -52,6 +52,7 @@ export const RunnerHello = z.object({
   hostname: z.string().min(1).max(255),
   /** The directory sandboxes live under (`--root`). */
   root: z.string().min(1).max(4096),
+  /** What this runner takes beyond protocol 1's first commands (RUNNER_CAN_SUSPEND). */
   capabilities: z.array(z.string().max(64)).max(64),
   /** The sandboxes this process holds (built, and their runtimes its own). */
   sandboxes: z.array(SandboxHeld).max(10_000),
@@ -235,6 +236,21 @@ export const SandboxDestroy = z.object({
   sandbox: z.string().min(1).max(64),
   incarnation: z.number().int().min(0),
 });
+
+/**
+ * The sandbox is idle: its runtimes stop and the runner forgets it, but its directory (the
+ * disk) stays, so a later `sandbox.create` with `adopt` wakes it there. Ignored when the
+ * runner builds or holds a newer incarnation. Sent only to a runner whose hello names
+ * RUNNER_CAN_SUSPEND among its capabilities.
+ */
+export const SandboxSuspend = z.object({
+  kind: z.literal('sandbox.suspend'),
+  sandbox: z.string().min(1).max(64),
+  incarnation: z.number().int().min(0),
+});
+
+/** The hello capability of a runner that takes `sandbox.suspend`. */
+export const RUNNER_CAN_SUSPEND = 'sandbox.suspend';
 
 /**
  * A RUNTIME_<NAME>_COMMAND line split into its command and arguments: words separated by
@@ -428,6 +444,7 @@ export const PermissionAnswerCommand = z.object({
 export const RunnerCommandBody = z.discriminatedUnion('kind', [
   SandboxCreate,
   SandboxDestroy,
+  SandboxSuspend,
   TurnStart,
   TurnInterrupt,
   ConversationClose,

@@ -394,7 +394,7 @@ export async function startService(
     });
     cleanups.push(() => local.stopAll());
     const providers = new SandboxProviders(
-      [local, runnerProvider({ sql: db.sql, offlineAfterMs: config.RUNNER_GRACE_MS })],
+      [local, runnerProvider({ sql: db.sql, fabric, offlineAfterMs: config.RUNNER_GRACE_MS })],
       config.SANDBOX_PROVIDER_DEFAULT,
     );
     const adrift = new TurnsAdriftWorker(

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import {
   decodeFrame,
   encodeFrame,
+  RUNNER_CAN_SUSPEND,
   RUNNER_CLOSE,
   RUNNER_CONNECT_PATH,
   RUNNER_PROTOCOL_VERSION,
@@ -78,7 +79,7 @@ export type AgentEvent =
   | { type: 'connecting'; url: string; attempt: number }
   | { type: 'connected'; runnerId: string; epoch: number; reconnected: boolean }
   | { type: 'disconnected'; code: number; reason: string; retryInMs: number }
-  | { type: 'sandbox'; id: string; state: 'ready' | 'failed' | 'destroyed'; message?: string }
+  | { type: 'sandbox'; id: string; state: 'ready' | 'failed' | 'destroyed' | 'suspended'; message?: string }
   | ({ type: 'turn' } & TurnReport)
   /** The spool held output a previous process had not seen made durable; it is sent again. */
   | { type: 'recovered'; incarnations: number; events: number; cutBytes: number }
@@ -146,6 +147,13 @@ export class RunnerAgent {
   private readonly sandboxes = new Map<string, Sandbox>();
   /** Each sandbox's build, which its turns wait for. */
   private readonly building = new Map<string, Promise<Sandbox>>();
+  /** The incarnation each build in `building` is of. */
+  private readonly incarnations = new Map<string, number>();
+  /**
+   * A destroy or suspension of a sandbox under way: its next build waits for it, so what it
+   * stops (runtimes, the egress grant, the directory) is not the new build's.
+   */
+  private readonly ending = new Map<string, Promise<void>>();
   /** Destroys under way: a stop waits for them (up to DESTROY_WAIT_MS), so a told destroy is done. */
   private readonly destroying = new Set<Promise<void>>();
   private readonly turns: Turns;
@@ -298,7 +306,7 @@ export class RunnerAgent {
         instance: this.instance,
         hostname: this.options.hostname ?? osHostname(),
         root: this.options.root,
-        capabilities: [],
+        capabilities: [RUNNER_CAN_SUSPEND],
         sandboxes: [...this.sandboxes.values()].map((b) => ({ id: b.id, incarnation: b.incarnation })),
         // What an earlier process built: the service wakes them on their kept disk when asked.
         kept: sandboxesOnDisk(this.options.root)
@@ -432,8 +440,11 @@ export class RunnerAgent {
     switch (command.kind) {
       case 'sandbox.create': {
         const emit = (e: RunnerEvent) => this.emit(command.sandbox, command.incarnation, e);
-        // A new incarnation is a clean machine: runtimes of the one before do not carry over.
-        const closed = this.turns.closeSandbox(command.sandbox);
+        // A new incarnation is a clean machine: runtimes of the one before do not carry over,
+        // and a destroy or suspension of it still under way ends first.
+        const closed = (this.ending.get(command.sandbox) ?? Promise.resolve()).then(() =>
+          this.turns.closeSandbox(command.sandbox),
+        );
         const build = closed.then(async () =>
           buildSandbox(
             this.options.root,
@@ -456,6 +467,7 @@ export class RunnerAgent {
           ),
         );
         this.building.set(command.sandbox, build);
+        this.incarnations.set(command.sandbox, command.incarnation);
         build.then(
           (sandbox) => {
             this.sandboxes.set(sandbox.id, sandbox);
@@ -481,24 +493,53 @@ export class RunnerAgent {
         this.turns.answer(command.conversation_id, command.request_id, command.option_id);
         break;
       case 'sandbox.destroy': {
-        const destroying = this.destroy(command.sandbox).finally(() => this.destroying.delete(destroying));
+        const destroying = this.destroy(command.sandbox);
         this.destroying.add(destroying);
+        void destroying.finally(() => this.destroying.delete(destroying));
+        break;
+      }
+      case 'sandbox.suspend': {
+        // A newer incarnation built since is not the idle machine the service meant.
+        if ((this.incarnations.get(command.sandbox) ?? -1) > command.incarnation) break;
+        void this.endSandbox(command.sandbox, async () => {
+          this.report({ type: 'sandbox', id: command.sandbox, state: 'suspended' });
+        });
         break;
       }
     }
   }
 
   /**
-   * Destroys a sandbox's machine: its runtimes are stopped, once its build settled, and its
-   * directory is removed, so a later build of the same sandbox starts from nothing.
+   * Stops a sandbox's machine: it is forgotten at once (a turn for it finds no sandbox), its
+   * runtimes are stopped once its build settled, its egress grant is revoked, and then `after`
+   * runs (removing the directory, for a destroy). The next build of it waits for all of that.
    */
-  private async destroy(id: string): Promise<void> {
+  private endSandbox(id: string, after: () => Promise<void>): Promise<void> {
     const build = this.building.get(id);
     this.sandboxes.delete(id);
     this.building.delete(id);
-    await build?.catch(() => {});
-    await this.turns.closeSandbox(id);
-    await this.egress.forget(id);
+    this.incarnations.delete(id);
+    const ending = (this.ending.get(id) ?? Promise.resolve())
+      .then(async () => {
+        await build?.catch(() => {});
+        await this.turns.closeSandbox(id);
+        await this.egress.forget(id);
+        await after();
+      })
+      .catch((err: Error) => this.report({ type: 'sandbox', id, state: 'failed', message: err.message }))
+      .finally(() => {
+        if (this.ending.get(id) === ending) this.ending.delete(id);
+      });
+    this.ending.set(id, ending);
+    return ending;
+  }
+
+  /** Ends a sandbox's machine and removes its directory, so a later build of it starts from nothing. */
+  private destroy(id: string): Promise<void> {
+    return this.endSandbox(id, () => this.removeDisk(id));
+  }
+
+  private async removeDisk(id: string): Promise<void> {
     try {
       await rm(sandboxDir(this.options.root, id), { recursive: true, force: true });
       this.report({ type: 'sandbox', id, state: 'destroyed' });

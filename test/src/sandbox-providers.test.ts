@@ -3,6 +3,7 @@ import { sandboxes } from '@svc/db';
 import t, { type Test } from 'tap';
 import type { ProviderFixture } from '../../gateway/src/sandboxes/provider.contract.ts';
 import { sandboxProviderContract } from '../../gateway/src/sandboxes/provider.contract.ts';
+import type { SandboxRef } from '../../gateway/src/sandboxes/provider.ts';
 import { signUp, startTestService, type TestService } from './harness.ts';
 import { startRunnerProcess } from './runner-process.ts';
 
@@ -41,7 +42,12 @@ async function account(t: Test, svc: TestService, provider: 'local' | 'runner') 
     if (!row) throw new Error('sandbox not recorded');
     return row;
   };
-  return { me, token, provider: p, newSandbox };
+  const built = async (sandbox: SandboxRef, runnerId: string): Promise<SandboxRef> => {
+    await sandboxes.setRunner(svc.db.sql, sandbox.id, runnerId);
+    await sandboxes.markBuilt(svc.db.sql, sandbox.id, sandbox.incarnation);
+    return { ...sandbox, status: 'ready', runner_id: runnerId };
+  };
+  return { me, token, provider: p, newSandbox, built };
 }
 
 t.test('sandbox provider contract: local (a runner-agent child per sandbox)', async (t) => {
@@ -56,6 +62,9 @@ t.test('sandbox provider contract: local (a runner-agent child per sandbox)', as
         const pid = svc.local.held().find((h) => h.runnerId === runnerId)?.pid;
         if (pid) process.kill(pid, 'SIGKILL');
       },
+      built: a.built,
+      // Its runner-agent is the machine.
+      stopped: (_sandboxId, runnerId) => !svc.fabric.isLive(runnerId),
     };
   });
 });
@@ -73,6 +82,8 @@ t.test('sandbox provider contract: runner (the tenant’s own svc-runner)', asyn
       killMachine: async () => {
         process_.child.kill('SIGKILL');
       },
+      built: a.built,
+      stopped: (sandboxId) => process_.output.includes(`sandbox ${sandboxId} suspended`),
     };
   });
 });

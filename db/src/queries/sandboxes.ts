@@ -238,14 +238,16 @@ export async function persistentBuiltOn(
  * and its conversations are locked (FOR UPDATE) as a reset does, so a turn starting at the
  * same moment either committed first and is seen here, or finds the sandbox `suspended` after
  * this commits. A suspended sandbox lives on no runner (its runner-agent is being stopped;
- * a wake starts another), so `runner_id` is cleared with the move. Returns the row (as it was
- * before, with its runner) and its live (not terminated) conversations, or undefined
- * when it is not idle any more (or another node suspended it first).
+ * a wake starts another), so `runner_id` is cleared with the move, unless `keepRunner` (a
+ * tenant's runner: it stays connected and keeps the disk the wake adopts). Returns the row
+ * (as it was before, with its runner) and its live (not terminated) conversations, or
+ * undefined when it is not idle any more (or another node suspended it first).
  */
 export async function suspendIfIdle(
   sql: Sql,
   id: string,
   idleSince: Date,
+  options: { keepRunner?: boolean } = {},
 ): Promise<{ row: SandboxRow; conversations: string[] } | undefined> {
   return transaction(sql, async (tx) => {
     const [row] = await tx<SandboxRow[]>`SELECT * FROM sandboxes WHERE id = ${id} FOR UPDATE`;
@@ -261,12 +263,27 @@ export async function suspendIfIdle(
     const lastActive = last?.at && last.at > row.updated_at ? last.at : row.updated_at;
     if (lastActive > idleSince) return undefined;
     const [moved] = await tx<SandboxRow[]>`
-      UPDATE sandboxes SET status = 'suspended', runner_id = NULL, updated_at = now() WHERE id = ${id} RETURNING *`;
+      UPDATE sandboxes SET status = 'suspended', updated_at = now(),
+        runner_id = ${options.keepRunner ? tx`runner_id` : tx`NULL`}
+      WHERE id = ${id} RETURNING *`;
     return {
       row: { ...(moved as SandboxRow), runner_id: row.runner_id },
       conversations: on.filter((c) => c.status !== 'terminated').map((c) => c.id),
     };
   });
+}
+
+/** The `ready` sandboxes of `provider` on these runners, with their runner, oldest first. */
+export async function readyOnRunners(
+  sql: Sql,
+  provider: string,
+  runnerIds: string[],
+): Promise<{ id: string; runner_id: string }[]> {
+  if (runnerIds.length === 0) return [];
+  return sql<{ id: string; runner_id: string }[]>`
+    SELECT id, runner_id FROM sandboxes
+    WHERE provider = ${provider} AND status = 'ready' AND runner_id = ANY(${runnerIds}::text[])
+    ORDER BY created_at, id`;
 }
 
 /**

@@ -96,6 +96,8 @@ interface Live {
   /** Set once the hello is recorded. */
   epoch: number;
   instance: string;
+  /** What its hello says it takes beyond protocol 1's first commands. */
+  capabilities: readonly string[];
   openedAt: number;
   lastHeardAt: number;
   closed: boolean;
@@ -225,6 +227,7 @@ export class RunnerFabric {
       conn,
       epoch: 0,
       instance: '',
+      capabilities: [],
       openedAt: now,
       lastHeardAt: now,
       closed: false,
@@ -351,6 +354,7 @@ export class RunnerFabric {
       );
     }
     s.instance = hello.instance;
+    s.capabilities = hello.capabilities;
     // The sandboxes recorded on it that it no longer holds are settled in the same transaction
     // (woken later from their kept directories, or failed): once the connection is recorded,
     // commands come, and none may find a sandbox the runner does not have.
@@ -686,6 +690,13 @@ export class RunnerFabric {
   /** Whether the runner holds a live connection on this node. */
   isLive(runnerId: string): boolean {
     return this.live.has(runnerId);
+  }
+
+  /** The runners connected to this node (welcomed) whose hello names `capability`. */
+  liveWith(capability: string): string[] {
+    const out: string[] = [];
+    for (const s of this.live.values()) if (s.epoch > 0 && s.capabilities.includes(capability)) out.push(s.runnerId);
+    return out;
   }
 
   private sweep(): void {

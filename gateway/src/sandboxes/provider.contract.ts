@@ -10,6 +10,10 @@ export interface ProviderFixture {
   isLive(runnerId: string): boolean;
   /** Ends a machine's runner-agent process abruptly (as a crash or a power cut does). */
   killMachine(runnerId: string): Promise<void>;
+  /** Records the sandbox built on `runnerId`, as the end of its build does: `ready`. */
+  built(sandbox: SandboxRef, runnerId: string): Promise<SandboxRef>;
+  /** Whether the machine on `runnerId` has stopped the sandbox (its runtimes are gone). */
+  stopped(sandboxId: string, runnerId: string): boolean;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -95,17 +99,23 @@ export function sandboxProviderContract(t: Test, setup: () => Promise<ProviderFi
     const sandbox = await f.newSandbox();
     const runnerId = await f.provider.create(sandbox);
     if (!f.provider.suspends) {
-      t.same(f.provider.held(), [], 'it runs no machine of its own, so none is ever idle-suspended');
+      t.same(await f.provider.suspendable(), [], 'none is ever idle-suspended');
       await t.rejects(f.provider.wake({ ...sandbox, status: 'suspended', runner_id: null }));
       return;
     }
+    const built = await f.built(sandbox, runnerId);
     t.ok(
-      f.provider.held().some((h) => h.sandboxId === sandbox.id && h.runnerId === runnerId),
-      'held here',
+      (await f.provider.suspendable()).some((h) => h.sandboxId === sandbox.id && h.runnerId === runnerId),
+      'a candidate of this node',
     );
-    await f.provider.suspend(sandbox.id, runnerId);
-    t.ok(await until(() => !f.isLive(runnerId)), 'the machine stopped');
-    const asleep = { ...sandbox, status: 'suspended' as const, runner_id: null };
+    await f.provider.suspend(built, runnerId);
+    t.ok(await until(() => f.stopped(sandbox.id, runnerId)), 'the machine stopped');
+    t.equal(f.isLive(runnerId), f.provider.suspendKeepsRunner, 'its runner stays when the sandbox stays on it');
+    const asleep = {
+      ...built,
+      status: 'suspended' as const,
+      runner_id: f.provider.suspendKeepsRunner ? runnerId : null,
+    };
     const woken = await f.provider.wake(asleep);
     t.ok(f.isLive(woken), 'woken on a connected runner');
     t.equal(await f.provider.health({ ...asleep, runner_id: woken }), 'live');

@@ -34,6 +34,8 @@ const STOP_TIMEOUT_MS = 10_000;
 export class LocalSandboxes implements SandboxProvider {
   readonly name = 'local';
   readonly suspends = true;
+  // Its runner-agent is the machine: it stops with the suspension, and the wake starts another.
+  readonly suspendKeepsRunner = false;
   readonly showsRunner = false;
   // The runner-agent is a child of the service, so a restart of the service took it along.
   readonly adrift = {
@@ -87,8 +89,8 @@ export class LocalSandboxes implements SandboxProvider {
     return this.start(sandbox.account_id, sandbox.id);
   }
 
-  async suspend(sandboxId: string, runnerId: string): Promise<void> {
-    await this.stop(sandboxId, { runnerId, graceful: true });
+  async suspend(sandbox: { id: string }, runnerId: string): Promise<void> {
+    await this.stop(sandbox.id, { runnerId, graceful: true });
   }
 
   /** Its runner-agent stops and its directory goes, also when it was suspended (no runner-agent to tell). */
@@ -198,6 +200,11 @@ export class LocalSandboxes implements SandboxProvider {
   /** The sandboxes whose runner-agent runs on this node, with its runner. */
   held(): { sandboxId: string; runnerId: string; pid: number | undefined }[] {
     return [...this.children].map(([sandboxId, h]) => ({ sandboxId, runnerId: h.runnerId, pid: h.child.pid }));
+  }
+
+  /** Every machine this node runs. */
+  async suspendable(): Promise<{ sandboxId: string; runnerId: string }[]> {
+    return this.held();
   }
 
   /**

@@ -2,7 +2,10 @@ import { SANDBOX_PROVIDERS, validationFailed } from '@svc/core';
 import type { sandboxes } from '@svc/db';
 
 /** The sandbox as a provider sees it: its row (identity, incarnation, status, current runner). */
-export type SandboxRef = Pick<sandboxes.SandboxRow, 'id' | 'account_id' | 'provider' | 'status' | 'runner_id'>;
+export type SandboxRef = Pick<
+  sandboxes.SandboxRow,
+  'id' | 'account_id' | 'provider' | 'status' | 'runner_id' | 'incarnation'
+>;
 
 /**
  * Whether a sandbox's machine can serve it now:
@@ -35,11 +38,17 @@ export interface SandboxProvider {
   /** The name stored on the sandbox and named by an agent's `sandbox_provider`. */
   readonly name: string;
   /**
-   * Whether the service suspends its idle machines (runner-agent stopped, disk kept). A
-   * sandbox of any provider is also suspended when its runner comes back without its machine
-   * but with its directory (a restart of the runner), and is woken by `wake`.
+   * Whether the service suspends its idle machines (runtimes stopped, disk kept). A sandbox of
+   * any provider is also suspended when its runner comes back without its machine but with its
+   * directory (a restart of the runner), and is woken by `wake`.
    */
   readonly suspends: boolean;
+  /**
+   * Whether a suspended sandbox stays on its runner: a tenant's runner outlives the machine,
+   * keeps the disk and is where the wake adopts it. Else the runner goes with the machine (a
+   * runner-agent of the sandbox's own) and the sandbox is suspended on none.
+   */
+  readonly suspendKeepsRunner: boolean;
   /** Whether a sandbox's wire shape names the tenant runner it lives on (`runner`). */
   readonly showsRunner: boolean;
   /** How a turn ends that its runner left adrift (see `endTurnsAdrift`). */
@@ -79,10 +88,11 @@ export interface SandboxProvider {
   wake(sandbox: SandboxRef): Promise<string>;
   /**
    * Stops the sandbox's machine and keeps its disk (the sandbox is already `suspended` in
-   * the database); resolves once it has stopped. Only `runnerId`'s machine is stopped, so a
-   * machine started for the sandbox meanwhile is left alone.
+   * the database); resolves once it has stopped, or once its runner was told to stop it. Only
+   * `runnerId`'s machine of this incarnation is stopped, so a machine started for the sandbox
+   * meanwhile is left alone.
    */
-  suspend(sandboxId: string, runnerId: string): Promise<void>;
+  suspend(sandbox: Pick<SandboxRef, 'id' | 'incarnation'>, runnerId: string): Promise<void>;
   /**
    * The sandbox's machine is gone for good, or its disk is to be wiped (terminate, reset of a
    * suspended sandbox): stops what the provider runs for it and removes what it keeps. The
@@ -94,8 +104,14 @@ export interface SandboxProvider {
    * still keeps for it (spooled output, directories of sandboxes it no longer knew). Idempotent.
    */
   eraseAccount(accountId: string): Promise<void>;
-  /** The machines this node runs itself, by sandbox (the idle-suspend worker's candidates). */
+  /** The machines this node runs itself, by sandbox. */
   held(): { sandboxId: string; runnerId: string }[];
+  /**
+   * The machines this node can suspend, by sandbox (the idle-suspend worker's candidates,
+   * each checked for idleness before it is suspended): none when the provider does not
+   * suspend.
+   */
+  suspendable(): Promise<{ sandboxId: string; runnerId: string }[]>;
   /**
    * Called once, a few seconds after the service starts: the runners of machines this node ran
    * before it started again whose process is gone and that have not reconnected (a power cut
