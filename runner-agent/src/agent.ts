@@ -493,6 +493,8 @@ export class RunnerAgent {
         this.turns.answer(command.conversation_id, command.request_id, command.option_id);
         break;
       case 'sandbox.destroy': {
+        // A newer incarnation built since is not the machine the service meant.
+        if ((this.incarnations.get(command.sandbox) ?? -1) > command.incarnation) break;
         const destroying = this.destroy(command.sandbox);
         this.destroying.add(destroying);
         void destroying.finally(() => this.destroying.delete(destroying));

@@ -33,14 +33,23 @@ t.test('a runner restarted with the same token and root keeps its conversations'
   };
   const kept = await launch();
   const lost = await launch();
-  t.ok(existsSync(kept.dir) && existsSync(lost.dir), 'both sandboxes are on the runner’s disk');
+  const ended = await launch();
+  t.ok(existsSync(kept.dir) && existsSync(lost.dir) && existsSync(ended.dir), 'the sandboxes are on the runner’s disk');
 
-  // The restart: SIGTERM, then one directory removed while it is down, then a start.
+  // The restart: SIGTERM, then one directory removed and one conversation ended while it is
+  // down, then a start.
   runner.child.kill('SIGTERM');
   await new Promise((resolve) => runner.child.once('exit', resolve));
   rmSync(lost.dir, { recursive: true, force: true });
+  const terminated = await http.post(`/api/conversations/${ended.id}/terminate`, { token });
+  t.equal(terminated.status, 200, terminated.text);
+  t.ok(existsSync(ended.dir), 'a sandbox terminated while its runner is down keeps its directory for now');
   const again = await startRunnerProcess(t, svc.url, runnerRow.token, [], { root: runner.root });
   t.match(again.output, /connected as runner/);
+  t.ok(
+    await until('the terminated sandbox’s directory to go', () => !existsSync(ended.dir)),
+    'and loses it once the runner is back',
+  );
 
   const sandbox = (id: string) => http.get(`/api/sandboxes/${id}`, { token }).then((r) => r.body);
   t.equal(
@@ -88,4 +97,36 @@ t.test('a runner restarted with the same token and root keeps its conversations'
   t.match(intruder.output, /waiting: another svc-runner/, 'the second waits');
   t.equal((await sandbox(kept.sandboxId)).status, 'ready', 'the connected runner’s sandboxes stay ready');
   t.equal((await sandbox(lost.sandboxId)).status, 'ready');
+});
+
+t.test('a runner killed mid-turn and started again ends the turn it can no longer finish', async (t) => {
+  const svc = await startTestService(t, {
+    backend: primaryBackend(),
+    env: { RUNTIME_CLAUDE_COMMAND: SCRIPTED_AGENT_COMMAND, RUNNER_HEARTBEAT_MS: '500', RUNNER_GRACE_MS: '3000' },
+  });
+  const { http } = svc;
+  const { key: token } = await signUp(svc);
+  const { agent, runnerRow, runner } = await claudeOnRunner(t, svc, token);
+  const events = async (id: string) =>
+    (await http.get(`/api/conversations/${id}/events?limit=1000`, { token })).body.data as WireEvent[];
+  const res = await http.post('/api/conversations', { token, body: { agent_id: agent.id, prompt: 'be very slow' } });
+  t.equal(res.status, 201, res.text);
+  const id = res.body.id as string;
+  await until('the turn to speak', async () =>
+    (await events(id)).some((e) => e.kind === 'output' && /tick/.test(e.data ?? '')),
+  );
+
+  // No SIGTERM: the runner and its runtime die at once, and nothing spools the turn's end.
+  runner.child.kill('SIGKILL');
+  await new Promise((resolve) => runner.child.once('exit', resolve));
+  await startRunnerProcess(t, svc.url, runnerRow.token, [], { root: runner.root });
+  t.equal(await turnSettled(http, token, id), 'interrupted', 'the turn ends instead of running for ever');
+  const end = (await events(id)).filter((e) => e.kind === 'stage' && e.stage === 'turn').at(-1);
+  t.match(end, { state: 'interrupted', data: /runner restarted while this turn ran/ }, 'saying why');
+  const sandboxId = (await http.get(`/api/conversations/${id}`, { token })).body.sandbox_id as string;
+  t.equal((await http.get(`/api/sandboxes/${sandboxId}`, { token })).body.status, 'suspended', 'its disk is kept');
+
+  const again = await http.post(`/api/conversations/${id}/prompts`, { token, body: { prompt: 'hello again' } });
+  t.equal(again.status, 201, again.text);
+  t.equal(await turnSettled(http, token, id), 'done', 'the next prompt wakes the sandbox and runs');
 });

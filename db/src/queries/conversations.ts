@@ -397,6 +397,9 @@ export async function runningTurnsOnRunner(
  * has no runner any more), among turns opened before `openedBefore`: after a restart of the
  * service, or a runner that never came back, nothing else would end them. `starting`: the
  * sandbox is provisioning and has no runner yet (its provider may still be starting one).
+ * Also those whose sandbox has been `suspended` or `failed` since before `heardBefore` while
+ * its runner is heard from (`restarted`): the runner came back without the machine (killed,
+ * then started again), and the output it resent after its reconnection did not end the turn.
  */
 export async function runningTurnsAdrift(
   sql: Sql,
@@ -411,15 +414,22 @@ export async function runningTurnsAdrift(
     provider: string;
     opened_at: Date;
     starting: boolean;
+    restarted: boolean;
   }[]
 > {
   return sql`
-    SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id, s.provider,
-      t.created_at AS opened_at, (s.status = 'provisioning' AND r.id IS NULL) AS starting
-    FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
-    LEFT JOIN runners r ON r.id = s.runner_id
-    WHERE t.state = 'running' AND t.created_at < ${openedBefore}
-      AND (r.id IS NULL OR r.last_seen_at IS NULL OR r.last_seen_at < ${heardBefore})`;
+    SELECT account_id, turn_id, conversation_id, sandbox_id, provider, opened_at, starting,
+      NOT away AS restarted
+    FROM (
+      SELECT t.account_id, t.id AS turn_id, t.conversation_id, c.sandbox_id, s.provider,
+        t.created_at AS opened_at, (s.status = 'provisioning' AND r.id IS NULL) AS starting,
+        (r.id IS NULL OR r.last_seen_at IS NULL OR r.last_seen_at < ${heardBefore}) AS away,
+        (s.status IN ('suspended', 'failed') AND s.updated_at < ${heardBefore}) AS machine_gone
+      FROM turns t JOIN conversations c ON c.id = t.conversation_id JOIN sandboxes s ON s.id = c.sandbox_id
+      LEFT JOIN runners r ON r.id = s.runner_id
+      WHERE t.state = 'running' AND t.created_at < ${openedBefore}
+    ) running
+    WHERE away OR machine_gone`;
 }
 
 /** Running turns on the runner's given sandboxes (it reconnected holding them). */

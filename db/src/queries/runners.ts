@@ -5,6 +5,8 @@ export interface RunnerRow {
   account_id: string;
   name: string;
   token_prefix: string;
+  /** The owner's own machine (`self`), or a runner-agent the `local` provider started. */
+  kind: 'self' | 'local';
   hostname: string | null;
   path: string | null;
   version: string | null;
@@ -16,7 +18,7 @@ export interface RunnerRow {
 }
 
 const columns = (sql: Sql) =>
-  sql`id, account_id, name, token_prefix, hostname, path, version, instance, epoch, connected, last_seen_at, created_at`;
+  sql`id, account_id, name, token_prefix, kind, hostname, path, version, instance, epoch, connected, last_seen_at, created_at`;
 
 export async function insertRunner(
   sql: Sql,

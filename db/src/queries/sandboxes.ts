@@ -273,6 +273,26 @@ export async function suspendIfIdle(
   });
 }
 
+/**
+ * Of the sandbox directories a runner of `accountId` keeps (`ids`), those no active sandbox
+ * (provisioning, ready or suspended) of the account has: terminated or deleted while it was
+ * away, or failed. One active on another runner of the account is not among them (two runners
+ * may share a root). Each with the incarnation to name in its destroy (0 for one gone).
+ */
+export async function orphanedOnRunner(
+  sql: Sql,
+  accountId: string,
+  ids: string[],
+): Promise<{ id: string; incarnation: number }[]> {
+  if (ids.length === 0) return [];
+  const rows = await sql<{ id: string; status: SandboxStatus; incarnation: number }[]>`
+    SELECT id, status, incarnation FROM sandboxes WHERE account_id = ${accountId} AND id = ANY(${ids}::text[])`;
+  const of = new Map(rows.map((r) => [r.id, r]));
+  return ids
+    .filter((id) => !ACTIVE_STATUSES.includes(of.get(id)?.status as SandboxStatus))
+    .map((id) => ({ id, incarnation: of.get(id)?.incarnation ?? 0 }));
+}
+
 /** The `ready` sandboxes of `provider` on these runners, with their runner, oldest first. */
 export async function readyOnRunners(
   sql: Sql,

@@ -96,6 +96,8 @@ interface Live {
   /** Set once the hello is recorded. */
   epoch: number;
   instance: string;
+  /** A tenant's own runner, or a `local` provider's runner-agent. */
+  kind: 'self' | 'local';
   /** What its hello says it takes beyond protocol 1's first commands. */
   capabilities: readonly string[];
   openedAt: number;
@@ -227,6 +229,7 @@ export class RunnerFabric {
       conn,
       epoch: 0,
       instance: '',
+      kind: runner.kind,
       capabilities: [],
       openedAt: now,
       lastHeardAt: now,
@@ -409,6 +412,33 @@ export class RunnerFabric {
     }
     this.send(s, { t: 'welcome', runner_id: s.runnerId, epoch, heartbeat_ms: this.options.heartbeatMs });
     this.deps.logger.info({ runner: s.runnerId, epoch, hostname: hello.hostname }, 'runner connected');
+    // A local runner-agent's root is its account's, shared with the others: its provider
+    // removes what it keeps.
+    if (hello.kept?.length && s.kind === 'self') void this.destroyOrphans(s, hello.kept);
+  }
+
+  /**
+   * The directories a tenant's runner keeps of sandboxes that are gone (terminated or deleted
+   * while it was away, or failed) are removed: it is told
+   * `sandbox.destroy` for each, naming the incarnation the service knows (a build of a newer
+   * one started meanwhile is left alone by the runner).
+   */
+  private async destroyOrphans(s: Live, kept: string[]): Promise<void> {
+    try {
+      for (const orphan of await sandboxes.orphanedOnRunner(this.deps.sql, s.accountId, kept)) {
+        if (s.closed) return;
+        await this.commandHere(s.runnerId, {
+          kind: 'sandbox.destroy',
+          sandbox: orphan.id,
+          incarnation: orphan.incarnation,
+        });
+      }
+    } catch (err) {
+      this.deps.logger.warn(
+        { err: { message: (err as Error).message }, runner: s.runnerId },
+        'kept directories of gone sandboxes not removed; the next connection tries again',
+      );
+    }
   }
 
   /**
@@ -514,7 +544,10 @@ export class RunnerFabric {
     const tenant = sbx.accountId;
     // Appended in segments that end before each turn's end event, whose record is ended first
     // (compare-and-set: once): a client that sees `turn done` finds the conversation idle and
-    // can send the next prompt at once. A resend ends a record its first sending did not.
+    // can send the next prompt at once. A resend ends a record its first sending did not. The
+    // end of a build (the runner closes stage `sandbox`), or of a suspended sandbox's wake
+    // (stage `reattach`: only a runner adopting a kept directory sends it), makes the sandbox
+    // ready or failed the same way, before a client can see it.
     const result = { status: 'appended' as AppendResult['status'], hwm: 0 };
     let from = 0;
     const appendUpTo = async (to: number): Promise<boolean> => {
@@ -528,23 +561,28 @@ export class RunnerFabric {
     };
     let whole = true;
     for (const [i, e] of events.entries()) {
-      if (e.kind !== 'stage' || e.stage !== 'turn' || !e.turnId || !TURN_RESULTS.has(e.state ?? '')) continue;
+      if (e.kind !== 'stage') continue;
+      const turnEnd = e.stage === 'turn' && e.turnId && TURN_RESULTS.has(e.state ?? '');
+      const buildEnd =
+        (e.stage === 'sandbox' || e.stage === 'reattach') && (e.state === 'done' || e.state === 'failed');
+      if (!turnEnd && !buildEnd) continue;
       whole = await appendUpTo(i);
       if (!whole) break;
+      if (buildEnd) {
+        await this.deps.onSandboxBuilt(m.sandbox, m.incarnation, e.state === 'done');
+        continue;
+      }
       const data = e.data ?? null;
-      await this.deps.onTurnEnd(tenant, e.turnId, e.state as TurnResult, usageOf(data), turnErrorOf(data) ?? null);
+      await this.deps.onTurnEnd(
+        tenant,
+        e.turnId as string,
+        e.state as TurnResult,
+        usageOf(data),
+        turnErrorOf(data) ?? null,
+      );
     }
     if (whole) await appendUpTo(events.length);
     this.send(s, { t: 'appended', sandbox: m.sandbox, incarnation: m.incarnation, hwm: result.hwm });
-    // The end of a build (the runner closes stage `sandbox`), or of a suspended sandbox's wake
-    // (stage `reattach`: only a runner adopting a kept directory sends it), makes the sandbox
-    // ready or failed.
-    for (const e of events.slice(0, from)) {
-      const closes = e.stage === 'sandbox' || e.stage === 'reattach';
-      if (e.kind === 'stage' && closes && (e.state === 'done' || e.state === 'failed')) {
-        await this.deps.onSandboxBuilt(m.sandbox, m.incarnation, e.state === 'done');
-      }
-    }
     if (result.status === 'duplicate') {
       // A resend after a reconnect: what the copy holds may be forgotten now.
       const durable = await logEvents.durableMark(this.deps.sql, sbx.accountId, producer);

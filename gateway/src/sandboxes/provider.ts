@@ -23,7 +23,7 @@ export interface AdriftTurnEnd {
   /** For the turn's log and `error`, in words a user can act on. */
   error: string;
   /** The audit row's reason. */
-  reason: 'service_restarted' | 'runner_gone';
+  reason: 'service_restarted' | 'runner_gone' | 'runner_restarted';
 }
 
 /**

@@ -335,7 +335,9 @@ export async function failTurnsOfRunner(sql: Sql, runnerId: string): Promise<num
  * service, so its turn is `interrupted`; a self-hosted runner that stayed away fails it). Each
  * says why in the log (stage `reattach` failed); compare-and-set, so a turn that ended
  * meanwhile is left alone. A turn whose sandbox's provider may still be starting its machine
- * is left to that start (`startTimeoutMs`) for a grace period more.
+ * is left to that start (`startTimeoutMs`) for a grace period more. A turn whose runner came
+ * back without the machine (it was killed mid-turn, so nothing it resent ended the turn) ends
+ * `interrupted` once its sandbox was settled a grace period ago.
  */
 export async function endTurnsAdrift(
   deps: { sql: Sql; providers: SandboxProviders },
@@ -347,10 +349,17 @@ export async function endTurnsAdrift(
   for (const t of await conversations.runningTurnsAdrift(sql, new Date(now - graceMs), new Date(now - 2 * graceMs))) {
     const provider = deps.providers.of(t.provider);
     if (t.starting && t.opened_at.getTime() > now - provider.startTimeoutMs - graceMs) continue;
-    if (await endTurnAdrift(sql, t, provider.adrift)) ended++;
+    if (await endTurnAdrift(sql, t, t.restarted ? RESTARTED_MID_TURN : provider.adrift)) ended++;
   }
   return ended;
 }
+
+/** How a turn ends whose runner came back without its machine (killed, then started again). */
+const RESTARTED_MID_TURN: AdriftTurnEnd = {
+  state: 'interrupted',
+  error: 'The runner restarted while this turn ran, and its runtime went with it: send the prompt again.',
+  reason: 'runner_restarted',
+};
 
 /**
  * The machines behind `runnerIds` are gone for good (their provider says so at start, see
