@@ -76,7 +76,7 @@ function chaoticWatcher(svc: TestService, path: string, key: string, from: numbe
 }
 
 /** How long a last resume reads: far shorter than any heartbeat, long enough for a slow machine. */
-const FINAL_READ_MS = 5000;
+const FINAL_READ_MS = 10_000;
 
 /** One resume from `from`: the messages it is sent until it has `count` or FINAL_READ_MS pass. */
 function readFor(svc: TestService, path: string, key: string, from: number, count: number) {
