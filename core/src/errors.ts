@@ -91,6 +91,24 @@ export class ApiError extends Error {
   }
 }
 
+/** A size in words: whole MB or KB (of 1024) when it is one, else bytes. */
+function sizeInWords(bytes: number): string {
+  if (bytes >= 1024 * 1024 && bytes % (1024 * 1024) === 0) return `${bytes / (1024 * 1024)} MB`;
+  if (bytes >= 1024 && bytes % 1024 === 0) return `${bytes / 1024} KB`;
+  return `${bytes} bytes`;
+}
+
+/**
+ * A 413 `payload_too_large` in the one wording every limit uses: what is too large, its size
+ * when known, and the limit, also as `limit_bytes`.
+ */
+export function tooLarge(what: string, limitBytes: number, sizeBytes?: number): ApiError {
+  const size = sizeBytes === undefined ? 'is larger than' : `is ${sizeBytes} bytes, more than`;
+  return new ApiError('payload_too_large', `${what} ${size} the limit of ${sizeInWords(limitBytes)}.`, {
+    extra: { limit_bytes: limitBytes },
+  });
+}
+
 /** A 422 `validation_failed` whose `details` maps field paths to messages (DECISIONS.md). */
 export function validationFailed(details: Record<string, string[]>, message?: string): ApiError {
   return new ApiError('validation_failed', message, { extra: { details } });

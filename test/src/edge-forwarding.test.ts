@@ -302,7 +302,11 @@ t.test('a body announced larger than the limit is 413 at the edge, never forward
   };
   const res = await fetch(`http://127.0.0.1:${port}/api/upload`, { method: 'POST', body: Buffer.alloc(MB + 1) });
   t.equal(res.status, 413);
-  t.same(await res.json(), { error: 'payload_too_large', message: 'The request body is too large.' });
+  t.same(await res.json(), {
+    error: 'payload_too_large',
+    message: `The request body is ${MB + 1} bytes, more than the limit of 1 MB.`,
+    limit_bytes: MB,
+  });
   t.notOk(reached, 'the api never saw it');
   const ok = await fetch(`http://127.0.0.1:${port}/api/upload`, { method: 'POST', body: Buffer.alloc(MB) });
   t.equal(await ok.text(), 'no', 'a body at the limit is forwarded');

@@ -60,7 +60,11 @@ for (const backend of backends()) {
       t.equal((await report({ message: 'a'.repeat(20 * KB) })).status, 201, 'exactly 20 KB is taken');
       const over = await report({ message: 'a'.repeat(20 * KB + 1) });
       t.equal(over.status, 413);
-      t.same(over.body, { error: 'payload_too_large', message: 'message is 20481 bytes; at most 20480 (20 KB).' });
+      t.same(over.body, {
+        error: 'payload_too_large',
+        message: 'message is 20481 bytes, more than the limit of 20 KB.',
+        limit_bytes: 20480,
+      });
       // 10,241 two-byte characters: fewer than 20 K characters, more than 20 KB.
       const wide = await report({ message: 'é'.repeat(10_241) });
       t.equal(wide.status, 413, 'counted in bytes, not characters');
@@ -75,7 +79,8 @@ for (const backend of backends()) {
       t.equal(over.status, 413);
       t.same(over.body, {
         error: 'payload_too_large',
-        message: 'context is 65537 bytes as JSON; at most 65536 (64 KB).',
+        message: 'context (as JSON) is 65537 bytes, more than the limit of 64 KB.',
+        limit_bytes: 65536,
       });
     });
 
@@ -89,7 +94,8 @@ for (const backend of backends()) {
       t.equal(over.status, 413);
       t.same(over.body, {
         error: 'payload_too_large',
-        message: 'screenshot is 5242881 bytes; at most 5242880 (5 MB).',
+        message: 'screenshot is 5242881 bytes, more than the limit of 5 MB.',
+        limit_bytes: 5242880,
       });
     });
 

@@ -125,7 +125,11 @@ t.test('uploads through the edge with curl and a raw socket', async (t) => {
     await writeFile(hugeFile, bigPng(LIMIT + 1));
     const res = await send('PUT', avatarUrl, 'image/png', hugeFile);
     t.equal(res.status, 413);
-    t.same(JSON.parse(res.body), { error: 'payload_too_large', message: 'The request body is too large.' });
+    t.same(JSON.parse(res.body), {
+      error: 'payload_too_large',
+      message: `The request body is ${LIMIT + 1} bytes, more than the limit of ${LIMIT / 1024 / 1024} MB.`,
+      limit_bytes: LIMIT,
+    });
     t.equal(res.statusLines.at(-1), 'HTTP/1.1 413 Payload Too Large');
     t.same(await storedAvatar(), before, 'the avatar is unchanged');
   });

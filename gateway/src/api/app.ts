@@ -12,7 +12,7 @@ import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';
 import type { StreamServer } from '../streams/streams.ts';
 import { registerAuth } from './auth.ts';
 import type { ApiDeps } from './deps.ts';
-import { sendApiError, toApiError } from './errors.ts';
+import { clientLeft, sendApiError, toApiError } from './errors.ts';
 import { describeRoute } from './route-docs.ts';
 import { RouteTable } from './route-table.ts';
 import { accountRoutes } from './routes/account.ts';
@@ -78,14 +78,37 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   });
 
   // An empty body with a JSON content type is "no body", so a bare POST works from any client.
+  // The bytes must be UTF-8 (RFC 8259): decoded strictly, not with replacement characters that
+  // would then be stored.
   const jsonParser = app.getDefaultJsonParser('error', 'error');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
-    if (body === '' || (typeof body === 'string' && body.trim() === '')) return done(null, undefined);
-    return jsonParser(req, body as string, done);
+  // No route reads plain text: a text body is refused naming its type (toApiError), not read
+  // as a string that then fails the body's schema.
+  app.removeContentTypeParser('text/plain');
+  const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: false });
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (req, bytes, done) => {
+    let body: string;
+    try {
+      body = utf8.decode(bytes as Buffer);
+    } catch {
+      return done(new ApiError('invalid_request', 'The body is not valid UTF-8; JSON text must be.'), undefined);
+    }
+    if (body.trim() === '') return done(null, undefined);
+    return jsonParser(req, body, done);
   });
 
   await app.register(fastifyCookie);
   await app.register(fastifyFormbody);
+  // A form body (what `curl -d` sends) reaches only the routes that take one: elsewhere it is
+  // refused saying so, rather than read as one odd field of a JSON object.
+  app.addHook('preValidation', async (request) => {
+    const type = request.headers['content-type'];
+    if (!type?.toLowerCase().startsWith('application/x-www-form-urlencoded')) return;
+    if (request.routeOptions.schema?.consumes?.includes('application/x-www-form-urlencoded')) return;
+    throw new ApiError(
+      'invalid_request',
+      'The body was sent as a form (Content-Type: application/x-www-form-urlencoded, what `curl -d` sends), so it was not read as JSON: send it with Content-Type: application/json.',
+    );
+  });
   await app.register(fastifyCors, {
     // Only bearer keys cross an origin: no credentials mode, so cookies are never sent cross-origin.
     origin: deps.config.API_CORS_ORIGINS.length ? deps.config.API_CORS_ORIGINS : false,
@@ -175,6 +198,11 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   });
 
   app.setErrorHandler((err, request, reply) => {
+    // The client hung up while its body was read: nothing went wrong here, and nobody listens.
+    if (clientLeft(err)) {
+      request.log.info({ code: (err as { code?: string }).code }, 'the client left before its request was read');
+      return sendApiError(reply, new ApiError('invalid_request', 'The request was cut off.'));
+    }
     const e = toApiError(err, request);
     if (e.status >= 500) request.log.error({ err }, 'request failed');
     return sendApiError(reply, e);

@@ -1,13 +1,10 @@
-import { ApiError } from '@svc/core';
+import { ApiError, tooLarge } from '@svc/core';
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
 
 /** Fastify's own error codes, mapped onto our catalogue. */
 const FASTIFY_CODES: Record<string, ApiError['code']> = {
   FST_ERR_CTP_BODY_TOO_LARGE: 'payload_too_large',
-  // DECISIONS: a wrong content type on a JSON route is 400 invalid_request (routes that take
-  // raw bytes answer 415 themselves).
-  FST_ERR_CTP_INVALID_MEDIA_TYPE: 'invalid_request',
   FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'invalid_request',
   FST_ERR_CTP_EMPTY_JSON_BODY: 'invalid_request',
   FST_ERR_CTP_INVALID_JSON_BODY: 'invalid_request',
@@ -54,12 +51,35 @@ export function toApiError(err: unknown, request: FastifyRequest): ApiError {
     return new ApiError('invalid_request', message, { extra: { details } });
   }
   const fe = err as Partial<FastifyError>;
+  if (fe.code === 'FST_ERR_CTP_BODY_TOO_LARGE' || fe.statusCode === 413) {
+    return tooLarge('The request body', request.routeOptions.bodyLimit);
+  }
+  // DECISIONS: a wrong content type on a JSON route is 400 invalid_request (routes that take
+  // raw bytes answer 415 themselves).
+  if (fe.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') {
+    const type = request.headers['content-type'] ?? 'none';
+    return new ApiError(
+      'invalid_request',
+      `This route reads a JSON body, not ${type}: send it with Content-Type: application/json.`,
+    );
+  }
   const mapped = fe.code ? FASTIFY_CODES[fe.code] : undefined;
   if (mapped) return new ApiError(mapped, fe.message);
-  if (fe.statusCode === 400 && fe.code === 'FST_ERR_VALIDATION') return new ApiError('invalid_request', fe.message);
-  if (fe.statusCode === 415) return new ApiError('unsupported_media_type', fe.message);
-  if (fe.statusCode === 413) return new ApiError('payload_too_large');
+  // Another plugin's client error (a static file that is not there, a path it refuses): its
+  // status, in our catalogue's terms. A path outside what is served is one that is not there.
+  const status = fe.statusCode ?? 500;
+  if (status === 403 || status === 404)
+    return new ApiError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`);
+  if (status === 405) return new ApiError('method_not_allowed');
+  if (status === 415) return new ApiError('unsupported_media_type', fe.message);
+  if (status >= 400 && status < 500) return new ApiError('invalid_request', fe.message);
   return new ApiError('internal_error');
+}
+
+/** Whether `err` says the client hung up (its body was cut off), not that something failed. */
+export function clientLeft(err: unknown): boolean {
+  const e = err as { code?: string; message?: string } | null;
+  return e?.code === 'ECONNRESET' || e?.code === 'ECONNABORTED' || e?.message === 'aborted';
 }
 
 export function sendApiError(reply: FastifyReply, e: ApiError): FastifyReply {

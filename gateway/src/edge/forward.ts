@@ -1,7 +1,7 @@
 import type { HttpRequest, HttpResponse } from 'uWebSockets.js';
 import { EventEmitter } from 'node:events';
 import { IncomingMessage, ServerResponse } from 'node:http';
-import { ApiError } from '@svc/core';
+import { type ApiError, tooLarge } from '@svc/core';
 import type { Logger } from 'pino';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { Admission } from '../ratelimit/admission.ts';
@@ -92,7 +92,8 @@ export function createForwarder(api: RequestListener, log: Logger, bodyLimit = N
     const incoming = exchange.request(query ? `${url}?${query}` : url, rawHeaders, hasBody);
 
     const proceed = (refusal: ApiError | undefined) => {
-      const reason = refusal ?? (announced > bodyLimit ? new ApiError('payload_too_large') : undefined);
+      const reason =
+        refusal ?? (announced > bodyLimit ? tooLarge('The request body', bodyLimit, announced) : undefined);
       if (reason) exchange.answer(reason);
       else if (!exchange.aborted) api(incoming, exchange.response());
     };

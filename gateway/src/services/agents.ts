@@ -9,6 +9,7 @@ import {
   orNotFound,
   type Runtime,
   sniffImage,
+  tooLarge,
   validationFailed,
 } from '@svc/core';
 import { agents, type Sql, teammates, vaults } from '@svc/db';
@@ -213,7 +214,7 @@ export async function putAvatar(sql: Sql, who: ActorRef, agentId: string, declar
   if (!(AVATAR_TYPES as readonly string[]).includes(declared)) {
     throw new ApiError('unsupported_media_type', `Avatars are ${AVATAR_TYPES.join(', ')}.`);
   }
-  if (bytes.length > AVATAR_MAX_BYTES) throw new ApiError('payload_too_large', 'Avatars are at most 5 MB.');
+  if (bytes.length > AVATAR_MAX_BYTES) throw tooLarge('The avatar', AVATAR_MAX_BYTES, bytes.length);
   const sniffed = sniffImage(bytes);
   if (sniffed !== declared) {
     throw new ApiError(

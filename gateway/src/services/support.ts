@@ -8,6 +8,7 @@ import {
   SUPPORT_SCREENSHOT_MAX_BYTES,
   type SupportReportCreate,
   sniffImage,
+  tooLarge,
 } from '@svc/core';
 import { type Sql, supportReports, transaction } from '@svc/db';
 import type { z } from 'zod';
@@ -36,8 +37,6 @@ export function shapeReport(row: supportReports.SupportReportRow) {
   };
 }
 
-const kb = (bytes: number) => `${bytes / 1024} KB`;
-
 /**
  * The screenshot decoded and judged by its bytes: at most 5 MB (413), and a png, jpeg, gif or
  * webp whose signature agrees with the declared type (415), whatever the label says.
@@ -45,10 +44,7 @@ const kb = (bytes: number) => `${bytes / 1024} KB`;
 function decodeScreenshot(screenshot: { data: string; media_type: string }) {
   const bytes = Buffer.from(screenshot.data, 'base64');
   if (bytes.length > SUPPORT_SCREENSHOT_MAX_BYTES) {
-    throw new ApiError(
-      'payload_too_large',
-      `screenshot is ${bytes.length} bytes; at most ${SUPPORT_SCREENSHOT_MAX_BYTES} (5 MB).`,
-    );
+    throw tooLarge('screenshot', SUPPORT_SCREENSHOT_MAX_BYTES, bytes.length);
   }
   const declared = screenshot.media_type.split(';')[0]?.trim().toLowerCase() ?? '';
   const sniffed = sniffImage(bytes);
@@ -75,17 +71,11 @@ export async function createReport(
 ) {
   const messageBytes = Buffer.byteLength(body.message, 'utf8');
   if (messageBytes > SUPPORT_MESSAGE_MAX_BYTES) {
-    throw new ApiError(
-      'payload_too_large',
-      `message is ${messageBytes} bytes; at most ${SUPPORT_MESSAGE_MAX_BYTES} (${kb(SUPPORT_MESSAGE_MAX_BYTES)}).`,
-    );
+    throw tooLarge('message', SUPPORT_MESSAGE_MAX_BYTES, messageBytes);
   }
   const contextBytes = body.context === undefined ? 0 : Buffer.byteLength(JSON.stringify(body.context), 'utf8');
   if (contextBytes > SUPPORT_CONTEXT_MAX_BYTES) {
-    throw new ApiError(
-      'payload_too_large',
-      `context is ${contextBytes} bytes as JSON; at most ${SUPPORT_CONTEXT_MAX_BYTES} (${kb(SUPPORT_CONTEXT_MAX_BYTES)}).`,
-    );
+    throw tooLarge('context (as JSON)', SUPPORT_CONTEXT_MAX_BYTES, contextBytes);
   }
   const screenshot = body.screenshot ? decodeScreenshot(body.screenshot) : null;
   const scrub = await reportScrubber(deps, who.accountId);

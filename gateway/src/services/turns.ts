@@ -6,6 +6,7 @@ import {
   sniffImage,
   type TurnError,
   type TurnErrorCode,
+  tooLarge,
 } from '@svc/core';
 import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
 import type { Redaction } from '../log/log.append.ts';
@@ -40,7 +41,7 @@ export function decodeImages(images: { data: string; media_type: string }[] | un
     const declared = image.media_type.split(';')[0]?.trim().toLowerCase() ?? '';
     const bytes = Buffer.from(image.data, 'base64');
     if (bytes.length > PROMPT_IMAGE_MAX_BYTES) {
-      throw new ApiError('payload_too_large', `images[${i}] is larger than 5 MB.`);
+      throw tooLarge(`images[${i}]`, PROMPT_IMAGE_MAX_BYTES, bytes.length);
     }
     const sniffed = sniffImage(bytes);
     if (!sniffed || sniffed !== declared) {

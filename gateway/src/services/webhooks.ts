@@ -81,14 +81,18 @@ export function urlProblem(url: string, allowHttp: boolean, allowed?: BlockList)
     return 'is not a URL';
   }
   if (u.protocol !== 'https:' && !(allowHttp && u.protocol === 'http:')) {
-    return allowHttp ? 'must start with https:// or http://' : 'must start with https://';
+    return allowHttp
+      ? 'must start with https:// or http://'
+      : 'must start with https:// (an operator allows http:// with WEBHOOK_ALLOW_HTTP=true)';
   }
   if (u.username || u.password) return 'must not carry credentials (user:password@)';
   if (!u.hostname) return 'has no host';
   const literal = u.hostname.replace(/^\[|\]$/g, '');
   if (isIP(literal)) {
     const problem = addressProblem(literal, allowed);
-    if (problem) return `points at ${problem}, which webhooks may not reach`;
+    if (problem) {
+      return `points at ${problem}, which webhooks may not reach (an operator allows a range with WEBHOOK_ALLOW_CIDRS)`;
+    }
   }
   return undefined;
 }

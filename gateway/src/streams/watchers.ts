@@ -309,6 +309,13 @@ export class WatcherRegistry {
         const parsed = schema.safeParse(firstValues(o.query));
         if (!parsed.success) throw new ApiError('invalid_request', parsed.error.issues[0]?.message);
         query = parsed.data;
+        const from = o.lastEventId || query.last_event_id || '';
+        if (from !== '' && !isEventId(from)) {
+          throw new ApiError(
+            'invalid_request',
+            `Last-Event-ID must be the id of an event (a whole number), not ${from.length > 40 ? `${from.length} characters` : JSON.stringify(from)}.`,
+          );
+        }
         await checks.prepare?.(principal);
       } catch (err) {
         if (!w.closed) res.cork(() => res.error(err instanceof ApiError ? err : new ApiError('internal_error')));
@@ -318,7 +325,7 @@ export class WatcherRegistry {
       if (w.closed) return;
       w.accountId = principal.accountId;
       const lastEventId = o.lastEventId || query.last_event_id || '';
-      const resumed = /^\d+$/.test(lastEventId);
+      const resumed = lastEventId !== '';
       const after = resumed ? Number(lastEventId) : 0;
       w.position = after;
       w.told = after;
@@ -353,6 +360,11 @@ export class WatcherRegistry {
     wakeDrained(w);
     this.watchers.delete(w);
   }
+}
+
+/** An event id as a client may resume from: a whole number the log's ids can reach. */
+function isEventId(text: string): boolean {
+  return /^\d{1,16}$/.test(text) && Number(text) <= Number.MAX_SAFE_INTEGER;
 }
 
 /** Everything written reached the socket: a replay waiting for it goes on. */

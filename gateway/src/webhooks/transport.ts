@@ -48,7 +48,11 @@ async function checkedAddresses(host: string, o: TransportOptions): Promise<stri
   if (addresses.length === 0) throw new Refused(`${bare} has no address`);
   for (const address of addresses) {
     const problem = addressProblem(address, o.allowed);
-    if (problem) throw new Refused(`refused: ${bare} resolves to ${problem}, which webhooks may not reach`);
+    if (problem) {
+      throw new Refused(
+        `refused: ${bare} resolves to ${problem}, which webhooks may not reach (an operator allows a range with WEBHOOK_ALLOW_CIDRS)`,
+      );
+    }
   }
   return addresses;
 }

@@ -88,6 +88,9 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
   await app.register(fastifySwaggerUi, {
     routePrefix: '/api/docs',
     staticCSP: true,
+    // Its policy's upgrade-insecure-requests made a browser fetch the page's scripts over HTTPS
+    // from an instance served over plain HTTP on any address but loopback: a blank page.
+    transformStaticCSP: (header: string) => header.replace(/\s*upgrade-insecure-requests;?/g, ''),
     uiConfig: { deepLinking: true },
     transformSpecification: () => doc() as unknown as Record<string, unknown>,
   });
