@@ -86,6 +86,8 @@ export const ConfigSchema = z.object({
     .int()
     .min(1024)
     .default(1024 * 1024),
+  /** Event streams one account may hold open on one node; 0 sets no ceiling. */
+  SSE_MAX_STREAMS_PER_ACCOUNT: z.coerce.number().int().min(0).default(1000),
   LOG_HOT_EVENTS: z.coerce.number().int().min(1).default(10_000),
   LOG_COPY_INTERVAL_MS: z.coerce.number().int().min(10).default(250),
   /** Webhook URLs may be plain `http://` (the scheme rule only; addresses are still checked). */

@@ -639,6 +639,7 @@ export async function startService(
         heartbeatMs: config.SSE_HEARTBEAT_MS,
         idleCloseMs: config.SSE_IDLE_CLOSE_MS,
         maxBufferedBytes: config.SSE_MAX_BUFFER_BYTES,
+        maxPerAccount: config.SSE_MAX_STREAMS_PER_ACCOUNT,
       },
     });
     // An account suspended or deleted on any node: its streams here end with its runners.

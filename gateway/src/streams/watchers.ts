@@ -15,7 +15,12 @@ export interface SseOptions {
   idleCloseMs: number;
   /** A watcher whose unsent bytes exceed this is cut off; it resumes with Last-Event-ID. */
   maxBufferedBytes: number;
+  /** Streams one account may hold open on this node; one more is 429 `rate_limited`. 0: no ceiling. */
+  maxPerAccount?: number;
 }
+
+/** How long a stream refused for its account's ceiling is told to wait. */
+const CEILING_RETRY_AFTER_S = 10;
 
 export interface StreamDeps extends AuthDeps {
   sql: Sql;
@@ -44,6 +49,8 @@ export interface Following {
 export class Watcher {
   /** The account it streams for, once its credential was checked. */
   accountId: string | undefined = undefined;
+  /** It holds one of its account's places on this node (WatcherRegistry.maxPerAccount). */
+  placed = false;
   /** When the last event (or `conversations` event) was sent. */
   lastEventAt: number;
   /**
@@ -126,6 +133,8 @@ export class WatcherRegistry {
    * joins, instead of escaping the sweep.
    */
   private readonly accountsEnded = new Map<string, number>();
+  /** Streams open or opening per account, each holding a place from its authentication on. */
+  private readonly perAccount = new Map<string, number>();
   private readonly timer: NodeJS.Timeout;
 
   constructor(private readonly deps: StreamDeps) {
@@ -208,6 +217,7 @@ export class WatcherRegistry {
     w.following?.stop();
     wakeDrained(w);
     this.watchers.delete(w);
+    this.unplace(w);
     if (how === 'end') w.res.cork(() => w.res.end());
     else w.res.close();
   }
@@ -300,6 +310,7 @@ export class WatcherRegistry {
         principal = await authenticate(deps, o.authorization, o.cookie, o.ip);
         if (w.closed) return;
         if (!principal) throw new ApiError('unauthorized');
+        this.place(w, principal.accountId);
         if (principal.actor === 'sprite' && checks.sandbox === undefined) {
           throw new ApiError('forbidden', 'A sandbox token may not use this stream.');
         }
@@ -318,6 +329,7 @@ export class WatcherRegistry {
         }
         await checks.prepare?.(principal);
       } catch (err) {
+        this.unplace(w);
         if (!w.closed) res.cork(() => res.error(err instanceof ApiError ? err : new ApiError('internal_error')));
         if (!(err instanceof ApiError)) deps.logger.error({ err }, 'stream refused');
         return;
@@ -359,6 +371,36 @@ export class WatcherRegistry {
     // A replay waiting for the socket to drain stops now, and so lets go of its subscription.
     wakeDrained(w);
     this.watchers.delete(w);
+    this.unplace(w);
+  }
+
+  /**
+   * Takes one of the account's places on this node for the watcher, or refuses it with 429
+   * `rate_limited` (and Retry-After) when the account holds maxPerAccount streams here already:
+   * one tenant cannot take a node's watchers.
+   */
+  private place(w: Watcher, accountId: string): void {
+    const max = this.deps.options.maxPerAccount ?? 0;
+    const open = this.perAccount.get(accountId) ?? 0;
+    if (max > 0 && open >= max) {
+      throw new ApiError(
+        'rate_limited',
+        `This account has ${max} event streams open on this node, its limit (SSE_MAX_STREAMS_PER_ACCOUNT): close one, or retry later.`,
+        { retryAfter: CEILING_RETRY_AFTER_S, extra: { limit: max } },
+      );
+    }
+    this.perAccount.set(accountId, open + 1);
+    w.accountId = accountId;
+    w.placed = true;
+  }
+
+  /** Gives the watcher's place back (idempotent). */
+  private unplace(w: Watcher): void {
+    if (!w.placed || w.accountId === undefined) return;
+    w.placed = false;
+    const left = (this.perAccount.get(w.accountId) ?? 1) - 1;
+    if (left > 0) this.perAccount.set(w.accountId, left);
+    else this.perAccount.delete(w.accountId);
   }
 }
 
