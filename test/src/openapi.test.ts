@@ -235,6 +235,35 @@ t.test('the machine-readable description', async (t) => {
     t.ok(me.$ref || me.properties, 'GET /api/auth/me describes its body');
   });
 
+  t.test('each route states its own security: the public ones need no credential', async (t) => {
+    const security = (method: string, path: string) =>
+      (doc.paths[path]?.[method] as { security?: unknown[] } | undefined)?.security;
+    const publicOnes = [
+      ['post', '/api/auth/register'],
+      ['post', '/api/auth/verify'],
+      ['post', '/api/auth/token'],
+      ['post', '/api/auth/forgot'],
+      ['post', '/api/auth/reset'],
+      ['post', '/api/auth/resend-verification'],
+      ['post', '/api/auth/email/confirm'],
+      ['post', '/api/auth/login'],
+      ['post', '/api/oauth/token'],
+      ['post', '/api/oauth/revoke'],
+      ['get', '/api/health'],
+    ];
+    for (const [method, path] of publicOnes) {
+      t.ok(doc.paths[path as string]?.[method as string], `${method} ${path} is described`);
+      t.same(security(method as string, path as string), [], `${method} ${path} needs no credential`);
+    }
+    t.same(doc.security, [{ bearer: [] }, { session: [] }], 'the default: a key or a session');
+    for (const [method, path] of [
+      ['get', '/api/auth/me'],
+      ['post', '/api/conversations'],
+    ]) {
+      t.equal(security(method as string, path as string), undefined, `${method} ${path} takes the default`);
+    }
+  });
+
   t.test('the docs viewer and discovery texts are served without internet', async (t) => {
     const page = await fetch(`${svc.url}/api/docs`, { redirect: 'follow' });
     t.equal(page.status, 200);

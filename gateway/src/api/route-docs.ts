@@ -22,11 +22,13 @@ type DescribedSchema = {
   params?: unknown;
   errors?: readonly ErrorCode[];
   operationId?: string;
+  security?: unknown[];
 };
 
 /**
  * Describes one route as it is registered, so no route can be left out: sets its
- * `operationId` (derived from method and path unless the route names one) and adds the shared
+ * `operationId` (derived from method and path unless the route names one), states that a
+ * public route needs no credential (`security: []`), and adds the shared
  * Error schema under every error status the route can answer. Returns the codes per status
  * (undefined for a route hidden from the document), for `errorResponse` to list.
  */
@@ -35,6 +37,9 @@ export function describeRoute(route: RouteOptions): ErrorCodes | undefined {
   if (!schema || schema.hide) return undefined;
   const method = Array.isArray(route.method) ? route.method[0] : route.method;
   schema.operationId ??= operationIdOf(String(method), route.url);
+  // A public route needs no credential: said per operation, or generated clients and the docs'
+  // locks follow the document-wide default (a key or a session).
+  if ((route.config as { auth?: string } | undefined)?.auth === 'public') schema.security ??= [];
   const codes = errorCodesOf(route);
   schema.response ??= {};
   for (const status of codes.keys()) schema.response[status] ??= ErrorBody;
