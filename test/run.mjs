@@ -490,6 +490,8 @@ try {
   // Sandboxes run isolated: bubblewrap, and socat for their bridges out of the network namespace.
   const isolation = ['bubblewrap', 'socat'].filter((p) => !haveCommand(p === 'bubblewrap' ? 'bwrap' : p));
   if (isolation.length > 0) aptInstall(isolation);
+  // The docs page is tested in a real browser (playwright-core drives Debian's Chromium).
+  if (!haveCommand('chromium')) aptInstall(['chromium']);
   const env = { ...process.env, NODE_ENV: 'test' };
   env.TEST_REDIS_URL = process.env.REDIS_URL || (await startRedis());
   env.TEST_DATABASE_URL = process.env.DATABASE_URL || (await startPostgres());

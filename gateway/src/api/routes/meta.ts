@@ -90,7 +90,11 @@ export async function metaRoutes(app: FastifyInstance, deps: ApiDeps, routes: Ro
     staticCSP: true,
     // Its policy's upgrade-insecure-requests made a browser fetch the page's scripts over HTTPS
     // from an instance served over plain HTTP on any address but loopback: a blank page.
-    transformStaticCSP: (header: string) => header.replace(/\s*upgrade-insecure-requests;?/g, ''),
+    // And Swagger UI sets inline styles on the elements it draws (a style, never a script).
+    transformStaticCSP: (header: string) =>
+      header
+        .replace(/\s*upgrade-insecure-requests;?/g, '')
+        .replace("style-src 'self'", "style-src 'self' 'unsafe-inline'"),
     uiConfig: { deepLinking: true },
     transformSpecification: () => doc() as unknown as Record<string, unknown>,
   });
