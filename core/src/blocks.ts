@@ -42,14 +42,43 @@ function parseJson(text: string): unknown {
   }
 }
 
-/** A one-line description of a tool's input: the command, the path, or the input itself. */
-function toolSummary(name: string, input: unknown): string {
+/**
+ * A one-line description of what a tool call does: its name with the command, the file, the
+ * pattern, the URL or the query of its input (or the first file of its ACP `locations`), the
+ * name alone when that already says it (a runtime may title a Bash call with its command).
+ */
+function toolSummary(name: string, input: unknown, locations?: unknown): string {
+  let what: string | undefined;
   if (isObject(input)) {
-    for (const key of ['command', 'file_path', 'path', 'pattern', 'url', 'query', 'description']) {
-      if (typeof input[key] === 'string') return short(`${name}: ${input[key] as string}`);
+    for (const key of ['command', 'file_path', 'path', 'notebook_path', 'pattern', 'url', 'query', 'description']) {
+      const value = input[key];
+      // Some runtimes give a command as its argv.
+      const text = Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : value;
+      if (typeof text === 'string' && text) {
+        what = text;
+        break;
+      }
     }
   }
-  return short(name);
+  if (what === undefined && Array.isArray(locations)) {
+    const first = locations[0];
+    if (isObject(first) && typeof first.path === 'string') what = first.path;
+  }
+  const plain = name.replaceAll('`', '');
+  const said = what === undefined || plain === what || plain.endsWith(` ${what}`);
+  return short(said ? name : `${name}: ${what}`);
+}
+
+/** An ACP tool call, or an update that says more of what it does: a `tool_use` block. */
+function toolUse(u: Record<string, unknown>): Block {
+  const name = str(u.title) || str(u.kind) || 'tool';
+  return {
+    kind: 'tool_use',
+    id: str(u.toolCallId),
+    name,
+    summary: toolSummary(name, u.rawInput, u.locations),
+    body: JSON.stringify(u.rawInput ?? {}),
+  };
 }
 
 /** Text of a tool result's content: a string, or the text parts of a content list. */
@@ -156,23 +185,16 @@ function acpBlocks(data: string, o: Json): Block[] {
       return text === undefined ? [raw(data)] : [{ kind: 'thinking', body: text }];
     case 'user_message_chunk':
       return [raw(text ?? data, 'user message')];
-    case 'tool_call': {
-      const name = str(u.title) || str(u.kind) || 'tool';
-      return [
-        {
-          kind: 'tool_use',
-          id: str(u.toolCallId),
-          name,
-          summary: toolSummary(name, u.rawInput),
-          body: JSON.stringify(u.rawInput ?? {}),
-        },
-      ];
-    }
+    case 'tool_call':
+      return [toolUse(u)];
     case 'tool_call_update':
       if (u.status === 'completed' || u.status === 'failed') {
         const body = u.content !== undefined && u.content !== null ? resultText(u.content) : str(u.rawOutput);
         return [{ kind: 'tool_result', tool_id: str(u.toolCallId), body, error: u.status === 'failed' }];
       }
+      // Claude Code's call starts with its input still streaming (`{}`, titled "Terminal"); the
+      // update with the whole input refines it: a tool_use of the same id that says what it does.
+      if ((isObject(u.rawInput) && Object.keys(u.rawInput).length > 0) || str(u.title)) return [toolUse(u)];
       return [raw(data, short(`${str(u.toolCallId)} ${str(u.status) || 'update'}`))];
     default:
       return [raw(data, short(str(u.sessionUpdate) || 'update'))];

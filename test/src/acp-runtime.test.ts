@@ -119,7 +119,7 @@ t.test('one session, many turns', async (t) => {
       ['agent_thought_chunk', 'tool_call', 'tool_call_update'],
     );
     t.match(r.updates[1]?.update, { toolCallId: 'call_1', status: 'pending', kind: 'execute', title: 'run ls' });
-    t.match(r.blocks[1], { kind: 'tool_use', id: 'call_1', name: 'run ls', summary: 'run ls: ls' });
+    t.match(r.blocks[1], { kind: 'tool_use', id: 'call_1', name: 'run ls', summary: 'run ls' });
     t.match(r.blocks[2], { kind: 'tool_result', tool_id: 'call_1', body: 'README.md\npackage.json', error: false });
     t.equal(r.reply, 'You said: use a tool. The tool listed 2 files.');
   });

@@ -34,7 +34,7 @@ t.test('ACP updates become the same blocks, and a permission request carries its
     blocks.map((b) => b.kind),
     ['thinking', 'text', 'tool_use', 'raw', 'tool_result', 'tool_result', 'raw'],
   );
-  t.match(blocks[2], { id: 'call_1', name: 'Run npm test', summary: 'Run npm test: npm test' });
+  t.match(blocks[2], { id: 'call_1', name: 'Run npm test', summary: 'Run npm test' }, 'the title says it already');
   t.match(blocks[4], { tool_id: 'call_1', body: '12 passed', error: false });
   t.match(blocks[5], { tool_id: 'call_2', error: true });
   const [permission] = blocksOf(out(JSON.stringify(acp.permission), 'acp'));
@@ -43,6 +43,85 @@ t.test('ACP updates become the same blocks, and a permission request carries its
     (permission as { options: { kind: string }[] }).options.map((o) => o.kind),
     ['allow_once', 'allow_always', 'reject_once', 'reject_always'],
   );
+});
+
+t.test('a tool call says what it does: the command, the file, the query, for every runtime', async (t) => {
+  const acp = (update: Record<string, unknown>) =>
+    blocksOf(out(JSON.stringify({ sessionId: 's', update }), 'acp')) as Record<string, unknown>[];
+  // Claude Code (claude-agent-acp): the call opens while its input still streams, then an
+  // update with the whole input refines it.
+  const [opened] = acp({
+    sessionUpdate: 'tool_call',
+    toolCallId: 'toolu_1',
+    title: 'Terminal',
+    kind: 'execute',
+    status: 'pending',
+    rawInput: {},
+  });
+  t.match(opened, { kind: 'tool_use', id: 'toolu_1', summary: 'Terminal' });
+  const [refined] = acp({
+    sessionUpdate: 'tool_call_update',
+    toolCallId: 'toolu_1',
+    title: 'ls -la src',
+    kind: 'execute',
+    rawInput: { command: 'ls -la src', description: 'List the sources' },
+  });
+  t.match(refined, { kind: 'tool_use', id: 'toolu_1', name: 'ls -la src', summary: 'ls -la src' });
+  t.same(JSON.parse(refined?.body as string), { command: 'ls -la src', description: 'List the sources' });
+  // A file it reads, named by its input or only by the call's locations.
+  t.match(
+    acp({
+      sessionUpdate: 'tool_call',
+      toolCallId: 'r',
+      title: 'Read',
+      kind: 'read',
+      rawInput: { file_path: '/w/a.ts' },
+    })[0],
+    {
+      summary: 'Read: /w/a.ts',
+    },
+  );
+  t.match(
+    acp({
+      sessionUpdate: 'tool_call',
+      toolCallId: 'g',
+      title: 'ReadFile',
+      kind: 'read',
+      locations: [{ path: '/w/b.ts' }],
+    })[0],
+    {
+      summary: 'ReadFile: /w/b.ts',
+    },
+  );
+  // A search, and a command given as its argv (Codex).
+  t.match(
+    acp({
+      sessionUpdate: 'tool_call',
+      toolCallId: 'q',
+      title: 'Search',
+      kind: 'search',
+      rawInput: { query: 'TODO' },
+    })[0],
+    {
+      summary: 'Search: TODO',
+    },
+  );
+  t.match(
+    acp({
+      sessionUpdate: 'tool_call',
+      toolCallId: 'c',
+      title: 'Run',
+      kind: 'execute',
+      rawInput: { command: ['bash', '-lc', 'npm test'] },
+    })[0],
+    {
+      summary: 'Run: bash -lc npm test',
+    },
+  );
+  // An update that says nothing new stays raw: no second tool call.
+  t.match(acp({ sessionUpdate: 'tool_call_update', toolCallId: 'toolu_1', _meta: { terminal_output: 'x' } })[0], {
+    kind: 'raw',
+  });
 });
 
 t.test('events that are not output have no blocks; unknown lines are raw, never dropped', async (t) => {

@@ -110,7 +110,8 @@ t.test(
     t.match(out(), `$ cat ${join(dataDir, 'mail')}/`, 'the verification token read from the mail file');
     t.match(out(), /^< 201 \{"key":"svc_/m, 'the key');
     t.match(out(), /^< 200 turn trn_\w+ done, usage \d+ in \/ \d+ out$/m, 'the finished turn, with its usage');
-    t.match(out(), /^ {2}tool call: /m, 'the tool call, as it arrived');
+    t.match(out(), /^ {2}tool call: pwd$/m, 'the tool call, saying what it runs');
+    t.notMatch(out(), /tool call: Terminal/, 'not the placeholder title of a call still streaming');
     t.match(out(), `tool result: ${join(dataDir, 'local-sandboxes')}/`, "and its result: the sandbox's directory");
     t.equal(
       out().match(/^ {2}\(stand-in model API: POST \/v1\/messages/gm)?.length,

@@ -29,7 +29,7 @@ interface StreamEvent {
   stage: string | null;
   state: string | null;
   data: string | null;
-  blocks?: { kind: string; body?: string; summary?: string; name?: string }[];
+  blocks?: { kind: string; id?: string; body?: string; summary?: string; name?: string }[];
 }
 
 const TURN_ENDS = new Set(['done', 'failed', 'interrupted', 'timeout']);
@@ -169,19 +169,26 @@ function followFirstTurn(url: string, key: string, out: Lines): Promise<void> {
       fetch: (input, init) =>
         fetch(input, { ...init, headers: { ...(init?.headers ?? {}), authorization: `Bearer ${key}` } }),
     });
+    let opening: { id: string | undefined; summary: string | undefined } | undefined;
     es.addEventListener('message', (m) => {
       const event = JSON.parse(m.data) as StreamEvent;
       if (event.kind === 'stage') {
         if (event.state === 'failed') line(`< stage ${event.stage} failed: ${short(event.data ?? '', 300)}`);
         else if (event.state === 'started' || event.stage === 'turn') line(`< stage ${event.stage} ${event.state}`);
         if (event.stage === 'turn' && TURN_ENDS.has(event.state ?? '')) {
+          if (opening) line(`  tool call: ${opening.summary}`);
           es.close();
           resolve();
         }
         return;
       }
       for (const b of event.blocks ?? []) {
+        // A call whose input is still streaming (`{}`) waits for what comes next: the update
+        // of the same call that says what it does replaces it.
+        if (opening && !(b.kind === 'tool_use' && b.id === opening.id)) line(`  tool call: ${opening.summary}`);
+        opening = undefined;
         if (b.kind === 'text' && b.body) out.stream('  agent: ', b.body);
+        else if (b.kind === 'tool_use' && b.body === '{}') opening = { id: b.id, summary: b.summary ?? b.name };
         else if (b.kind === 'tool_use') line(`  tool call: ${b.summary ?? b.name}`);
         else if (b.kind === 'tool_result') line(`  tool result: ${short(unfenced(b.body ?? ''), 200)}`);
       }
