@@ -152,6 +152,27 @@ for (const edge of [true, false]) {
       t.same(await environments(), ['café'], 'nothing more was made');
     });
 
+    t.test(
+      'requests that are not HTTP/1.1 as RFC 9112 says get a 400 with a body, at once (api role alone)',
+      { skip: edge && 'the edge’s uWebSockets.js closes these without an answer (README)' },
+      async (t) => {
+        const malformed = {
+          'a header line without a colon': `GET /api/health HTTP/1.1\r\nhost: ${host}\r\nX-Bad\r\nKey: v\r\n\r\n`,
+          'a bare LF': `GET /api/health HTTP/1.1\nhost: ${host}\n\n`,
+          'no Host': 'GET /api/health HTTP/1.1\r\n\r\n',
+          'two different lengths': `POST /api/health HTTP/1.1\r\nhost: ${host}\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab`,
+          'HTTP/1.2': `GET /api/health HTTP/1.2\r\nhost: ${host}\r\n\r\n`,
+        };
+        for (const [what, request] of Object.entries(malformed)) {
+          const res = await raw(svc, request);
+          t.equal(res.status, 400, `${what}: ${res.head.split('\r\n')[0]}`);
+          t.match(JSON.parse(res.body || '{}'), { error: 'invalid_request', message: /not HTTP\/1\.1/ }, what);
+        }
+        const old = await raw(svc, 'GET /api/health HTTP/1.0\r\n\r\n');
+        t.equal(old.status, 200, 'HTTP/1.0 is answered');
+      },
+    );
+
     t.test('nothing here was logged at error level', async (t) => {
       t.same(
         lines.filter((l) => l.level >= 50).map((l) => l.msg),

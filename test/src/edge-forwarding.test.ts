@@ -11,6 +11,7 @@ import { createLogger } from '@svc/gateway';
 import t, { type Test } from 'tap';
 import { startEdge } from '../../gateway/src/edge/edge.ts';
 import { createForwarder } from '../../gateway/src/edge/forward.ts';
+import { settlesWithin, until } from './until.ts';
 
 const MB = 1024 * 1024;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -207,6 +208,73 @@ t.test('status, repeated headers, HEAD and 204 come back as the api sent them', 
   const none = await fetch(`http://127.0.0.1:${port}/none`, { method: 'DELETE' });
   t.equal(none.status, 204);
   t.equal(await none.text(), '');
+});
+
+t.test('on one kept-alive connection, HEAD and 204 answers leave the next request answered', async (t) => {
+  const { upstream, port } = await setup(t);
+  upstream.handler = (req, res) => {
+    if (req.url === '/none') {
+      res.writeHead(204);
+      return res.end();
+    }
+    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': '5' });
+    res.end(req.method === 'HEAD' ? undefined : 'hello');
+  };
+  const sock = await rawClient(port);
+  let got = '';
+  sock.on('data', (d) => {
+    got += d.toString();
+  });
+  const answers = () => got.split(/(?=HTTP\/1\.1 )/);
+  for (const [i, request] of ['HEAD /x', 'DELETE /none', 'GET /x', 'HEAD /x', 'GET /x'].entries()) {
+    sock.write(`${request} HTTP/1.1\r\nhost: x\r\n\r\n`);
+    await until(`the answer to ${request}`, () => answers().length > i && (i < 4 || got.endsWith('hello')));
+  }
+  const [head, none, get] = answers();
+  t.match(head, /^HTTP\/1\.1 200 OK\r\n/);
+  t.equal(head?.match(/content-length: 5\r\n/gi)?.length, 1, 'HEAD names the length once');
+  t.match(none, /^HTTP\/1\.1 204 /);
+  t.notMatch(none, /content-length/i, 'a 204 carries no Content-Length');
+  t.match(get, /\r\n\r\nhello$/);
+  t.equal(answers().length, 5, 'every request answered, in order');
+  sock.destroy();
+});
+
+t.test('two different Content-Length headers: the connection is closed and nothing is forwarded', async (t) => {
+  const { upstream, port } = await setup(t);
+  const reached: string[] = [];
+  upstream.handler = (req, res) => {
+    reached.push(`${req.method} ${req.url}`);
+    res.end('ok');
+  };
+  const smuggled = 'GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n';
+  for (const [first, second] of [
+    [5, 5 + smuggled.length],
+    [5 + smuggled.length, 5],
+  ]) {
+    const sock = await rawClient(port);
+    let got = '';
+    sock.on('data', (d) => {
+      got += d.toString();
+    });
+    const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
+    sock.write(
+      `POST /api/x HTTP/1.1\r\nhost: x\r\ncontent-length: ${first}\r\ncontent-length: ${second}\r\n\r\nhello${smuggled}`,
+    );
+    t.ok(await settlesWithin(closed, 5000), `${first} then ${second}: closed at once`);
+    t.notMatch(got, /ok|smuggled/, 'no request was answered');
+  }
+  t.same(reached, [], 'the api saw neither the request nor the one inside its body');
+  // The same length twice is one length.
+  const sock = await rawClient(port);
+  let got = '';
+  sock.on('data', (d) => {
+    got += d.toString();
+  });
+  sock.write('POST /api/y HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello');
+  await until('the answer', () => got.endsWith('ok'));
+  t.same(reached, ['POST /api/y'], 'the same length twice is taken');
+  sock.destroy();
 });
 
 t.test("a body ended in one go gets a Content-Length; a stream's first bytes reach the client at once", async (t) => {

@@ -1,3 +1,4 @@
+import type { Duplex } from 'node:stream';
 import fastifyCookie from '@fastify/cookie';
 import fastifyCors from '@fastify/cors';
 import fastifyFormbody from '@fastify/formbody';
@@ -57,6 +58,27 @@ export interface ApiOptions {
 }
 
 /** Builds the api role: every non-streaming route, validated and described by zod schemas. */
+/** What Node's HTTP parser could not take: 400 (431 for a head too large) in `{error, message}`. */
+function answerClientError(err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
+  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+  const status = tooLarge
+    ? '431 Request Header Fields Too Large'
+    : timedOut
+      ? '408 Request Timeout'
+      : '400 Bad Request';
+  const message = tooLarge
+    ? 'The request head is larger than this server takes.'
+    : timedOut
+      ? 'The request did not arrive in time.'
+      : `The request is not HTTP/1.1 this server can read${err.reason ? `: ${err.reason}` : ''}.`;
+  const body = JSON.stringify({ error: 'invalid_request', message });
+  socket.end(
+    `HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+}
+
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
     loggerInstance: deps.log.child({ role: 'api' }) as FastifyBaseLogger,
@@ -68,6 +90,11 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     // The client's X-Request-Id when usable (behind the edge, the edge settled it), else a new one.
     genReqId: (req) => requestId(req.headers[REQUEST_ID_HEADER]),
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
+    // Listening alone (EDGE=false), a request Node's parser refuses (a header line without a
+    // colon, a bare LF, no Host, two lengths...) is answered in our shape, then closed.
+    clientErrorHandler: answerClientError,
+    // Node would answer a missing Host with a bare 400; the hook below says why.
+    http: { requireHostHeader: false },
   });
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
@@ -142,6 +169,13 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   // Counted by route pattern (never the raw URL) once the answer is sent; cheap per request.
   app.addHook('onResponse', async (request, reply) => {
     deps.metrics.requestDone(request.method, request.routeOptions.url, reply.statusCode, reply.elapsedTime / 1000);
+  });
+
+  // RFC 9112 3.2: an HTTP/1.1 request without Host is refused.
+  app.addHook('onRequest', async (request) => {
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      throw new ApiError('invalid_request', 'The request is not HTTP/1.1 this server can read: it has no Host header.');
+    }
   });
 
   // On the raw response, so errors, 404s and hijacked streams carry it too.

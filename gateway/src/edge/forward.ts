@@ -71,16 +71,26 @@ export function createForwarder(api: RequestListener, log: Logger, bodyLimit = N
     const url = req.getUrl();
     const rawHeaders: string[] = [];
     let hasBody = false;
-    let announced = 0;
+    let announced: number | undefined;
+    let conflicting = false;
     req.forEach((name, value) => {
       if (NOT_PASSED.has(name)) return;
       if (name === 'transfer-encoding') hasBody = true;
       else if (name === 'content-length') {
+        if (announced !== undefined && Number(value) !== announced) conflicting = true;
         announced = Number(value);
         if (value !== '0') hasBody = true;
       }
       rawHeaders.push(name, value);
     });
+    if (conflicting) {
+      // Two lengths (RFC 9112 6.3): uWS framed the body by the first, so what follows may be a
+      // request smuggled inside it, already parsed. Only closing the connection now stops it
+      // (an answer, even with Connection: close, lets uWS dispatch it next); no answer is sent.
+      log.info({ method, url, ip: clientIp }, 'refused: two different Content-Length headers; connection closed');
+      res.close();
+      return;
+    }
     rawHeaders.push(CLIENT_IP_HEADER, clientIp, REQUEST_ID_HEADER, requestId);
 
     // The query stays out of the log: it may carry a token.
@@ -93,7 +103,10 @@ export function createForwarder(api: RequestListener, log: Logger, bodyLimit = N
 
     const proceed = (refusal: ApiError | undefined) => {
       const reason =
-        refusal ?? (announced > bodyLimit ? tooLarge('The request body', bodyLimit, announced) : undefined);
+        refusal ??
+        (announced !== undefined && announced > bodyLimit
+          ? tooLarge('The request body', bodyLimit, announced)
+          : undefined);
       if (reason) exchange.answer(reason);
       else if (!exchange.aborted) api(incoming, exchange.response());
     };
@@ -582,9 +595,14 @@ class Exchange {
         res.end(body, true);
       });
     } else if (this.noBody) {
+      // A HEAD answer names the length a GET would have, written here: this uWS build's
+      // endWithoutBody(n) leaves the connection waiting for n bytes (its next request is never
+      // answered), and endWithoutBody(undefined) writes a Content-Length of 2^63. A 204 or
+      // 304 carries none (RFC 9110 8.6).
       res.cork(() => {
         this.writeHead();
-        res.endWithoutBody(this.method === 'HEAD' ? this.length : undefined);
+        if (this.method === 'HEAD' && this.length !== undefined) res.writeHeader('content-length', String(this.length));
+        res.endWithoutBody();
       });
     } else if (this.length === undefined || this.length === 0) {
       const held = this.held;
