@@ -1,5 +1,4 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { hostname as osHostname } from 'node:os';
 import { join } from 'node:path';
@@ -25,10 +24,7 @@ import { type RuntimeCommands, withLocalRuntimeCommand } from './runtime-command
 import { buildSandbox, type Sandbox, sandboxDir, sandboxesOnDisk } from './sandbox.ts';
 import { recoverSpool } from './spool.ts';
 import { type TurnReport, Turns } from './turns.ts';
-
-export const AGENT_VERSION = (
-  JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
-).version;
+import { AGENT_VERSION } from './version.ts';
 
 /**
  * At most this many egress log rows wait to be sent (those of a time disconnected among them);

@@ -5,7 +5,7 @@ import { isIP } from 'node:net';
 import { PassThrough, Transform } from 'node:stream';
 import * as x509 from '@peculiar/x509';
 import type { BrokerBinding } from '@svc/core';
-import { hostAllowed } from './egress-proxy.ts';
+import { hostAllowed } from './hosts.ts';
 
 x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
 

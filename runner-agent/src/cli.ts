@@ -28,11 +28,12 @@ import { mkdirSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { MCP_BRIDGE_COMMAND, RUNNER_CLOSE } from '@svc/core';
-import { AGENT_VERSION, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+import { type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import { ISOLATION_MODES, Isolation, type IsolationMode } from './isolation.ts';
 import { runMcpBridge } from './mcp-bridge.ts';
 import type { RunAs } from './network.ts';
 import { runtimeCommandsFrom } from './runtime-commands.ts';
+import { AGENT_VERSION } from './version.ts';
 
 // `svc-runner mcp-bridge <url>`: what a runtime without HTTP MCP runs as its stdio server.
 if (process.argv[2] === MCP_BRIDGE_COMMAND) await runMcpBridge(process.argv.slice(3));

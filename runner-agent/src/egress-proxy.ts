@@ -30,6 +30,7 @@ import {
   placeholderGuard,
   type SandboxBroker,
 } from './broker.ts';
+import { hostAllowed, normalHost, splitHostPort } from './hosts.ts';
 
 /** Who a proxy credential belongs to, and what it may reach (null: any host). */
 export interface EgressGrant {
@@ -131,38 +132,6 @@ export async function destination(
 }
 
 const USER = 'svc';
-
-/**
- * Whether `host:port` is in `allowed`. An entry is `host`, `host:port`, `[v6]`, `[v6]:port`, or
- * `*.domain` (any subdomain of `domain`, at any depth, but not `domain` itself), compared
- * without case and without a trailing dot. An entry without a port allows every port.
- * Null allows everything; an empty list nothing.
- */
-export function hostAllowed(allowed: string[] | null, host: string, port: number): boolean {
-  if (allowed === null) return true;
-  const name = normalHost(host);
-  return allowed.some((entry) => {
-    const e = splitHostPort(entry);
-    if (!e || (e.port !== null && e.port !== port)) return false;
-    const pattern = normalHost(e.host);
-    if (pattern.startsWith('*.')) return name.endsWith(pattern.slice(1)) && name.length > pattern.length - 1;
-    return name === pattern;
-  });
-}
-
-function normalHost(host: string): string {
-  const h = host.toLowerCase().replace(/\.$/, '');
-  return h.startsWith('[') && h.endsWith(']') ? h.slice(1, -1) : h;
-}
-
-/** `host:port`, `host`, `[v6]:port` or `[v6]` into its parts; null when malformed. */
-export function splitHostPort(value: string): { host: string; port: number | null } | null {
-  const m = /^(\[[0-9A-Fa-f:.]+\]|[^:[\]]+)(?::(\d{1,5}))?$/.exec(value);
-  if (!m?.[1]) return null;
-  const port = m[2] === undefined ? null : Number(m[2]);
-  if (port !== null && (port < 1 || port > 65_535)) return null;
-  return { host: m[1], port };
-}
 
 /**
  * The runner's allow-listing forward proxy: one HTTP server on 127.0.0.1 (an ephemeral port)

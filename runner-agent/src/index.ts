@@ -5,10 +5,11 @@
  * The CLI is `svc-runner` (src/cli.ts); this is the library.
  */
 export { RUNNER_PROTOCOL_VERSION } from '@svc/core';
-export { AGENT_VERSION, type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
+export { type AgentEvent, type AgentOptions, type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 export { brokerHeaders, PLACEHOLDER_REFUSED, placeholderGuard, SandboxBroker, SandboxCa } from './broker.ts';
-export { destination, type EgressGrant, EgressProxy, hostAllowed, insideAddress } from './egress-proxy.ts';
+export { destination, type EgressGrant, EgressProxy, insideAddress } from './egress-proxy.ts';
 export { firewallRules, installCommands, installFirewall, removeCommands, removeFirewall } from './firewall.ts';
+export { hostAllowed } from './hosts.ts';
 export { type Bridges, bridgeScript, findCommand, Isolation, type IsolationMode } from './isolation.ts';
 export {
   allowAnswer,
@@ -26,3 +27,4 @@ export {
   type TurnUsage,
 } from './runtime.ts';
 export { type RuntimeCommands, runtimeCommandsFrom, withLocalRuntimeCommand } from './runtime-commands.ts';
+export { AGENT_VERSION } from './version.ts';

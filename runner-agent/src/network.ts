@@ -1,7 +1,8 @@
 import type { BrokerBinding, RunnerEvent } from '@svc/core';
 import { SandboxBroker, SandboxCa } from './broker.ts';
-import { EgressProxy, type OnEgress, type OnRefused, splitHostPort } from './egress-proxy.ts';
+import { EgressProxy, type OnEgress, type OnRefused } from './egress-proxy.ts';
 import { installFirewall } from './firewall.ts';
+import { splitHostPort } from './hosts.ts';
 import type { Bridges, Isolation } from './isolation.ts';
 
 /** The unprivileged user runtimes and setup scripts run as (`svc-runner --run-as`). */

@@ -6,10 +6,10 @@ import { Readable, Writable } from 'node:stream';
 // entrypoint's types leave out. The wire protocol is the same ACP v1 either way.
 import * as acp from '@agentclientprotocol/sdk/unstable';
 import type { McpServerEntry } from '@svc/core';
-import { AGENT_VERSION } from './agent.ts';
 import { type Confine, type Confined, signalConfined, spawnConfined } from './isolation.ts';
 import { acpMcpServers } from './mcp-bridge.ts';
 import { foldDumpedObjects } from './stderr-lines.ts';
+import { AGENT_VERSION } from './version.ts';
 
 /** The answer to one `session/request_permission`: an option the agent offered, or none. */
 export type PermissionAnswer = { outcome: 'selected'; optionId: string } | { outcome: 'cancelled' };

@@ -1,7 +1,8 @@
 import { ApiError, RUNNER_CAN_SUSPEND } from '@svc/core';
 import { runners, type Sql, sandboxes } from '@svc/db';
 import type { RunnerFabric } from '../fabric/fabric.ts';
-import { RUNNER_STAYED_AWAY, runnerOnline } from '../services/runners.ts';
+import { runnerOnline } from '../services/runner-online.ts';
+import { RUNNER_STAYED_AWAY } from '../services/runners.ts';
 import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 /**

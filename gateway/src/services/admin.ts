@@ -1,6 +1,7 @@
 import { type AdminAction, ApiError, RUNNER_CLOSE, validationFailed } from '@svc/core';
 import { admin, type Sql, sandboxes } from '@svc/db';
 import { type AccountDeps, type AccountErasureDeps, eraseAccount } from './accounts.ts';
+import { getUser, shapeUser } from './admin-users.ts';
 import { type LaunchDeps, terminateConversation } from './launch.ts';
 import type { ActorRef, Principal } from './principal.ts';
 import { destroySandbox } from './sandboxes.ts';
@@ -20,23 +21,6 @@ export interface AdminDeps {
   credentialCache: AccountDeps['credentialCache'];
 }
 
-type UserRow = admin.AdminUserRow;
-
-export function shapeUser(r: UserRow) {
-  return {
-    id: r.id,
-    email: r.email,
-    role: r.role,
-    verified: r.verified,
-    comped: r.comped,
-    suspended: r.suspended,
-    sandbox_limit: r.sandbox_limit,
-    created_at: r.created_at.toISOString(),
-    last_active_at: r.last_active_at?.toISOString() ?? null,
-    usage: { active_sandboxes: r.active_sandboxes, conversations: r.conversations, turns: r.turns },
-  };
-}
-
 function shapeSandbox(r: admin.AdminSandboxRow) {
   return { ...r, status: r.status as sandboxes.SandboxStatus, created_at: r.created_at.toISOString() };
 }
@@ -50,12 +34,6 @@ export async function listUsers(
 ) {
   const { rows, total } = await admin.listUsers(sql, { ...q, ...paging(q) });
   return { data: rows.map(shapeUser), meta: meta(q, total) };
-}
-
-export async function getUser(sql: Sql, id: string) {
-  const row = await admin.getUser(sql, id);
-  if (!row) throw new ApiError('not_found', 'No account has that id.');
-  return shapeUser(row);
 }
 
 /** SPEC: an admin cannot suspend, delete or change the role of their own account. */

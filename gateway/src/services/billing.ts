@@ -1,7 +1,7 @@
 import { type AdminAction, ApiError } from '@svc/core';
 import { accounts, admin, billing as ledger, type Sql } from '@svc/db';
 import { BadSignature, type CreditPack, PaymentProviderError, type Payments } from '../payments/payments.ts';
-import { getUser } from './admin.ts';
+import { getUser } from './admin-users.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
 

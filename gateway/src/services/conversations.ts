@@ -3,6 +3,7 @@ import { conversations, credentials, type Sql } from '@svc/db';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
 import { recordAudit } from './audit.ts';
+import { csv } from './list-params.ts';
 import type { ActorRef } from './principal.ts';
 import { changed } from './tenant-events.ts';
 
@@ -56,18 +57,6 @@ export function shapeEvent(e: LogEvent, withBlocks = false) {
     ts: e.ts,
   };
   return withBlocks ? { ...shaped, blocks: blocksOf(e) } : shaped;
-}
-
-/** A comma-separated list of values from `allowed`; anything else is the given error. */
-export function csv<T extends string>(
-  value: string | undefined,
-  allowed: readonly T[],
-  error: () => ApiError,
-): T[] | undefined {
-  if (value === undefined || value.trim() === '') return undefined;
-  const items = value.split(',').map((s) => s.trim());
-  for (const item of items) if (!(allowed as readonly string[]).includes(item)) throw error();
-  return items as T[];
 }
 
 export async function listConversations(
@@ -186,6 +175,3 @@ export async function createConversationRecord(
   await recordAudit(sql, who, 'conversation.created', { type: 'conversation', id });
   return getConversation(sql, who.accountId, id);
 }
-
-// A turn's life moved to turns.ts; these names stay importable from here.
-export { endTurnsAdrift, failTurnsOfRunner, finishTurn, reattached } from './turns.ts';

@@ -4,6 +4,7 @@ import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
+import { runnerOnline } from './runner-online.ts';
 import { settleRunnerSandboxes } from './sandboxes.ts';
 import { stageEvent } from './stage-events.ts';
 import { changed } from './tenant-events.ts';
@@ -18,11 +19,6 @@ export const RUNNER_TOKEN_PREFIX = 'svcr_';
  */
 export const RUNNER_STAYED_AWAY =
   'The runner went offline and did not come back in time: check that svc-runner is running and can reach the service, then send the prompt again.';
-
-/** Presence: a runner is online while connected and heard from within `offlineAfterMs`. */
-export function runnerOnline(connected: boolean, lastSeenAt: Date | null, offlineAfterMs: number, now = Date.now()) {
-  return connected && lastSeenAt !== null && now - lastSeenAt.getTime() < offlineAfterMs;
-}
 
 export function shapeRunner(row: runners.RunnerRow, offlineAfterMs: number, now = Date.now()) {
   return {

@@ -4,9 +4,9 @@ import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
-import { csv } from './conversations.ts';
+import { csv } from './list-params.ts';
 import type { ActorRef } from './principal.ts';
-import { runnerOnline } from './runners.ts';
+import { runnerOnline } from './runner-online.ts';
 import { stageEvent } from './stage-events.ts';
 
 /** What a retirement is about: the identity sandboxes were built for. */

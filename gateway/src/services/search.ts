@@ -1,7 +1,7 @@
 import { ApiError, SEARCH_KINDS, type SearchQuery } from '@svc/core';
 import { type Sql, search } from '@svc/db';
 import { parseInstant } from './audit.ts';
-import { csv } from './conversations.ts';
+import { csv } from './list-params.ts';
 
 /**
  * The tenant's hits for `q` (SPEC "Search"), best first, newest first among equals. A blank

@@ -19,6 +19,7 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import * as admin from '../../services/admin.ts';
+import { getUser } from '../../services/admin-users.ts';
 import { listAuditOfEveryAccount } from '../../services/audit.ts';
 import { requirePrincipal } from '../auth.ts';
 import type { ApiDeps } from '../deps.ts';
@@ -69,7 +70,7 @@ export function adminRoutes(app: FastifyInstance, deps: ApiDeps): void {
       errors: ['not_found'],
       response: { 200: AdminUser },
     },
-    handler: async (req) => admin.getUser(deps.sql, req.params.id),
+    handler: async (req) => getUser(deps.sql, req.params.id),
   });
 
   r.post('/api/admin/users/:id/role', {

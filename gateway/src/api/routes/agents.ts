@@ -13,6 +13,7 @@ import {
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { shapeAgent } from '../../services/agent-shape.ts';
 import * as agents from '../../services/agents.ts';
 import { actorOf } from '../../services/principal.ts';
 import { requirePrincipal } from '../auth.ts';
@@ -36,7 +37,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       response: { 200: listOf(Agent) },
     },
     handler: async (req) => ({
-      data: (await agents.listAgents(deps.sql, requirePrincipal(req).accountId, req.query)).map(agents.shapeAgent),
+      data: (await agents.listAgents(deps.sql, requirePrincipal(req).accountId, req.query)).map(shapeAgent),
     }),
   });
 
@@ -54,7 +55,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       reply
         .code(201)
         .send(
-          agents.shapeAgent(
+          shapeAgent(
             await agents.createAgent(deps.sql, actorOf(requirePrincipal(req)), req.body, deps.launch.providers),
           ),
         ),
@@ -70,8 +71,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
       params: IdParam,
       response: { 200: Agent, 404: ErrorBody },
     },
-    handler: async (req) =>
-      agents.shapeAgent(await agents.getAgent(deps.sql, requirePrincipal(req).accountId, req.params.id)),
+    handler: async (req) => shapeAgent(await agents.getAgent(deps.sql, requirePrincipal(req).accountId, req.params.id)),
   });
 
   for (const method of ['PUT', 'PATCH'] as const) {
@@ -90,7 +90,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
         response: { 200: Agent, 404: ErrorBody, 422: ErrorBody },
       },
       handler: async (req) =>
-        agents.shapeAgent(
+        shapeAgent(
           await agents.updateAgent(deps.sql, actorOf(requirePrincipal(req)), req.params.id, req.body, {
             retire: deps.retireSandboxes,
             providers: deps.launch.providers,
@@ -173,7 +173,7 @@ export async function agentRoutes(app: FastifyInstance, deps: ApiDeps): Promise<
           mediaType = parsed.data.media_type;
         }
         if (bytes.length === 0) throw new ApiError('unsupported_media_type', 'The body is empty.');
-        return agents.shapeAgent(await agents.putAvatar(deps.sql, who, req.params.id, mediaType, bytes));
+        return shapeAgent(await agents.putAvatar(deps.sql, who, req.params.id, mediaType, bytes));
       },
     });
   });
