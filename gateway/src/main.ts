@@ -50,7 +50,7 @@ import type { Billing } from './services/billing.ts';
 import { conversationSecretStore } from './services/conversation-secrets.ts';
 import { CredentialCache } from './services/credential-cache.ts';
 import { ExportFiles } from './services/exports.ts';
-import type { LaunchDeps } from './services/launch.ts';
+import type { LaunchDeps } from './services/launch-deps.ts';
 import { backfillReplies } from './services/reply-backfill.ts';
 import { runnerEventHandlers } from './services/runner-events.ts';
 import { type RetireSandboxesBuiltOn, retireSandboxesBuiltOn } from './services/sandboxes.ts';

@@ -18,8 +18,9 @@ import {
 import WebSocket from 'ws';
 import type { EgressGrant } from './egress-proxy.ts';
 import { Isolation, type IsolationMode } from './isolation.ts';
-import { type RunAs, RunnerEgress } from './network.ts';
+import { RunnerEgress } from './network.ts';
 import { OutputLog, type OutputLogOptions } from './output.ts';
+import type { RunAs } from './run-as.ts';
 import { type RuntimeCommands, withLocalRuntimeCommand } from './runtime-commands.ts';
 import { buildSandbox, type Sandbox, sandboxDir, sandboxesOnDisk } from './sandbox.ts';
 import { recoverSpool } from './spool.ts';

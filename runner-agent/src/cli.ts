@@ -31,7 +31,7 @@ import { MCP_BRIDGE_COMMAND, RUNNER_CLOSE } from '@svc/core';
 import { type AgentStop, connectUrl, RunnerAgent } from './agent.ts';
 import { ISOLATION_MODES, Isolation, type IsolationMode } from './isolation.ts';
 import { runMcpBridge } from './mcp-bridge.ts';
-import type { RunAs } from './network.ts';
+import type { RunAs } from './run-as.ts';
 import { runtimeCommandsFrom } from './runtime-commands.ts';
 import { AGENT_VERSION } from './version.ts';
 

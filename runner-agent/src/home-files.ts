@@ -1,7 +1,7 @@
 import type { ChildProcessByStdio } from 'node:child_process';
 import type { Readable, Writable } from 'node:stream';
 import { type Confine, type Confined, spawnConfined } from './isolation.ts';
-import type { RunAs } from './network.ts';
+import type { RunAs } from './run-as.ts';
 
 /** A file a runtime reads from its HOME, by its path relative to HOME. */
 export interface HomeFile {

@@ -4,7 +4,7 @@ import { delimiter, dirname, isAbsolute, join, resolve, sep } from 'node:path';
 import type { Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
-import type { RunAs } from './network.ts';
+import type { RunAs } from './run-as.ts';
 import { seccompProgram } from './seccomp.ts';
 
 /**

@@ -4,13 +4,7 @@ import { EgressProxy, type OnEgress, type OnRefused } from './egress-proxy.ts';
 import { installFirewall } from './firewall.ts';
 import { splitHostPort } from './hosts.ts';
 import type { Bridges, Isolation } from './isolation.ts';
-
-/** The unprivileged user runtimes and setup scripts run as (`svc-runner --run-as`). */
-export interface RunAs {
-  name: string;
-  uid: number;
-  gid: number;
-}
+import type { RunAs } from './run-as.ts';
 
 /** What the `network` stage applied to a sandbox, as its processes need it. */
 export interface SandboxEgress {

@@ -5,8 +5,9 @@ import type { BrokerBinding, RunnerEvent } from '@svc/core';
 import { SYSTEM_TRUST_BUNDLES } from './broker.ts';
 import { gitClone, pathInside } from './clone.ts';
 import type { Confine, Isolation } from './isolation.ts';
-import type { RunAs, RunnerEgress, SandboxEgress } from './network.ts';
+import type { RunnerEgress, SandboxEgress } from './network.ts';
 import { installApt, installNpm, npmBin, npmPrefix } from './packages.ts';
+import type { RunAs } from './run-as.ts';
 import { runStreamed } from './run-streamed.ts';
 import { installSkillSource, type SkillSpec, writeInlineSkills } from './skills.ts';
 

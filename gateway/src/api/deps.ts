@@ -11,7 +11,7 @@ import type { Billing } from '../services/billing.ts';
 import type { CredentialCache } from '../services/credential-cache.ts';
 import type { ExportFiles } from '../services/exports.ts';
 import type { InferenceCheckDeps } from '../services/inference-credentials.ts';
-import type { LaunchDeps } from '../services/launch.ts';
+import type { LaunchDeps } from '../services/launch-deps.ts';
 import type { ReadinessDeps } from '../services/readiness.ts';
 import type { RetireSandboxesBuiltOn } from '../services/sandboxes.ts';
 import type { TeamMcpDeps } from '../services/team-mcp.ts';

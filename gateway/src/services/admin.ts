@@ -2,7 +2,8 @@ import { type AdminAction, ApiError, RUNNER_CLOSE, validationFailed } from '@svc
 import { admin, type Sql, sandboxes } from '@svc/db';
 import { type AccountDeps, type AccountErasureDeps, eraseAccount } from './accounts.ts';
 import { getUser, shapeUser } from './admin-users.ts';
-import { type LaunchDeps, terminateConversation } from './launch.ts';
+import { terminateConversation } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import type { ActorRef, Principal } from './principal.ts';
 import { destroySandbox } from './sandboxes.ts';
 

@@ -8,7 +8,7 @@ import {
   type Runtime,
 } from '@svc/core';
 import { outbox, type Sql, type sandboxes } from '@svc/db';
-import type { LaunchDeps } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import { machineRunner } from './machine.ts';
 import {
   type AgentRow,

@@ -10,23 +10,17 @@ import {
   transaction,
   vaults,
 } from '@svc/db';
-import type { Logger } from 'pino';
-import type { RunnerFabric } from '../fabric/fabric.ts';
-import type { Redaction } from '../log/log.append.ts';
-import type { EventLog } from '../log/log.ts';
-import type { SandboxProviders } from '../sandboxes/provider.ts';
-import type { Keyring } from '../secrets/keyring.ts';
-import type { OutboxRelay } from '../workers/outbox-relay.ts';
 import { refuseIfSuspended } from './account-standing.ts';
 import { recordAudit } from './audit.ts';
-import { type Billing, chargeEndedTurn, requireCredit } from './billing.ts';
+import { chargeEndedTurn, requireCredit } from './billing.ts';
 import { deleteConversation } from './conversations.ts';
 import { runOnSandbox } from './dispatch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import { claimMachine, type Machine, machineOf } from './machine.ts';
 import { endTurnResolvingRequests, resolveRequestsOfTurn } from './permissions.ts';
 import type { ActorRef } from './principal.ts';
 import { findCredential } from './runtime-env.ts';
-import { checkCapacity, type SandboxLimits } from './sandboxes.ts';
+import { checkCapacity } from './sandboxes.ts';
 import { changed } from './tenant-events.ts';
 import { decodeImages, endAutonomousTurnForPrompt, openTurn, turnEndEvent } from './turns.ts';
 
@@ -36,42 +30,6 @@ import { decodeImages, endAutonomousTurnForPrompt, openTurn, turnEndEvent } from
  * runner lives beside this: the machine (machine.ts), the runtime environment
  * (runtime-env.ts), dispatch to the runner (dispatch.ts) and the turn's records (turns.ts).
  */
-
-export interface LaunchDeps {
-  sql: Sql;
-  keyring: Keyring;
-  fabric: RunnerFabric;
-  redaction: Redaction;
-  logger: Logger;
-  /** The command line that starts each runtime's ACP agent on the runner (RUNTIME_<NAME>_COMMAND). */
-  runtimeCommands: Record<Runtime, string>;
-  turnTimeLimitMs: number;
-  /** The runtime's quiet time that ends an autonomous turn (AUTONOMOUS_IDLE_MS). */
-  autonomousIdleMs: number;
-  /** The log, to store the reply of an autonomous turn a prompt ends. */
-  log: EventLog;
-  /** An unanswered permission request is denied after this long (PERMISSION_TIMEOUT_S). */
-  permissionTimeoutMs: number;
-  /** Where sandboxes' machines come from, by provider (and the default for agents naming none). */
-  providers: SandboxProviders;
-  relay: OutboxRelay;
-  /** The service's base URL as a sandbox's runtime reaches it (SVC_API_URL). */
-  apiUrl: () => string;
-  limits: SandboxLimits;
-  /** Credit gate and turn charges; null while payment is off (nothing gated or charged). */
-  billing: Billing | null;
-  /**
-   * The base URL of each model provider's API by the provider part of a model name
-   * (`anthropic`, `openai`, `google`: ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GEMINI_BASE_URL):
-   * an egress allowlist always lets the runtime reach its provider.
-   */
-  providerUrls: Record<string, string>;
-  /**
-   * EGRESS_BROKER is on: bound secrets and the inference credential reach sandboxes as
-   * placeholders, and the runner's broker writes them into requests to their hosts.
-   */
-  broker: boolean;
-}
 
 /** null permits every id, a list only its ids. */
 const permits = (list: string[] | null, id: string) => list === null || list.includes(id);

@@ -1,6 +1,5 @@
 import { newId, orNotFound, RUNNER_CLOSE } from '@svc/core';
 import { outbox, runners, type Sql, sandboxes, transaction } from '@svc/db';
-import type { RunnerFabric } from '../fabric/fabric.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
@@ -55,7 +54,8 @@ export async function createRunner(sql: Sql, who: ActorRef, name: string) {
  */
 export async function deleteRunner(
   sql: Sql,
-  fabric: Pick<RunnerFabric, 'disconnectEverywhere'>,
+  /** The runner fabric's side this needs (RunnerFabric). */
+  fabric: { disconnectEverywhere(who: { runnerId: string }, code: number, reason: string): Promise<void> },
   who: ActorRef,
   id: string,
 ) {

@@ -14,7 +14,7 @@ import {
 import { type agents, conversations, type environments, secretBindings } from '@svc/db';
 import { issueSandboxToken } from './credentials.ts';
 import { revealCredential } from './inference-credentials.ts';
-import type { LaunchDeps } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import { credentialsFor, runtimeSettings } from './runtime-settings.ts';
 import { revealSecrets } from './secrets.ts';
 import { TEAM_MCP_SERVER } from './team-mcp.ts';

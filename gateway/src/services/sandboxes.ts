@@ -1,7 +1,6 @@
-import { ApiError, SANDBOX_STATUSES } from '@svc/core';
+import { ApiError, type RunnerCommandBody, SANDBOX_STATUSES } from '@svc/core';
 import { admin, outbox, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
-import type { RunnerFabric } from '../fabric/fabric.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { csv } from './list-params.ts';
@@ -29,7 +28,8 @@ export type RetireSandboxesBuiltOn = (target: RetireTarget) => Promise<number>;
 /** What resetting a sandbox needs: its row, and the fabric to destroy the machine. */
 export interface SandboxDeps {
   sql: Sql;
-  fabric: Pick<RunnerFabric, 'command' | 'isLive'>;
+  /** The runner fabric's side this needs (RunnerFabric). */
+  fabric: { command(runnerId: string, body: RunnerCommandBody): Promise<void>; isLive(runnerId: string): boolean };
   logger: Logger;
   /** A sandbox without a runner to tell (suspended) has its disk removed by its provider. */
   providers: SandboxProviders;

@@ -1,6 +1,7 @@
 import { ApiError } from '@svc/core';
 import { conversations, type Sql, schedules, transaction } from '@svc/db';
-import { type LaunchDeps, startConversation } from './launch.ts';
+import { startConversation } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import type { ActorRef } from './principal.ts';
 import { getSchedule, recordScheduleChange } from './schedules.ts';
 import { messageTeammate } from './team.ts';

@@ -3,7 +3,7 @@ import { agents, conversations, type Sql, teammates } from '@svc/db';
 import type { z } from 'zod';
 import { shapeAgent } from './agent-shape.ts';
 import { shapeConversation, shapeTurn } from './conversations.ts';
-import type { LaunchDeps } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import { unbuiltMachine } from './machine.ts';
 import type { ActorRef } from './principal.ts';
 import { runnerOnline } from './runner-online.ts';

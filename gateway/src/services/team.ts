@@ -5,13 +5,13 @@ import { recordAudit } from './audit.ts';
 import { shapeConversation } from './conversations.ts';
 import {
   afterTermination,
-  type LaunchDeps,
   sendPrompt,
   startConversation,
   type Terminated,
   terminateConversation,
   terminateRecord,
 } from './launch.ts';
+import type { LaunchDeps } from './launch-deps.ts';
 import type { ActorRef } from './principal.ts';
 import { getTeammate, notOnTeam, type TeamDeps, type TeammateEntry, teammateRow } from './team-roster.ts';
 import { changed } from './tenant-events.ts';
