@@ -35,7 +35,7 @@ import { newId } from '@svc/core';
 import { accounts, consumerMarks, migrate, openDatabase } from '@svc/db';
 import { Redis } from 'ioredis';
 import pino from 'pino';
-import { exemptList } from '../../gateway/src/edge/client-ip.ts';
+import { exemptList } from '../../gateway/src/addresses.ts';
 import { memoryConsumerGroups } from '../../gateway/src/log/consumer.memory.ts';
 import { redisConsumerGroups } from '../../gateway/src/log/consumer.redis.ts';
 import { memoryEventLog } from '../../gateway/src/log/log.memory.ts';

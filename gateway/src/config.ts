@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { cidrProblem } from './edge/client-ip.ts';
+import { cidrProblem } from './addresses.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'on', 'off', 'yes', 'no'])

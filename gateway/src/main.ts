@@ -12,10 +12,10 @@ import {
   outbox,
 } from '@svc/db';
 import pino, { type Logger } from 'pino';
+import { exemptList } from './addresses.ts';
 import { buildApi } from './api/app.ts';
 import type { ApiDeps } from './api/deps.ts';
 import { type Config, publicUrl } from './config.ts';
-import { exemptList } from './edge/client-ip.ts';
 import { startEdge } from './edge/edge.ts';
 import { createForwarder } from './edge/forward.ts';
 import { RunnerFabric } from './fabric/fabric.ts';

@@ -15,7 +15,7 @@ import {
   exemptList,
   exemptMatcher,
   isExempt,
-} from '../../gateway/src/edge/client-ip.ts';
+} from '../../gateway/src/addresses.ts';
 import { signUp, startTestService, type TestService } from './harness.ts';
 
 async function get(svc: TestService, forwardedFor?: string): Promise<number> {

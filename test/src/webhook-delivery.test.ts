@@ -1,6 +1,6 @@
 import { type LogEvent, verifyWebhookSignature } from '@svc/core';
 import t from 'tap';
-import { exemptList } from '../../gateway/src/edge/client-ip.ts';
+import { exemptList } from '../../gateway/src/addresses.ts';
 import { readLog } from '../../gateway/src/log/read.ts';
 import { enqueueWebhookJobs } from '../../gateway/src/services/webhook-jobs.ts';
 import { WebhookDeliveryWorker } from '../../gateway/src/workers/webhook-delivery.ts';

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { exemptList } from '../../gateway/src/edge/client-ip.ts';
+import { exemptList } from '../../gateway/src/addresses.ts';
 import { addressProblem } from '../../gateway/src/webhooks/addresses.ts';
 import { postSafely, type Resolver } from '../../gateway/src/webhooks/transport.ts';
 import { startReceiver } from './webhook-receiver.ts';

@@ -3,7 +3,7 @@ import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
-import { exemptList } from '../../gateway/src/edge/client-ip.ts';
+import { exemptList } from '../../gateway/src/addresses.ts';
 import { WebhookDeliveryWorker } from '../../gateway/src/workers/webhook-delivery.ts';
 import { collectOutput } from './child-output.ts';
 import { backends, signUp, startTestService } from './harness.ts';

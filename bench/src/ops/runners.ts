@@ -5,10 +5,10 @@
  */
 import { newId } from '@svc/core';
 import { conversations, runners, sandboxes } from '@svc/db';
+import { RUNNER_TOKEN_PREFIX } from '../../../gateway/src/fabric/presence.ts';
 import type { Service } from '../../../gateway/src/main.ts';
 import { hashSecret, newSecret } from '../../../gateway/src/secrets/tokens.ts';
 import { createConversationRecord } from '../../../gateway/src/services/conversations.ts';
-import { RUNNER_TOKEN_PREFIX } from '../../../gateway/src/services/runners.ts';
 import { Histogram } from '../lib/stats.ts';
 import { signUp } from '../tenant.ts';
 

@@ -6,7 +6,7 @@ import fastifySwagger from '@fastify/swagger';
 import { ApiError } from '@svc/core';
 import Fastify, { type FastifyBaseLogger, type FastifyReply, type FastifyRequest, LogController } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject, serializerCompiler } from 'fastify-type-provider-zod';
-import { clientAddress, exemptMatcher } from '../edge/client-ip.ts';
+import { clientAddress, exemptMatcher } from '../addresses.ts';
 import { CLIENT_IP_HEADER } from '../internal-headers.ts';
 import type { AdmitFor } from '../ratelimit/admission.ts';
 import { REQUEST_ID_HEADER, requestId } from '../request-id.ts';

@@ -1,6 +1,6 @@
 import { ApiError } from '@svc/core';
 import type { Logger } from 'pino';
-import { exemptMatcher } from '../edge/client-ip.ts';
+import { exemptMatcher } from '../addresses.ts';
 import type { AdmissionMetrics } from '../metrics.ts';
 import type { RateLimiter } from './ratelimit.ts';
 

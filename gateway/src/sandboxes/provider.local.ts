@@ -7,8 +7,8 @@ import { ApiError, newId, processRunning } from '@svc/core';
 import { runners, type Sql } from '@svc/db';
 import type { Logger } from 'pino';
 import type { RunnerFabric } from '../fabric/fabric.ts';
+import { RUNNER_TOKEN_PREFIX } from '../fabric/presence.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
-import { RUNNER_TOKEN_PREFIX } from '../services/runners.ts';
 import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 const RUNNER_BIN = fileURLToPath(new URL('../../../runner-agent/bin/svc-runner.mjs', import.meta.url));

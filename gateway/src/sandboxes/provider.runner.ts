@@ -1,8 +1,7 @@
 import { ApiError, RUNNER_CAN_SUSPEND } from '@svc/core';
 import { runners, type Sql, sandboxes } from '@svc/db';
 import type { RunnerFabric } from '../fabric/fabric.ts';
-import { runnerOnline } from '../services/runner-online.ts';
-import { RUNNER_STAYED_AWAY } from '../services/runners.ts';
+import { RUNNER_STAYED_AWAY, runnerOnline } from '../fabric/presence.ts';
 import type { MachineHealth, SandboxProvider, SandboxRef } from './provider.ts';
 
 /**

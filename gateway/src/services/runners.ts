@@ -1,23 +1,12 @@
 import { newId, orNotFound, RUNNER_CLOSE } from '@svc/core';
 import { outbox, runners, type Sql, sandboxes, transaction } from '@svc/db';
+import { RUNNER_TOKEN_PREFIX, runnerOnline } from '../fabric/presence.ts';
 import { hashSecret, newSecret } from '../secrets/tokens.ts';
 import { recordAudit } from './audit.ts';
 import type { ActorRef } from './principal.ts';
-import { runnerOnline } from './runner-online.ts';
 import { settleRunnerSandboxes } from './sandboxes.ts';
 import { stageEvent } from './stage-events.ts';
 import { changed } from './tenant-events.ts';
-
-/** Runner tokens are told apart from API keys by their prefix. */
-export const RUNNER_TOKEN_PREFIX = 'svcr_';
-
-/**
- * Why a turn on a self-hosted runner failed when the runner stayed away past the grace period.
- * The node that held the runner's connection says it when the grace runs out; any node's sweep
- * of turns adrift says the same when that node is gone too (a restart) or its timer came late.
- */
-export const RUNNER_STAYED_AWAY =
-  'The runner went offline and did not come back in time: check that svc-runner is running and can reach the service, then send the prompt again.';
 
 export function shapeRunner(row: runners.RunnerRow, offlineAfterMs: number, now = Date.now()) {
   return {

@@ -1,11 +1,11 @@
 import { ApiError, type RunnerCommandBody, SANDBOX_STATUSES } from '@svc/core';
 import { admin, outbox, type Sql, sandboxes } from '@svc/db';
 import type { Logger } from 'pino';
+import { runnerOnline } from '../fabric/presence.ts';
 import type { SandboxProviders } from '../sandboxes/provider.ts';
 import { recordAudit } from './audit.ts';
 import { csv } from './list-params.ts';
 import type { ActorRef } from './principal.ts';
-import { runnerOnline } from './runner-online.ts';
 import { stageEvent } from './stage-events.ts';
 
 /** What a retirement is about: the identity sandboxes were built for. */

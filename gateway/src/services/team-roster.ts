@@ -1,12 +1,12 @@
 import { ApiError, presenceOf, TEAM_CHANNEL, type TeamConversation, type Teammate } from '@svc/core';
 import { agents, conversations, type Sql, teammates } from '@svc/db';
 import type { z } from 'zod';
+import { runnerOnline } from '../fabric/presence.ts';
 import { shapeAgent } from './agent-shape.ts';
 import { shapeConversation, shapeTurn } from './conversations.ts';
 import type { LaunchDeps } from './launch-deps.ts';
 import { unbuiltMachine } from './machine.ts';
 import type { ActorRef } from './principal.ts';
-import { runnerOnline } from './runner-online.ts';
 
 /*
  * The team as it is read: roster entries (name, agent, live conversation, presence, unread,

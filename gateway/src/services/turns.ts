@@ -9,6 +9,7 @@ import {
   tooLarge,
 } from '@svc/core';
 import { conversations, outbox, type Sql, sandboxes } from '@svc/db';
+import { RUNNER_STAYED_AWAY } from '../fabric/presence.ts';
 import type { Redaction } from '../log/log.append.ts';
 import type { EventLog, LogEvent } from '../log/log.ts';
 import { readLog } from '../log/read.ts';
@@ -16,7 +17,6 @@ import type { AdriftTurnEnd, SandboxProvider, SandboxProviders } from '../sandbo
 import { recordAudit } from './audit.ts';
 import { type Billing, chargeEndedTurn } from './billing.ts';
 import { endTurnResolvingRequests } from './permissions.ts';
-import { RUNNER_STAYED_AWAY } from './runners.ts';
 import { stageEvent } from './stage-events.ts';
 import { changed } from './tenant-events.ts';
 

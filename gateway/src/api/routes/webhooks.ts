@@ -15,7 +15,7 @@ import {
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { exemptList } from '../../edge/client-ip.ts';
+import { exemptList } from '../../addresses.ts';
 import { actorOf } from '../../services/principal.ts';
 import * as jobs from '../../services/webhook-jobs.ts';
 import * as webhooks from '../../services/webhooks.ts';
