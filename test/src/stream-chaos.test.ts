@@ -1,4 +1,4 @@
-import { request } from 'node:http';
+import { type IncomingMessage, request } from 'node:http';
 import { logEvents } from '@svc/db';
 import t from 'tap';
 import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
@@ -16,60 +16,81 @@ const CHUNKS = 3000;
 const filler = 'x'.repeat(500);
 
 /**
+ * One SSE request to `path` resuming from `lastEventId`: `onFrames` is handed the whole frames
+ * of each chunk as they arrive (with the response, to pause it); resolves once it closed.
+ */
+function resumed(
+  svc: TestService,
+  path: string,
+  key: string,
+  lastEventId: number,
+  onFrames: (frames: string[], res: IncomingMessage) => void,
+) {
+  const url = new URL(svc.url);
+  let done!: () => void;
+  const closed = new Promise<void>((resolve) => {
+    done = resolve;
+  });
+  const req = request(
+    {
+      host: url.hostname,
+      port: url.port,
+      path,
+      agent: false,
+      headers: { authorization: `Bearer ${key}`, 'last-event-id': String(lastEventId) },
+    },
+    (res) => {
+      res.setEncoding('utf8');
+      let pending = '';
+      res.on('data', (chunk: string) => {
+        pending += chunk;
+        const frames: string[] = [];
+        for (let end = pending.indexOf('\n\n'); end >= 0; end = pending.indexOf('\n\n')) {
+          frames.push(pending.slice(0, end));
+          pending = pending.slice(end + 2);
+        }
+        onFrames(frames, res);
+      });
+      res.on('close', done);
+    },
+  );
+  req.on('error', done);
+  req.end();
+  return { req, closed };
+}
+
+/**
  * A client that keeps its place as the WHATWG EventSource does: an `id:` field takes effect
  * when its frame is dispatched (at the blank line), whether or not the frame carries data. It
  * drops its connection at random moments and resumes with `Last-Event-ID`, until `done()`.
  */
 function chaoticWatcher(svc: TestService, path: string, key: string, from: number, done: (w: Received) => boolean) {
   const received: Received = { lastId: from, messages: [], connections: 0, silent: undefined };
-  const url = new URL(svc.url);
   const finished = (async () => {
     while (!done(received)) {
       received.connections++;
-      await new Promise<void>((resolve) => {
-        // Dropped at a random moment, but only once this connection has been sent an event: a
-        // connection that is sent nothing stays open, so a resume that goes silent shows.
-        let dropDue = false;
-        let heard = false;
-        const req = request(
-          {
-            host: url.hostname,
-            port: url.port,
-            path,
-            agent: false,
-            headers: { authorization: `Bearer ${key}`, 'last-event-id': String(received.lastId) },
-          },
-          (res) => {
-            res.setEncoding('utf8');
-            let pending = '';
-            res.on('data', (chunk: string) => {
-              pending += chunk;
-              for (let end = pending.indexOf('\n\n'); end >= 0; end = pending.indexOf('\n\n')) {
-                const frame = pending.slice(0, end);
-                pending = pending.slice(end + 2);
-                if (dispatch(received, frame)) heard = true;
-              }
-              if (done(received) || (dropDue && heard)) req.destroy();
-              // A reader that stalls now and then, so the server meets backpressure.
-              else if (Math.random() < 0.05) {
-                res.pause();
-                setTimeout(() => res.resume(), Math.random() * 300);
-              }
-            });
-            res.on('close', resolve);
-          },
-        );
-        req.on('error', () => resolve());
-        req.end();
-        received.silent = { lastEventId: received.lastId, req };
-        setTimeout(
-          () => {
-            dropDue = true;
-            if (heard) req.destroy();
-          },
-          200 + Math.random() * 1000,
-        );
+      // Dropped at a random moment, but only once this connection has been sent an event: a
+      // connection that is sent nothing stays open, so a resume that goes silent shows.
+      let dropDue = false;
+      let heard = false;
+      const { req, closed } = resumed(svc, path, key, received.lastId, (frames, res) => {
+        for (const frame of frames) if (dispatch(received, frame)) heard = true;
+        if (done(received) || (dropDue && heard)) req.destroy();
+        // A reader that stalls now and then, so the server meets backpressure.
+        else if (Math.random() < 0.05) {
+          res.pause();
+          setTimeout(() => res.resume(), Math.random() * 300);
+        }
       });
+      received.silent = { lastEventId: received.lastId, req };
+      setTimeout(
+        () => {
+          dropDue = true;
+          if (heard) req.destroy();
+        },
+        200 + Math.random() * 1000,
+      );
+      await closed;
     }
   })();
   return { received, finished };
@@ -79,36 +100,16 @@ function chaoticWatcher(svc: TestService, path: string, key: string, from: numbe
 const FINAL_READ_MS = 10_000;
 
 /** One resume from `from`: the messages it is sent until it has `count` or FINAL_READ_MS pass. */
-function readFor(svc: TestService, path: string, key: string, from: number, count: number) {
+async function readFor(svc: TestService, path: string, key: string, from: number, count: number) {
   const received: Received = { lastId: from, messages: [], connections: 1, silent: undefined };
-  const url = new URL(svc.url);
-  return new Promise<Received['messages']>((resolve) => {
-    const req = request(
-      {
-        host: url.hostname,
-        port: url.port,
-        path,
-        agent: false,
-        headers: { authorization: `Bearer ${key}`, 'last-event-id': String(from) },
-      },
-      (res) => {
-        res.setEncoding('utf8');
-        let pending = '';
-        res.on('data', (chunk: string) => {
-          pending += chunk;
-          for (let end = pending.indexOf('\n\n'); end >= 0; end = pending.indexOf('\n\n')) {
-            dispatch(received, pending.slice(0, end));
-            pending = pending.slice(end + 2);
-          }
-          if (received.messages.length >= count) req.destroy();
-        });
-        res.on('close', () => resolve(received.messages));
-      },
-    );
-    req.on('error', () => resolve(received.messages));
-    req.end();
-    setTimeout(() => req.destroy(), FINAL_READ_MS);
+  const { req, closed } = resumed(svc, path, key, from, (frames) => {
+    for (const frame of frames) dispatch(received, frame);
+    if (received.messages.length >= count) req.destroy();
   });
+  const timer = setTimeout(() => req.destroy(), FINAL_READ_MS);
+  await closed;
+  clearTimeout(timer);
+  return received.messages;
 }
 
 interface Received {
