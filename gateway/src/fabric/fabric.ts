@@ -419,9 +419,9 @@ export class RunnerFabric {
 
   /**
    * The directories a tenant's runner keeps of sandboxes that are gone (terminated or deleted
-   * while it was away, or failed) are removed: it is told
-   * `sandbox.destroy` for each, naming the incarnation the service knows (a build of a newer
-   * one started meanwhile is left alone by the runner).
+   * while it was away, or failed) are removed: it is told `sandbox.destroy` for each, naming
+   * the incarnation the service knows (a build of a newer one started meanwhile is left alone
+   * by the runner).
    */
   private async destroyOrphans(s: Live, kept: string[]): Promise<void> {
     try {
