@@ -2,8 +2,9 @@ import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
-import { exports as exportRows } from '@svc/db';
+import { exports as exportRows, logEvents } from '@svc/db';
 import t from 'tap';
+import { createConversationRecord } from '../../gateway/src/services/conversations.ts';
 import { buildExport, EXPORT_MAX_ATTEMPTS, ExportFiles } from '../../gateway/src/services/exports.ts';
 import { ExportBuilder } from '../../gateway/src/workers/export-builder.ts';
 import { backends, signUp, startTestService, type TestService } from './harness.ts';
@@ -242,6 +243,48 @@ for (const backend of backends()) {
       t.equal(file.status, 404);
       t.same(file.body, { error: 'not_found', message: 'No such export.' });
       t.same((await http.get('/api/account/exports', { token: other.key })).body, { data: [] });
+    });
+
+    t.test('a deleted conversation’s events stay out of the export, though the hot log still holds them', async (t) => {
+      const me = await signUp(svc);
+      const token = me.key;
+      const who = { accountId: me.accountId, actor: 'api' as const, ip: null };
+      const kept = await createConversationRecord(svc.db.sql, who, { agentId: 'agt_x', title: 'kept' });
+      const gone = await createConversationRecord(svc.db.sql, who, { agentId: 'agt_x', title: 'gone' });
+      // More than a page (1,000) of the kept one first, so the deleted one's events fall in a
+      // later page, one the hot log could answer.
+      let seq = 0;
+      const lines = (conv: { id: string; title: string }, n: number) =>
+        Array.from({ length: n }, (_, i) => ({
+          conversationId: conv.id,
+          kind: 'output',
+          stream: 'stdout',
+          data: `${conv.title} ${i}`,
+        }));
+      for (const events of [lines(kept, 500), lines(kept, 500), lines(gone, 20), lines(kept, 20)]) {
+        await svc.appendEvents({ tenant: me.accountId, producer: 'p', seq: seq + 1, events });
+        seq += events.length;
+      }
+      const last = await svc.eventLog.lastId(me.accountId);
+      await until(
+        'the events to be copied',
+        async () => (await logEvents.copiedUpTo(svc.db.sql, me.accountId)) >= last,
+      );
+      t.equal((await http.delete(`/api/conversations/${gone.id}`, { token })).status, 204);
+      const hot = await svc.eventLog.read(me.accountId, { after: 0, limit: 5000 });
+      t.ok(
+        hot.some((e) => e.conversationId === gone.id),
+        'the hot log still holds the deleted one’s events',
+      );
+      const id = (await http.post('/api/account/exports', { token })).body.id as string;
+      t.equal(await builder(svc).pass(), 1);
+      const doc = JSON.parse(gunzipSync((await download(svc, token, id)).bytes).toString('utf8')) as ExportFile;
+      const data = doc.events.filter((e) => e.kind === 'output').map((e) => e.data);
+      t.equal(data.length, 1020, 'the kept conversation’s events, all of them');
+      t.ok(
+        data.every((d) => d?.startsWith('kept ')),
+        'and none of the deleted one',
+      );
     });
 
     t.test('a worker killed mid-build leaves a pending export that the next worker builds whole', async (t) => {

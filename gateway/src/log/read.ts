@@ -18,8 +18,17 @@ import type { EventLog, LogEvent, ReadOptions } from './log.ts';
  * above where it started means the read may have a hole, and it is done again against the new
  * mark.
  */
-export async function readLog(deps: { sql: Sql; log: EventLog }, tenant: string, o: ReadOptions): Promise<LogEvent[]> {
-  if (o.after > 0) {
+export async function readLog(
+  deps: { sql: Sql; log: EventLog },
+  tenant: string,
+  o: ReadOptions,
+  /**
+   * `durableFirst`: read what the copy holds from the copy, whatever the hot log still has (an
+   * export: the copy no longer holds a deleted conversation's events, the hot tail may).
+   */
+  how: { durableFirst?: boolean } = {},
+): Promise<LogEvent[]> {
+  if (o.after > 0 && !how.durableFirst) {
     // Ids are whole numbers: from `after - 1` the first event is `after` when it is still held.
     const hot = await deps.log.read(tenant, { ...o, after: o.after - 1, limit: o.limit + 1 });
     if (hot[0]?.id === o.after) return hot.slice(1);

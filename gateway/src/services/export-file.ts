@@ -68,7 +68,7 @@ export async function writeExportFile(
     yield ',"events":[';
     let after = 0;
     for (;;) {
-      const page = await readLog(deps, accountId, { after, limit: PAGE });
+      const page = await readLog(deps, accountId, { after, limit: PAGE }, { durableFirst: true });
       if (page.length === 0) break;
       yield (events === 0 ? '' : ',') +
         page.map((e) => JSON.stringify({ ...shapeEvent(e), conversation_id: e.conversationId })).join(',');
