@@ -57,7 +57,6 @@ export interface ApiOptions {
   alone?: { admitFor: AdmitFor; streams: StreamServer };
 }
 
-/** Builds the api role: every non-streaming route, validated and described by zod schemas. */
 /** What Node's HTTP parser could not take: 400 (431 for a head too large) in `{error, message}`. */
 function answerClientError(err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
@@ -79,6 +78,7 @@ function answerClientError(err: NodeJS.ErrnoException & { reason?: string }, soc
   );
 }
 
+/** Builds the api role: every non-streaming route, validated and described by zod schemas. */
 export async function buildApi(deps: ApiDeps, options: ApiOptions) {
   const app = Fastify({
     loggerInstance: deps.log.child({ role: 'api' }) as FastifyBaseLogger,
@@ -171,18 +171,18 @@ export async function buildApi(deps: ApiDeps, options: ApiOptions) {
     deps.metrics.requestDone(request.method, request.routeOptions.url, reply.statusCode, reply.elapsedTime / 1000);
   });
 
-  // RFC 9112 3.2: an HTTP/1.1 request without Host is refused.
-  app.addHook('onRequest', async (request) => {
-    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
-      throw new ApiError('invalid_request', 'The request is not HTTP/1.1 this server can read: it has no Host header.');
-    }
-  });
-
   // On the raw response, so errors, 404s and hijacked streams carry it too.
   const replies = new WeakMap<FastifyRequest, FastifyReply>();
   app.addHook('onRequest', async (request, reply) => {
     reply.raw.setHeader(REQUEST_ID_HEADER, request.id);
     replies.set(request, reply);
+  });
+  // RFC 9112 3.2: an HTTP/1.1 request without Host is refused (after the id is set, so the
+  // refusal carries it).
+  app.addHook('onRequest', async (request) => {
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      throw new ApiError('invalid_request', 'The request is not HTTP/1.1 this server can read: it has no Host header.');
+    }
   });
   // One line per request: when the response has gone, or when the client left before (a
   // stream the watcher closed, a request cut off), then marked `aborted`.
