@@ -89,7 +89,7 @@ export const LogEventWire = z
       .optional()
       .meta({
         description:
-          'With ?blocks=true: the data parsed on the server (text, thinking, tool_use, tool_result, init, result, error, raw, permission_request); [] for events that are not output.',
+          'With ?blocks=true: the data parsed on the server (text, thinking, tool_use, tool_result, init, result, error, raw, permission_request); [] for events that are not output. A tool_use summary says what the call does (the command, the file, the pattern, the URL or the query); a later tool_use of the same id refines a call whose input was still streaming (Claude Code opens its calls with input {}).',
       }),
   })
   .meta({ id: 'LogEvent' });
