@@ -490,22 +490,25 @@ export class RunnerAgent {
         this.turns.answer(command.conversation_id, command.request_id, command.option_id);
         break;
       case 'sandbox.destroy': {
-        // A newer incarnation built since is not the machine the service meant.
-        if ((this.incarnations.get(command.sandbox) ?? -1) > command.incarnation) break;
+        if (this.builtSince(command)) break;
         const destroying = this.destroy(command.sandbox);
         this.destroying.add(destroying);
         void destroying.finally(() => this.destroying.delete(destroying));
         break;
       }
       case 'sandbox.suspend': {
-        // A newer incarnation built since is not the idle machine the service meant.
-        if ((this.incarnations.get(command.sandbox) ?? -1) > command.incarnation) break;
+        if (this.builtSince(command)) break;
         void this.endSandbox(command.sandbox, async () => {
           this.report({ type: 'sandbox', id: command.sandbox, state: 'suspended' });
         });
         break;
       }
     }
+  }
+
+  /** A newer incarnation of the sandbox was built since: it is not the machine the command meant. */
+  private builtSince(command: { sandbox: string; incarnation: number }): boolean {
+    return (this.incarnations.get(command.sandbox) ?? -1) > command.incarnation;
   }
 
   /**

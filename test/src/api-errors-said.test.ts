@@ -9,6 +9,7 @@ import { Writable } from 'node:stream';
 import pino from 'pino';
 import t from 'tap';
 import { signUp, startTestService, type TestService } from './harness.ts';
+import { dechunked } from './sse-client.ts';
 import { until } from './until.ts';
 
 /** Every line the service logs, parsed. */
@@ -29,31 +30,20 @@ function raw(svc: TestService, request: string | Buffer): Promise<{ status: numb
   return new Promise((resolve, reject) => {
     const sock = connect(Number(url.port), url.hostname);
     let got = '';
-    sock.on('data', (d) => {
-      got += d.toString('utf8');
+    // A char per byte, so chunk sizes line up with string offsets; the body is UTF-8 decoded last.
+    sock.on('data', (d: Buffer) => {
+      got += d.toString('latin1');
     });
     sock.on('error', reject);
     sock.on('close', () => {
       const at = got.indexOf('\r\n\r\n');
       const head = at < 0 ? got : got.slice(0, at);
       let body = at < 0 ? '' : got.slice(at + 4);
-      if (/^transfer-encoding: chunked/im.test(head)) body = unchunked(body);
-      resolve({ status: Number(head.split(' ')[1]), head, body });
+      if (/^transfer-encoding: chunked/im.test(head)) body = dechunked(body);
+      resolve({ status: Number(head.split(' ')[1]), head, body: Buffer.from(body, 'latin1').toString('utf8') });
     });
     sock.write(request);
   });
-}
-
-/** A chunked body's data (sizes and CRLFs dropped). */
-function unchunked(body: string): string {
-  let out = '';
-  for (let at = 0; ; ) {
-    const end = body.indexOf('\r\n', at);
-    const size = Number.parseInt(body.slice(at, end), 16);
-    if (!(size > 0)) return out;
-    out += body.slice(end + 2, end + 2 + size);
-    at = end + 2 + size + 2;
-  }
 }
 
 for (const edge of [true, false]) {

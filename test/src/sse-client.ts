@@ -34,7 +34,16 @@ export function rawGet(
  * left out, so a test polling a live stream never reads half an event.
  */
 export function frames(raw: string): string[] {
-  const body = raw.slice(raw.indexOf('\r\n\r\n') + 4);
+  const text = dechunked(raw.slice(raw.indexOf('\r\n\r\n') + 4));
+  // What follows the last blank line is a frame not yet ended.
+  return Buffer.from(text, 'latin1').toString('utf8').split('\n\n').slice(0, -1).filter(Boolean);
+}
+
+/**
+ * The data of a chunked body (a char per byte, as rawGet keeps it): the complete chunks, in
+ * order, without their sizes; a chunk still arriving is left out.
+ */
+export function dechunked(body: string): string {
   let text = '';
   let i = 0;
   while (i < body.length) {
@@ -45,8 +54,7 @@ export function frames(raw: string): string[] {
     text += body.slice(eol + 2, eol + 2 + size);
     i = eol + 2 + size + 2;
   }
-  // What follows the last blank line is a frame not yet ended.
-  return Buffer.from(text, 'latin1').toString('utf8').split('\n\n').slice(0, -1).filter(Boolean);
+  return text;
 }
 
 /** An SSE event parsed from a frame: its fields as the WHATWG parser reads them. */

@@ -306,6 +306,7 @@ export class WatcherRegistry {
       if (refused) return void res.cork(() => res.error(refused));
       let principal: Principal | undefined;
       let query: Q;
+      let lastEventId = '';
       try {
         principal = await authenticate(deps, o.authorization, o.cookie, o.ip);
         if (w.closed) return;
@@ -320,11 +321,11 @@ export class WatcherRegistry {
         const parsed = schema.safeParse(firstValues(o.query));
         if (!parsed.success) throw new ApiError('invalid_request', parsed.error.issues[0]?.message);
         query = parsed.data;
-        const from = o.lastEventId || query.last_event_id || '';
-        if (from !== '' && !isEventId(from)) {
+        lastEventId = o.lastEventId || query.last_event_id || '';
+        if (lastEventId !== '' && !isEventId(lastEventId)) {
           throw new ApiError(
             'invalid_request',
-            `Last-Event-ID must be the id of an event (a whole number), not ${from.length > 40 ? `${from.length} characters` : JSON.stringify(from)}.`,
+            `Last-Event-ID must be the id of an event (a whole number), not ${lastEventId.length > 40 ? `${lastEventId.length} characters` : JSON.stringify(lastEventId)}.`,
           );
         }
         await checks.prepare?.(principal);
@@ -336,7 +337,6 @@ export class WatcherRegistry {
       }
       if (w.closed) return;
       w.accountId = principal.accountId;
-      const lastEventId = o.lastEventId || query.last_event_id || '';
       const resumed = lastEventId !== '';
       const after = resumed ? Number(lastEventId) : 0;
       w.position = after;
